@@ -1,0 +1,39 @@
+#include "core/rng.h"
+
+#include <cmath>
+
+namespace zaya {
+
+std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
+  constexpr uint32_t M0 = 0xD2511F53u, M1 = 0xCD9E8D57u, W0 = 0x9E3779B9u, W1 = 0xBB67AE85u;
+  for (int r = 0; r < 10; r++) {
+    uint64_t p0 = uint64_t(M0) * c[0], p1 = uint64_t(M1) * c[2];
+    c = {uint32_t(p1 >> 32) ^ c[1] ^ k[0], uint32_t(p1), uint32_t(p0 >> 32) ^ c[3] ^ k[1],
+         uint32_t(p0)};
+    k[0] += W0;
+    k[1] += W1;
+  }
+  return c;
+}
+
+uint32_t Rng::next_u32() {
+  uint64_t o = offset_++;
+  auto r = philox4x32({uint32_t(o >> 2), uint32_t(o >> 34), 0, 0},
+                      {uint32_t(seed_), uint32_t(seed_ >> 32)});
+  return r[o & 3];
+}
+
+float Rng::uniform() { return float(next_u32() >> 8) * (1.0f / 16777216.0f); }
+
+double Rng::uniform_double() {
+  uint64_t a = next_u32() >> 5, b = next_u32() >> 6;
+  return double(a * 67108864 + b) * (1.0 / 9007199254740992.0);
+}
+
+float Rng::normal() {
+  double u1 = uniform_double(), u2 = uniform_double();
+  if (u1 < 1e-300) u1 = 1e-300;
+  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+}  // namespace zaya

@@ -1,0 +1,139 @@
+// Parameter → optimizer rules; see param_rules.h.
+#include "optim/param_rules.h"
+
+#include <cmath>
+#include <regex>
+
+#include "core/error.h"
+
+namespace zaya {
+
+std::string_view optimizer_kind_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::AdamW: return "adamw";
+    case OptimizerKind::Muon: return "muon";
+    case OptimizerKind::None: return "none";
+  }
+  return "?";
+}
+
+OptimizerKind optimizer_kind_from_name(std::string_view s, const std::string& where) {
+  if (s == "adamw") return OptimizerKind::AdamW;
+  if (s == "muon") return OptimizerKind::Muon;
+  if (s == "none") return OptimizerKind::None;
+  fail("{}: unknown optimizer '{}' (expected adamw, muon or none)", where, s);
+}
+
+std::vector<ParamRule> default_param_rules() {
+  const std::optional<double> no_decay = 0.0, inherit;
+  auto r = [](const char* p, OptimizerKind k, std::optional<double> wd) {
+    return ParamRule{p, k, 1.0, wd};
+  };
+  const auto A = OptimizerKind::AdamW, M = OptimizerKind::Muon;
+  return {
+      // Embedding (and the LM head, tied to it by default): AdamW, as in ZAYA1.md §4.
+      r("model.embed_tokens.*", A, inherit),
+      r("lm_head.*", A, inherit),
+      // Convolutions are small 3-D filters, not matrices to orthogonalise.
+      r("*.conv_qk_*", A, no_decay),
+      // Attention projections.
+      r("*.q_proj.weight", M, inherit),
+      r("*.k_proj.weight", M, inherit),
+      r("*.v_proj_current.weight", M, inherit),
+      r("*.v_proj_delayed.weight", M, inherit),
+      r("*.o_proj.weight", M, inherit),
+      // Router matrices.
+      r("*.mlp.gate.down_proj.weight", M, inherit),
+      r("*.router_mlp.fc1.weight", M, inherit),
+      r("*.router_mlp.fc2.weight", M, inherit),
+      r("*.router_mlp.out_proj.weight", M, inherit),
+      // Experts [E, out, in]: each expert's matrix is orthogonalised on its own.
+      r("*.mlp.experts.gate_up_proj", M, inherit),
+      r("*.mlp.experts.down_proj", M, inherit),
+      // Vectors: norms, biases, residual scales/biases, router state scales, QK temperatures. Decaying
+      // them towards 0 would fight their role (a scale of 0 switches a path off), so no decay.
+      r("*norm.weight", A, no_decay),
+      r("*.bias", A, no_decay),
+      r("*_bias", A, no_decay),
+      r("*_scale", A, no_decay),
+      r("*.temp", A, no_decay),
+  };
+}
+
+bool is_balancing_bias(const std::string& name) {
+  static const std::string suffix = "balancing_biases";
+  return name.size() >= suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool glob_match(std::string_view p, std::string_view s) {
+  // Iterative wildcard match with one backtrack point (the last '*'): linear in practice.
+  size_t pi = 0, si = 0, star = std::string_view::npos, mark = 0;
+  while (si < s.size()) {
+    if (pi < p.size() && (p[pi] == '?' || p[pi] == s[si])) {
+      pi++, si++;
+    } else if (pi < p.size() && p[pi] == '*') {
+      star = pi++;
+      mark = si;
+    } else if (star != std::string_view::npos) {
+      pi = star + 1;
+      si = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (pi < p.size() && p[pi] == '*') pi++;
+  return pi == p.size();
+}
+
+static bool is_regex(const std::string& pattern) { return pattern.rfind("re:", 0) == 0; }
+
+bool rule_matches(const ParamRule& rule, const std::string& name) {
+  if (is_regex(rule.pattern)) {
+    // Compiled per call: rules are matched once per parameter when the optimizer is built.
+    return std::regex_match(name, std::regex(rule.pattern.substr(3), std::regex::ECMAScript));
+  }
+  return glob_match(rule.pattern, name);
+}
+
+void validate_param_rule(const ParamRule& rule, const std::string& where) {
+  ZAYA_CHECK(!rule.pattern.empty() && rule.pattern != "re:", "{}: pattern must not be empty", where);
+  if (is_regex(rule.pattern)) {
+    try {
+      std::regex re(rule.pattern.substr(3), std::regex::ECMAScript);
+    } catch (const std::regex_error& e) {
+      fail("{}: pattern '{}' is not a valid regular expression ({})", where, rule.pattern, e.what());
+    }
+  }
+  ZAYA_CHECK(std::isfinite(rule.lr_mult) && rule.lr_mult >= 0,
+             "{}: lr_mult must be a finite number >= 0, found {}", where, rule.lr_mult);
+  if (rule.weight_decay)
+    ZAYA_CHECK(std::isfinite(*rule.weight_decay) && *rule.weight_decay >= 0,
+               "{}: weight_decay must be a finite number >= 0, found {}", where,
+               *rule.weight_decay);
+}
+
+ParamAssignment assign_param(const std::string& name, const Shape& shape,
+                             const std::vector<ParamRule>& rules, double default_weight_decay) {
+  ParamAssignment a;
+  if (is_balancing_bias(name)) {
+    a.optimizer = OptimizerKind::None;
+    a.rule = ParamAssignment::kBalancingBias;
+    return a;
+  }
+  for (size_t i = 0; i < rules.size(); i++) {
+    if (!rule_matches(rules[i], name)) continue;
+    a.optimizer = rules[i].optimizer;
+    a.lr_mult = rules[i].lr_mult;
+    a.weight_decay = rules[i].weight_decay.value_or(default_weight_decay);
+    a.rule = int(i);
+    return a;
+  }
+  a.optimizer = shape.size() == 2 && name.find("embed") == std::string::npos ? OptimizerKind::Muon
+                                                                             : OptimizerKind::AdamW;
+  a.weight_decay = default_weight_decay;
+  a.rule = ParamAssignment::kByRank;
+  return a;
+}
+
+}  // namespace zaya

@@ -30,13 +30,19 @@ CONFIGS = {
                   num_experts_per_tok=1, router_hidden_size=24, cca_time0=2, cca_time1=2,
                   rms_norm_eps=1e-5, max_position_embeddings=256,
                   rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 500000.0,
-                                              "partial_rotary_factor": 0.5}},
+                                              "partial_rotary_factor": 0.5},
+                                   "hybrid_sliding": {"rope_type": "default", "rope_theta": 10000.0,
+                                                      "partial_rotary_factor": 0.5}},
+                  layer_types=["hybrid_sliding", "hybrid"], sliding_window=7,
                   tie_word_embeddings=True, pad_token_id=0, bos_token_id=2, eos_token_id=1),
 }
-SKIP_BIAS = {"cfg_a": 0.08, "cfg_b": 0.03}
+SKIP_FRACTION = 0.2  # calibrated per layer: about this share of tokens is routed to the skip class
+# Candidate output scales; the variant whose greedy continuation is most varied is kept, so the
+# fixture exercises token-dependent routing and attention rather than a degenerate constant output.
+SCALES = [0.5, 1.0, 2.0, 3.0]
 
 
-def randomize(model, name, gen):
+def randomize(model, name, gen, scale):
     cfg = model.config
     with torch.no_grad():
         for pname, p in list(model.named_parameters()) + list(model.named_buffers()):
@@ -47,21 +53,21 @@ def randomize(model, name, gen):
             def rn(std):
                 return torch.randn(shape, generator=gen) * std
             if n.endswith("balancing_biases"):
-                v = rn(0.01)
-                v[-1] = SKIP_BIAS[name]
-                p.copy_(v)
+                p.copy_(rn(0.01))
             elif "layernorm" in n or n.endswith("norm.weight"):
                 p.copy_(1.0 + rn(0.1))
             elif n.endswith("_scale") and p.dim() == 1 and "router_states_scale" not in n:
                 p.copy_(1.0 + rn(0.2))
             elif n.endswith("_bias") and p.dim() == 1:
-                p.copy_(rn(0.05))
+                p.copy_(rn(0.02))
             elif n.endswith("router_states_scale"):
                 p.copy_(0.5 + rn(0.3))
             elif n.endswith(".temp"):
                 p.copy_(torch.rand(shape, generator=gen) * 1.5 + 0.5)
             elif "embed_tokens" in n:
-                p.copy_(rn(0.5))
+                p.copy_(rn(0.3))
+            elif n.endswith("o_proj.weight") or n.endswith("experts.down_proj"):
+                p.copy_(rn(scale / math.sqrt(shape[-1])))
             elif n.endswith("bias"):
                 p.copy_(rn(0.1))
             elif "out_proj" in n:
@@ -77,18 +83,59 @@ def randomize(model, name, gen):
                 p.copy_(rn(0.1))
 
 
-def build(name, kw, log):
+def router_margins(model, ids):
+    """Runs the model and returns, per router, the margin by which the best routed class beats the
+    skip class (max_e<E (p_e + b_e) - p_skip) for every token."""
+    routers = [m for m in model.modules() if type(m).__name__ == "ZayaRouter"]
+    seen = {}
+    def hook(mod, args, out):
+        seen[id(mod)] = out[0].detach()
+    hs = [r.register_forward_hook(hook) for r in routers]
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    for h in hs:
+        h.remove()
+    res = []
+    for r in routers:
+        p = torch.softmax(seen[id(r)].float(), -1)
+        b = r.balancing_biases.float()
+        routed = (p[:, :-1] + b[:-1]).max(-1).values
+        res.append((r, routed - p[:, -1]))
+    return res
+
+
+def calibrate_skip(model, ids):
+    """Sets each layer's skip-class bias so that about SKIP_FRACTION of the tokens pick skip, with the
+    threshold midway between two tokens' margins so that no decision is a near-tie."""
+    for r, m in router_margins(model, ids):
+        srt = torch.sort(m).values
+        k = max(1, int(len(srt) * SKIP_FRACTION))
+        thr = 0.5 * (srt[k - 1] + srt[k])
+        with torch.no_grad():
+            r.balancing_biases[-1] = float(thr)
+
+
+def skip_stats(model, ids):
+    total = chosen = 0
+    min_gap = float("inf")
+    for r, m in router_margins(model, ids):
+        b = r.balancing_biases[-1].item()
+        chosen += int((m < b).sum())
+        total += m.numel()
+        min_gap = min(min_gap, float((m - b).abs().min()))
+    return chosen / max(1, total), min_gap
+
+
+def build(name, kw, log, scale, ids):
     torch.manual_seed(1234)
     cfg = ZayaConfig(**kw)
     cfg._attn_implementation = "eager"
     model = ZayaForCausalLM(cfg).float().eval()
-    gen = torch.Generator().manual_seed(abs(hash(name)) % (2**31))
-    gen.manual_seed(7 if name == "cfg_a" else 11)
-    randomize(model, name, gen)
+    gen = torch.Generator().manual_seed(7 if name == "cfg_a" else 11)
+    randomize(model, name, gen, scale)
     if cfg.tie_word_embeddings:
         model.tie_weights()
-    for n, p in model.state_dict().items():
-        log.write(f"{name} {n} {tuple(p.shape)} {p.dtype}\n")
+    calibrate_skip(model, ids)
     return model
 
 
@@ -97,7 +144,22 @@ def main():
     log = open(os.path.join(OUT, "build_log.txt"), "w")
     log.write(f"transformers {transformers.__version__} torch {torch.__version__}\n")
     for name, kw in CONFIGS.items():
-        model = build(name, kw, log)
+        g = torch.Generator().manual_seed(99 if name == "cfg_a" else 101)
+        B, S = 2, 24
+        ids = torch.randint(3, kw["vocab_size"], (B, S), generator=g)
+        best = None
+        for scale in SCALES:
+            model = build(name, kw, log, scale, ids)
+            with torch.no_grad():
+                gen_try = model.generate(ids[0, :6].unsqueeze(0), max_new_tokens=12, do_sample=False,
+                                         use_cache=True, pad_token_id=0, eos_token_id=None)
+            distinct = len(set(gen_try[0, 6:].tolist()))
+            log.write(f"{name} scale {scale}: {distinct} distinct greedy tokens\n")
+            if best is None or distinct > best[0]:
+                best = (distinct, scale)
+        model = build(name, kw, log, best[1], ids)
+        for n, p in model.state_dict().items():
+            log.write(f"{name} {n} {tuple(p.shape)} {p.dtype}\n")
         cfg = model.config
         d = os.path.join(OUT, name)
         if os.path.exists(d):
@@ -107,9 +169,7 @@ def main():
             model.save_pretrained(d, safe_serialization=True, max_shard_size="150KB")
         else:
             model.save_pretrained(d, safe_serialization=True)
-        g = torch.Generator().manual_seed(99 if name == "cfg_a" else 101)
-        B, S = 2, 24
-        ids = torch.randint(3, cfg.vocab_size, (B, S), generator=g)
+        skip_frac, min_gap = skip_stats(model, ids)
         with torch.no_grad():
             out = model(input_ids=ids, labels=ids, use_cache=False)
             logits = out.logits.float()
@@ -126,7 +186,8 @@ def main():
                   os.path.join(d, "expected.safetensors"))
         meta = {"loss": loss, "loss_from_logits_fp64": loss2, "batch": B, "seq": S,
                 "prompt": prompt[0].tolist(), "greedy_cached": gen_c[0, 6:].tolist(),
-                "greedy_uncached": gen_n[0, 6:].tolist(),
+                "greedy_uncached": gen_n[0, 6:].tolist(), "output_scale": best[1],
+                "skip_fraction": skip_frac, "min_routing_margin": min_gap,
                 "transformers_version": transformers.__version__, "torch_version": torch.__version__}
         json.dump(meta, open(os.path.join(d, "expected.json"), "w"), indent=1)
         log.write(f"{name}: loss {loss} (fp64 check {loss2}) greedy {meta['greedy_cached']} "

@@ -193,7 +193,15 @@ ZayaConfig ZayaConfig::from_json(const json& j, const std::string& where) {
   get(j, "sliding_window", &c.sliding_window, where);
   get(j, "layer_types", &c.layer_types, where);
   get(j, "torch_dtype", &c.torch_dtype, where);
-  if (c.torch_dtype.empty()) get(j, "dtype", &c.torch_dtype, where);
+  get(j, "dtype", &c.torch_dtype, where);  // transformers >= 5 writes "dtype"
+  bool attention_bias = false, lm_head_bias = false;
+  get(j, "attention_bias", &attention_bias, where);
+  get(j, "lm_head_bias", &lm_head_bias, where);
+  ZAYA_CHECK(!attention_bias && !lm_head_bias,
+             "{}: attention_bias and lm_head_bias must be false (ZAYA1 has no such biases)", where);
+  std::string act = "silu";
+  get(j, "hidden_act", &act, where);
+  ZAYA_CHECK(act == "silu", "{}: hidden_act is \"{}\", expected \"silu\" (SwiGLU experts)", where, act);
   // rope_parameters: either per layer type {"hybrid": {...}, "hybrid_sliding": {...}} or flat.
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     const json& rp = j["rope_parameters"];
@@ -267,7 +275,10 @@ json ZayaConfig::to_json() const {
             {"pad_token_id", pad_token_id},
             {"bos_token_id", bos_token_id},
             {"eos_token_id", eos_token_id},
-            {"torch_dtype", torch_dtype}};
+            {"dtype", torch_dtype},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"lm_head_bias", false}};
   if (skip_output == SkipOutput::ScaledInput) j["zaya_skip_output"] = "scaled_input";
   return j;
 }

@@ -1,0 +1,299 @@
+// CPU reference: linear layers, embedding, RMSNorm, residual scaling, activations, cross-entropy.
+// Dot products accumulate in fp32 in a fixed order (8 partial sums), so results are identical for
+// any thread count. Weights of other float dtypes are widened to fp32 once per call.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/parallel.h"
+
+namespace zaya::cpu {
+
+namespace {
+
+inline float dot(const float* a, const float* b, int64_t K) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8)
+    for (int j = 0; j < 8; j++) s[j] += a[k + j] * b[k + j];
+  float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+  for (; k < K; k++) r += a[k] * b[k];
+  return r;
+}
+
+inline void axpy(float* y, float a, const float* x, int64_t K) {
+  for (int64_t k = 0; k < K; k++) y[k] += a * x[k];
+}
+
+// Returns a pointer to W as fp32, converting into `tmp` when W is stored in another dtype.
+const float* as_f32(const Tensor& w, int64_t numel, std::vector<float>& tmp) {
+  ZAYA_CHECK(w.numel() >= numel, "weight of shape {} is smaller than expected ({} elements)",
+             shape_str(w.shape()), numel);
+  ZAYA_CHECK(w.is_contiguous(), "weight must be contiguous");
+  if (w.dtype() == DType::F32) return static_cast<const float*>(w.raw());
+  tmp.resize(size_t(numel));
+  const char* src = static_cast<const char*>(w.raw());
+  const size_t es = dtype_size(w.dtype());
+  parallel_for(
+      numel,
+      [&](int64_t b, int64_t e) { convert_to_f32(tmp.data() + b, src + b * es, w.dtype(), e - b); },
+      1 << 16);
+  return tmp.data();
+}
+
+}  // namespace
+
+void linear(float* y, const float* x, const Tensor& w, const float* bias, int64_t N, int64_t K,
+            int64_t O, bool accumulate) {
+  if (N < 4 && w.dtype() != DType::F32) {
+    // Decoding: few rows, parallel over output rows; widen each weight row where it is used.
+    const char* src = static_cast<const char*>(w.raw());
+    const size_t es = dtype_size(w.dtype());
+    parallel_for(
+        O,
+        [&](int64_t ob, int64_t oe) {
+          std::vector<float> row(static_cast<size_t>(K));
+          for (int64_t o = ob; o < oe; o++) {
+            convert_to_f32(row.data(), src + size_t(o * K) * es, w.dtype(), K);
+            for (int64_t n = 0; n < N; n++) {
+              float v = dot(x + n * K, row.data(), K) + (bias ? bias[o] : 0.0f);
+              y[n * O + o] = accumulate ? y[n * O + o] + v : v;
+            }
+          }
+        },
+        16);
+    return;
+  }
+  std::vector<float> tmp;
+  const float* W = as_f32(w, O * K, tmp);
+  if (N < 4) {
+    parallel_for(
+        O,
+        [&](int64_t ob, int64_t oe) {
+          for (int64_t n = 0; n < N; n++)
+            for (int64_t o = ob; o < oe; o++) {
+              float v = dot(x + n * K, W + o * K, K) + (bias ? bias[o] : 0.0f);
+              y[n * O + o] = accumulate ? y[n * O + o] + v : v;
+            }
+        },
+        16);
+    return;
+  }
+  parallel_for(
+      N,
+      [&](int64_t nb, int64_t ne) {
+        for (int64_t n0 = nb; n0 < ne; n0 += 4) {
+          const int64_t n1 = std::min(ne, n0 + 4);
+          for (int64_t o = 0; o < O; o++) {
+            const float* wr = W + o * K;
+            for (int64_t n = n0; n < n1; n++) {
+              float v = dot(x + n * K, wr, K) + (bias ? bias[o] : 0.0f);
+              y[n * O + o] = accumulate ? y[n * O + o] + v : v;
+            }
+          }
+        }
+      },
+      4);
+}
+
+void linear_backward_input(float* dx, const float* dy, const Tensor& w, int64_t N, int64_t K,
+                           int64_t O, bool accumulate) {
+  std::vector<float> tmp;
+  const float* W = as_f32(w, O * K, tmp);
+  parallel_for(N, [&](int64_t nb, int64_t ne) {
+    for (int64_t n = nb; n < ne; n++) {
+      float* r = dx + n * K;
+      if (!accumulate)
+        for (int64_t k = 0; k < K; k++) r[k] = 0;
+      for (int64_t o = 0; o < O; o++) axpy(r, dy[n * O + o], W + o * K, K);
+    }
+  });
+}
+
+void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int64_t N,
+                            int64_t K, int64_t O) {
+  parallel_for(O, [&](int64_t ob, int64_t oe) {
+    for (int64_t o = ob; o < oe; o++) {
+      float* r = dw + o * K;
+      float bsum = 0;
+      for (int64_t n = 0; n < N; n++) {
+        const float g = dy[n * O + o];
+        bsum += g;
+        if (g != 0.0f) axpy(r, g, x + n * K, K);
+      }
+      if (db) db[o] += bsum;
+    }
+  });
+}
+
+void embedding(float* y, const int32_t* ids, const Tensor& table, int64_t N, int64_t D) {
+  const int64_t V = table.size(0);
+  ZAYA_CHECK(table.size(1) == D, "embedding table has width {}, expected {}", table.size(1), D);
+  for (int64_t n = 0; n < N; n++)
+    ZAYA_CHECK(ids[n] >= 0 && ids[n] < V,
+               "token id {} at position {} is outside the vocabulary (vocab_size {})", ids[n], n,
+               V);
+  const char* src = static_cast<const char*>(table.raw());
+  const size_t es = dtype_size(table.dtype());
+  parallel_for(N, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; n++)
+      convert_to_f32(y + n * D, src + size_t(ids[n]) * size_t(D) * es, table.dtype(), D);
+  });
+}
+
+void embedding_backward(float* dtable, const float* dy, const int32_t* ids, int64_t N, int64_t D,
+                        int64_t V) {
+  // Parallel over column blocks keeps each row's accumulation order serial in n: deterministic.
+  parallel_for(D, [&](int64_t cb, int64_t ce) {
+    for (int64_t n = 0; n < N; n++) {
+      float* r = dtable + int64_t(ids[n]) * D;
+      const float* g = dy + n * D;
+      for (int64_t c = cb; c < ce; c++) r[c] += g[c];
+    }
+  });
+}
+
+void rmsnorm(float* y, float* rstd, const float* x, const float* w, float eps, int64_t N,
+             int64_t D) {
+  parallel_for(N, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; n++) {
+      const float* xr = x + n * D;
+      float ss = dot(xr, xr, D);
+      float r = 1.0f / std::sqrt(ss / float(D) + eps);
+      if (rstd) rstd[n] = r;
+      for (int64_t i = 0; i < D; i++) y[n * D + i] = w[i] * (xr[i] * r);
+    }
+  });
+}
+
+void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                      const float* rstd, int64_t N, int64_t D) {
+  parallel_for(N, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; n++) {
+      const float* xr = x + n * D;
+      const float* g = dy + n * D;
+      const float r = rstd[n];
+      // y = w x r;  dx = r (w g) - x r^3 / D Σ (w g x)
+      float s = 0;
+      for (int64_t i = 0; i < D; i++) s += w[i] * g[i] * xr[i];
+      const float c = s * r * r * r / float(D);
+      for (int64_t i = 0; i < D; i++) dx[n * D + i] = r * w[i] * g[i] - c * xr[i];
+    }
+  });
+  parallel_for(D, [&](int64_t b, int64_t e) {
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t i = b; i < e; i++) dw[i] += dy[n * D + i] * x[n * D + i] * rstd[n];
+  });
+}
+
+void residual_scale(float* out, const float* a, const float* h, const float* hs, const float* hb,
+                    const float* rs, const float* rb, int64_t N, int64_t D) {
+  parallel_for(N, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; n++)
+      for (int64_t i = 0; i < D; i++) {
+        const int64_t j = n * D + i;
+        out[j] = (a[j] + hb[i]) * hs[i] + (h[j] + rb[i]) * rs[i];
+      }
+  });
+}
+
+void residual_scale_backward(float* da, float* dh, float* dhs, float* dhb, float* drs, float* drb,
+                             const float* dout, const float* a, const float* h, const float* hs,
+                             const float* hb, const float* rs, const float* rb, int64_t N,
+                             int64_t D) {
+  parallel_for(D, [&](int64_t b, int64_t e) {
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t i = b; i < e; i++) {
+        const int64_t j = n * D + i;
+        const float g = dout[j];
+        dhs[i] += g * (a[j] + hb[i]);
+        dhb[i] += g * hs[i];
+        drs[i] += g * (h[j] + rb[i]);
+        drb[i] += g * rs[i];
+      }
+  });
+  parallel_for(N, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; n++)
+      for (int64_t i = 0; i < D; i++) {
+        const int64_t j = n * D + i;
+        const float g = dout[j];
+        da[j] = g * hs[i];
+        dh[j] = g * rs[i];
+      }
+  });
+}
+
+void affine(float* y, const float* x, const float* s, const float* b, int64_t N, int64_t D) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t i = 0; i < D; i++) y[n * D + i] = (x[n * D + i] + b[i]) * s[i];
+}
+
+void gelu(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * float(M_SQRT1_2)));
+}
+
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float cdf = 0.5f * (1.0f + std::erf(x[i] * float(M_SQRT1_2)));
+    const float pdf = std::exp(-0.5f * x[i] * x[i]) * 0.3989422804014327f;
+    dx[i] = dy[i] * (cdf + x[i] * pdf);
+  }
+}
+
+void swiglu(float* y, const float* gu, int64_t N, int64_t I) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t i = 0; i < I; i++) {
+      const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
+      y[n * I + i] = g / (1.0f + std::exp(-g)) * u;
+    }
+}
+
+void swiglu_backward(float* dgu, const float* dy, const float* gu, int64_t N, int64_t I) {
+  for (int64_t n = 0; n < N; n++)
+    for (int64_t i = 0; i < I; i++) {
+      const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
+      const float sg = 1.0f / (1.0f + std::exp(-g));
+      const float silu = g * sg;
+      dgu[n * 2 * I + i] = dy[n * I + i] * u * (sg + silu * (1.0f - sg));
+      dgu[n * 2 * I + I + i] = dy[n * I + i] * silu;
+    }
+}
+
+double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int64_t N,
+                     int64_t V) {
+  int64_t count = 0;
+  for (int64_t n = 0; n < N; n++) {
+    if (targets[n] < 0) continue;
+    ZAYA_CHECK(targets[n] < V, "target id {} at position {} is outside the vocabulary of {}",
+               targets[n], n, V);
+    count++;
+  }
+  std::vector<double> loss(size_t(N), 0.0);
+  parallel_for(N, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; n++) {
+      const float* l = logits + n * V;
+      if (targets[n] < 0) {
+        if (dlogits)
+          for (int64_t v = 0; v < V; v++) dlogits[n * V + v] = 0;
+        continue;
+      }
+      double mx = l[0];
+      for (int64_t v = 1; v < V; v++) mx = std::max(mx, double(l[v]));
+      double s = 0;
+      for (int64_t v = 0; v < V; v++) s += std::exp(double(l[v]) - mx);
+      const double lse = mx + std::log(s);
+      loss[size_t(n)] = lse - l[targets[n]];
+      if (dlogits) {
+        const double inv = 1.0 / double(count);
+        for (int64_t v = 0; v < V; v++)
+          dlogits[n * V + v] = float(std::exp(double(l[v]) - lse) * inv);
+        dlogits[n * V + targets[n]] -= float(inv);
+      }
+    }
+  });
+  double total = 0;
+  for (double x : loss) total += x;
+  return count ? total / double(count) : 0.0;
+}
+
+}  // namespace zaya::cpu

@@ -1,0 +1,100 @@
+// `zaya bench gemm`: cuBLASLt GEMM throughput. The shape bookkeeping here (ranges, a ZAYA config's
+// forward+backward GEMMs, tile/wave counts, the knee) is plain C++ and unit-tested; the
+// measurement (run_gemm_bench) is in gemm_bench_cuda.cpp and exists only in CUDA builds.
+//
+// Convention: every GEMM is Y[m,n] = X[m,k] * W[n,k]^T in row-major terms (a linear layer with
+// m tokens), which cuBLASLt runs as the column-major "TN" problem, the layout Hopper FP8 needs.
+// FLOPs are 2*m*n*k per problem.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace zaya::bench {
+
+struct GemmShape {
+  std::string name;    // "q_proj.fwd", "experts.gate_up.wgrad", "square", ...
+  int64_t m = 0, n = 0, k = 0;
+  int64_t groups = 1;  // > 1: a grouped GEMM of this many equal problems (the experts)
+  int64_t count = 1;   // how many times a training step runs it (layers x micro-batch)
+  double gflop() const { return 2.0 * double(m) * double(n) * double(k) * double(groups) / 1e9; }
+};
+
+// A range of GEMM dimensions: "4096", "1024,2048,4096", "256:8192:x2" (geometric) or
+// "1024:4096:+256" (linear). Values accept K/M suffixes (1024-based). Throws zaya::Error naming
+// `flag`.
+std::vector<int64_t> parse_dim_range(const std::string& s, const std::string& flag);
+// The cartesian product of the three ranges, named "sweep".
+std::vector<GemmShape> cartesian_shapes(const std::vector<int64_t>& ms,
+                                        const std::vector<int64_t>& ns,
+                                        const std::vector<int64_t>& ks);
+// Square GEMMs m=n=k from 256 up to `max_dim`, in steps of sqrt(2): the knee sweep.
+std::vector<GemmShape> knee_shapes(int64_t max_dim);
+// Wave-quantization sweep: m = n from `lo` to `hi` in steps of `step`, k fixed.
+std::vector<GemmShape> wave_shapes(int64_t lo, int64_t hi, int64_t step, int64_t k);
+
+// The linear-layer GEMMs of one training step of a ZAYA model on `tokens` tokens per micro-batch:
+// forward (fwd), input gradient (dgrad: m=tokens, n=in, k=out) and weight gradient (wgrad: m=out,
+// n=in, k=tokens) of q/k/v/o projections, the router MLP, the experts (as grouped GEMMs of E
+// problems with tokens/E rows each, assuming balanced routing) and the tied LM head. Identical
+// shapes are merged with their counts summed. Attention's score/value products and the CCA
+// convolutions are not GEMMs of the weights and are not listed.
+std::vector<GemmShape> model_gemm_shapes(const ZayaConfig& cfg, int64_t tokens);
+
+// Output tiles of a tile_m x tile_n tiling and the waves they take on `sms` multiprocessors.
+inline int64_t tile_count(int64_t m, int64_t n, int64_t tile_m, int64_t tile_n) {
+  return ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
+}
+inline double wave_count(int64_t tiles, int64_t sms) { return sms > 0 ? double(tiles) / sms : 0; }
+
+struct GemmResult {
+  GemmShape shape;
+  std::string dtype;   // "bf16" or "fp8"
+  std::string method;  // "lt" (one cuBLASLt call), "lt-batched", "loop", "grouped"
+  double time_us = 0, tflops = 0, fraction = 0;  // fraction of the peak
+  int64_t tiles = 0;                             // 128x128 output tiles (an assumed tile size)
+  double waves = 0;
+  int64_t checked = 0, wrong = 0;  // sampled outputs compared to the CPU fp32 reference
+  double max_rel_err = 0;
+};
+
+// The smallest work (GFLOP) at which the results reach `fraction` of `peak_tflops`: results are
+// ordered by work and the first one at or above the threshold wins. Negative when none does.
+double knee_gflop(const std::vector<GemmResult>& results, double peak_tflops, double fraction);
+
+struct GemmBenchOptions {
+  std::vector<std::string> dtypes{"bf16"};  // "bf16", "fp8"
+  std::vector<GemmShape> shapes;
+  int iters = 20, warmup = 5;
+  int autotune = 4;  // cuBLASLt heuristic candidates timed per shape; the fastest is kept
+  bool check = true;
+  bool grouped_methods = true;  // for groups > 1: also the per-expert loop and cuBLAS grouped
+  int device = 0;
+};
+
+struct DeviceInfo {
+  std::string name;
+  int sm_count = 0, cc_major = 0, cc_minor = 0;
+  int64_t l2_bytes = 0, global_bytes = 0;
+  double peak_hbm_gbs = 0;      // 2 x memory clock x bus width
+  double peak_bf16_tflops = 0;  // from a spec table or clocks; 0 when unknown
+  double peak_fp8_tflops = 0;   // 0 when the device has no FP8 tensor cores (before sm_89)
+  std::string peak_source;      // "spec table", "clock x SMs", "unknown"
+};
+
+#ifdef ZAYA_HAVE_CUDA
+DeviceInfo query_device(int device);
+// Runs every (shape, dtype); fp8 shapes are skipped (with a note on stderr) on devices without
+// FP8. Results carry no `fraction` (the caller knows the peak).
+std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt);
+#endif
+
+std::string gemm_table_header();
+std::string gemm_table_row(const GemmResult& r);
+std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInfo& dev,
+                              double peak_bf16, double peak_fp8);
+std::string gemm_results_csv(const std::vector<GemmResult>& rs);
+
+}  // namespace zaya::bench

@@ -1,0 +1,186 @@
+// The device-free half of `zaya bench gemm` (see gemm_bench.h): dimension ranges, the GEMM list
+// of a ZAYA training step, the knee, and the report writers.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_common.h"
+#include "bench/gemm_bench.h"
+#include "core/error.h"
+
+namespace zaya::bench {
+
+std::vector<int64_t> parse_dim_range(const std::string& s, const std::string& flag) {
+  auto dim = [&](const std::string& v) {
+    const uint64_t d = parse_size(v, flag);
+    ZAYA_CHECK(d > 0 && d <= (uint64_t(1) << 31), "{}: dimension '{}' must be in 1..2^31", flag, v);
+    return int64_t(d);
+  };
+  std::vector<int64_t> out;
+  if (s.find(':') != std::string::npos) {
+    const auto parts = split_list(s, ':');
+    ZAYA_CHECK(parts.size() == 3 && parts[2].size() > 1 && (parts[2][0] == 'x' || parts[2][0] == '+'),
+               "{}: '{}' is not a range (expected LO:HI:xFACTOR or LO:HI:+STEP, e.g. 256:8192:x2)",
+               flag, s);
+    const int64_t lo = dim(parts[0]), hi = dim(parts[1]);
+    ZAYA_CHECK(lo <= hi, "{}: range '{}' has LO > HI", flag, s);
+    if (parts[2][0] == '+') {
+      const int64_t step = dim(parts[2].substr(1));
+      for (int64_t v = lo; v <= hi; v += step) out.push_back(v);
+    } else {
+      double f = 0;
+      try {
+        f = std::stod(parts[2].substr(1));
+      } catch (const std::exception&) {
+        fail("{}: '{}' has a bad factor '{}'", flag, s, parts[2]);
+      }
+      ZAYA_CHECK(f > 1.0 && std::isfinite(f), "{}: factor in '{}' must be > 1", flag, s);
+      for (double v = double(lo); v <= double(hi) + 0.5; v *= f) {
+        const int64_t iv = int64_t(std::llround(v));
+        if (out.empty() || iv != out.back()) out.push_back(iv);
+      }
+    }
+    return out;
+  }
+  for (const auto& v : split_list(s)) out.push_back(dim(v));
+  ZAYA_CHECK(!out.empty(), "{}: no dimension given", flag);
+  return out;
+}
+
+std::vector<GemmShape> cartesian_shapes(const std::vector<int64_t>& ms,
+                                        const std::vector<int64_t>& ns,
+                                        const std::vector<int64_t>& ks) {
+  std::vector<GemmShape> out;
+  for (int64_t m : ms)
+    for (int64_t n : ns)
+      for (int64_t k : ks) out.push_back({"sweep", m, n, k});
+  return out;
+}
+
+std::vector<GemmShape> knee_shapes(int64_t max_dim) {
+  std::vector<GemmShape> out;
+  for (double d = 256; d <= double(max_dim) + 0.5; d *= std::sqrt(2.0)) {
+    const int64_t v = (int64_t(std::llround(d)) + 63) / 64 * 64;  // keep multiples of 64
+    if (out.empty() || out.back().m != v) out.push_back({"square", v, v, v});
+  }
+  return out;
+}
+
+std::vector<GemmShape> wave_shapes(int64_t lo, int64_t hi, int64_t step, int64_t k) {
+  ZAYA_CHECK(lo > 0 && hi >= lo && step > 0, "wave sweep: need 0 < lo <= hi and step > 0");
+  std::vector<GemmShape> out;
+  for (int64_t v = lo; v <= hi; v += step) out.push_back({"wave", v, v, k});
+  return out;
+}
+
+std::vector<GemmShape> model_gemm_shapes(const ZayaConfig& c, int64_t T) {
+  ZAYA_CHECK(T > 0, "--tokens must be positive (got {})", T);
+  const int64_t D = c.hidden_size, d = c.head_dim, Hq = c.num_attention_heads,
+                Hkv = c.num_key_value_heads, R = c.router_hidden_size, E = c.num_experts,
+                I = c.moe_intermediate_size, L = c.num_hidden_layers, V = c.vocab_size;
+  const int64_t Te = std::max<int64_t>(1, T / std::max<int64_t>(1, E));
+  std::vector<GemmShape> raw;
+  // One linear layer y = x W^T with W [out, in], run `count` times per step: three GEMMs.
+  auto linear = [&](const std::string& name, int64_t tokens, int64_t out, int64_t in,
+                    int64_t groups, int64_t count) {
+    raw.push_back({name + ".fwd", tokens, out, in, groups, count});
+    raw.push_back({name + ".dgrad", tokens, in, out, groups, count});
+    raw.push_back({name + ".wgrad", out, in, tokens, groups, count});
+  };
+  linear("attn.q_proj", T, Hq * d, D, 1, L);
+  linear("attn.k_proj", T, Hkv * d, D, 1, L);
+  linear("attn.v_proj", T, Hkv * d / 2, D, 1, 2 * L);  // v_proj_current and v_proj_delayed
+  linear("attn.o_proj", T, D, Hq * d, 1, L);
+  linear("router.down_proj", T, R, D, 1, L);
+  linear("router.fc", T, R, R, 1, 2 * L);  // fc1 and fc2
+  linear("router.out_proj", T, E + 1, R, 1, L);
+  linear("experts.gate_up", Te, 2 * I, D, E, L);
+  linear("experts.down", Te, D, I, E, L);
+  linear("lm_head", T, V, D, 1, 1);
+  // Merge identical problems (e.g. q_proj and o_proj when Hq*d == D), keeping the first name.
+  std::vector<GemmShape> out;
+  for (auto& s : raw) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const GemmShape& o) {
+      return o.m == s.m && o.n == s.n && o.k == s.k && o.groups == s.groups;
+    });
+    if (it == out.end()) {
+      out.push_back(s);
+    } else {
+      it->count += s.count;
+      if (it->name.find('+') == std::string::npos) it->name += "+";  // marks a merged entry
+    }
+  }
+  return out;
+}
+
+double knee_gflop(const std::vector<GemmResult>& results, double peak, double fraction) {
+  std::vector<const GemmResult*> rs;
+  for (const auto& r : results) rs.push_back(&r);
+  std::sort(rs.begin(), rs.end(),
+            [](auto* a, auto* b) { return a->shape.gflop() < b->shape.gflop(); });
+  for (const auto* r : rs)
+    if (peak > 0 && r->tflops >= fraction * peak) return r->shape.gflop();
+  return -1;
+}
+
+std::string gemm_table_header() {
+  return fmt::format("{:<24} {:>6} {:>6} {:>6} {:>4} {:>5} {:>10} {:>9} {:>10} {:>9} {:>6} {:>6} {:>9}",
+                     "#name", "m", "n", "k", "grp", "dtype", "method", "GFLOP", "time(us)",
+                     "TFLOP/s", "%peak", "waves", "wrong");
+}
+
+std::string gemm_table_row(const GemmResult& r) {
+  return fmt::format(
+      "{:<24} {:>6} {:>6} {:>6} {:>4} {:>5} {:>10} {:>9.3f} {:>10.2f} {:>9.1f} {:>6.1f} {:>6.2f} "
+      "{:>9}",
+      r.shape.name, r.shape.m, r.shape.n, r.shape.k, r.shape.groups, r.dtype, r.method,
+      r.shape.gflop(), r.time_us, r.tflops, 100 * r.fraction, r.waves,
+      r.checked > 0 ? fmt::format("{}/{}", r.wrong, r.checked) : std::string("N/A"));
+}
+
+std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInfo& dev,
+                              double peak_bf16, double peak_fp8) {
+  nlohmann::json j;
+  j["schema"] = "zaya.bench.gemm/1";
+  j["device"] = dev.name;
+  j["sm_count"] = dev.sm_count;
+  j["peak_tflops"] = {{"bf16", peak_bf16}, {"fp8", peak_fp8}};
+  j["peak_source"] = dev.peak_source;
+  auto& res = j["results"] = nlohmann::json::array();
+  for (const auto& r : rs)
+    res.push_back({{"name", r.shape.name},
+                   {"m", r.shape.m},
+                   {"n", r.shape.n},
+                   {"k", r.shape.k},
+                   {"groups", r.shape.groups},
+                   {"count", r.shape.count},
+                   {"dtype", r.dtype},
+                   {"method", r.method},
+                   {"gflop", r.shape.gflop()},
+                   {"time_us", r.time_us},
+                   {"tflops", r.tflops},
+                   {"fraction", r.fraction},
+                   {"tiles_128x128", r.tiles},
+                   {"waves", r.waves},
+                   {"checked", r.checked},
+                   {"wrong", r.wrong},
+                   {"max_rel_err", r.max_rel_err}});
+  return j.dump(1) + "\n";
+}
+
+std::string gemm_results_csv(const std::vector<GemmResult>& rs) {
+  std::string o =
+      "name,m,n,k,groups,count,dtype,method,gflop,time_us,tflops,fraction,tiles,waves,checked,"
+      "wrong,max_rel_err\n";
+  for (const auto& r : rs)
+    o += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.3f},{:.3f},{:.4f},{},{:.3f},{},{},{:.3g}\n",
+                     r.shape.name, r.shape.m, r.shape.n, r.shape.k, r.shape.groups, r.shape.count,
+                     r.dtype, r.method, r.shape.gflop(), r.time_us, r.tflops, r.fraction, r.tiles,
+                     r.waves, r.checked, r.wrong, r.max_rel_err);
+  return o;
+}
+
+}  // namespace zaya::bench

@@ -16,11 +16,11 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <nlohmann/json.hpp>
 #include <queue>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "data/hf_tokenizer_json.h"
 #include "data/tokenizer.h"
 
 namespace zaya {
@@ -80,54 +80,8 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
   s = std::move(out);
 }
 
-// ---- tokenizer.json access with errors that name the file and the field ---------------------------
-
-struct JsonFile {
-  std::string path;
-
-  [[noreturn]] void bad(const std::string& where, const std::string& what) const {
-    fail("{}: {} {}", path, where, what);
-  }
-  const json& field(const json& obj, const char* key, const std::string& where) const {
-    if (!obj.is_object()) bad(where, "must be an object");
-    auto it = obj.find(key);
-    if (it == obj.end()) bad(where + "." + key, "is missing");
-    return *it;
-  }
-  std::string str(const json& obj, const char* key, const std::string& where) const {
-    const json& v = field(obj, key, where);
-    if (!v.is_string()) bad(where + "." + key, "must be a string, not " + v.dump());
-    return v.get<std::string>();
-  }
-  // Optional boolean: absent or null gives the default.
-  bool flag(const json& obj, const char* key, const std::string& where, bool dflt) const {
-    auto it = obj.find(key);
-    if (it == obj.end() || it->is_null()) return dflt;
-    if (!it->is_boolean()) bad(where + "." + key, "must be true or false, not " + it->dump());
-    return it->get<bool>();
-  }
-  std::string opt_str(const json& obj, const char* key, const std::string& where) const {
-    auto it = obj.find(key);
-    if (it == obj.end() || it->is_null()) return {};
-    if (!it->is_string()) bad(where + "." + key, "must be a string or null, not " + it->dump());
-    return it->get<std::string>();
-  }
-  int64_t integer(const json& v, const std::string& where, int64_t lo, int64_t hi) const {
-    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
-      bad(where, fmt::format("must be an integer in [{}, {}], not {}", lo, hi, v.dump()));
-    return v.get<int64_t>();
-  }
-  // A `tokenizers` pattern: only {"String": "..."} is supported.
-  std::string string_pattern(const json& obj, const std::string& where) const {
-    const json& p = field(obj, "pattern", where);
-    if (p.is_object() && p.contains("String") && p["String"].is_string())
-      return p["String"].get<std::string>();
-    bad(where + ".pattern", "must be {\"String\": ...} (regex patterns are not supported), not " +
-                                p.dump());
-  }
-};
-
-constexpr int32_t kMaxId = (1 << 30);
+constexpr int64_t kMaxId = hf::kMaxTokenId;
+using hf::JsonFile;
 
 struct AddedToken {
   std::string content;
@@ -206,6 +160,64 @@ size_t space_rightmost_at_start(std::string_view s) {
 
 // ---- the tokenizer --------------------------------------------------------------------------------
 
+// Open-addressing hash table from a pair of token ids to its merge: the BPE inner loop does several
+// lookups per merge, and std::unordered_map's node chasing dominated encode time.
+class MergeTable {
+ public:
+  struct Merge {
+    int32_t rank, new_id;
+  };
+  void reserve(size_t n) {
+    size_t cap = 16;
+    shift_ = 60;
+    while (cap < 2 * n) cap *= 2, shift_--;
+    slots_.assign(cap, Slot{kEmpty, {}});
+    mask_ = cap - 1;
+  }
+  void insert_or_assign(uint32_t a, uint32_t b, Merge m) {
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    const uint64_t key = uint64_t(a) << 32 | b;
+    for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == kEmpty) {
+        slots_[i] = {key, m};
+        size_++;
+        return;
+      }
+      if (slots_[i].key == key) {
+        slots_[i].merge = m;
+        return;
+      }
+    }
+  }
+  const Merge* find(int32_t a, int32_t b) const {
+    if (slots_.empty()) return nullptr;
+    const uint64_t key = uint64_t(uint32_t(a)) << 32 | uint32_t(b);
+    for (size_t i = slot_of(key);; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) return &slots_[i].merge;
+      if (slots_[i].key == kEmpty) return nullptr;
+    }
+  }
+
+ private:
+  static constexpr uint64_t kEmpty = ~uint64_t(0);  // ids are < 2^31, so no real key is all ones
+  struct Slot {
+    uint64_t key;
+    Merge merge;
+  };
+  // Fibonacci hashing: the top bits of the product are the well-mixed ones.
+  size_t slot_of(uint64_t key) const { return size_t((key * 0x9E3779B97F4A7C15ull) >> shift_); }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    reserve(std::max<size_t>(16, old.size()));
+    size_ = 0;
+    for (const Slot& s : old)
+      if (s.key != kEmpty) insert_or_assign(uint32_t(s.key >> 32), uint32_t(s.key), s.merge);
+  }
+  std::vector<Slot> slots_;
+  size_t mask_ = 0, size_ = 0;
+  int shift_ = 60;
+};
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -245,7 +257,7 @@ class HfBpeTokenizer final : public Tokenizer {
   void parse_added_tokens(const json& root);
   void parse_normalizer(const json& n, const std::string& where);
   void parse_pre_tokenizer(const json& p, const std::string& where);
-  void parse_model(const json& m);
+  void parse_model(const json& m, hf::TokenizerJson& parsed);
   void parse_post_processor(const json& p);
   void parse_decoder(const json& d, const std::string& where);
   void pick_bos_eos();
@@ -270,10 +282,9 @@ class HfBpeTokenizer final : public Tokenizer {
 
   // BPE model.
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
-  struct Merge {
-    int32_t rank, new_id;
-  };
-  std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) → rank, merged id
+  using Merge = MergeTable::Merge;
+  MergeTable merges_;
+  std::vector<int32_t> bmp_ids_;  // single-character tokens of the Basic Multilingual Plane, by code point
   int32_t unk_id_ = -1;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   std::string subword_prefix_, word_suffix_;
@@ -286,17 +297,9 @@ class HfBpeTokenizer final : public Tokenizer {
 
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   file_.path = path;
-  std::ifstream in(path, std::ios::binary);
-  ZAYA_CHECK(in, "cannot open tokenizer file '{}' (expected a tokenizer.json or a directory with one)",
-             path);
-  json root;
-  try {
-    root = json::parse(in);
-  } catch (const json::parse_error& e) {
-    fail("{}: not valid JSON ({})", path, e.what());
-  }
-  if (!root.is_object()) file_.bad("the top level", "must be a JSON object");
-  parse_model(file_.field(root, "model", "tokenizer"));
+  hf::TokenizerJson parsed = hf::read_tokenizer_json(file_);
+  const json& root = parsed.root;
+  parse_model(file_.field(root, "model", "tokenizer"), parsed);
   parse_added_tokens(root);
   if (auto it = root.find("normalizer"); it != root.end() && !it->is_null())
     parse_normalizer(*it, "normalizer");
@@ -322,7 +325,7 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   pick_bos_eos();
 }
 
-void HfBpeTokenizer::parse_model(const json& m) {
+void HfBpeTokenizer::parse_model(const json& m, hf::TokenizerJson& parsed) {
   const std::string type = file_.str(m, "type", "model");
   if (type != "BPE")
     file_.bad("model.type", "is '" + type + "'; only BPE models are supported");
@@ -337,57 +340,58 @@ void HfBpeTokenizer::parse_model(const json& m) {
   subword_prefix_ = file_.opt_str(m, "continuing_subword_prefix", "model");
   word_suffix_ = file_.opt_str(m, "end_of_word_suffix", "model");
 
-  const json& vocab = file_.field(m, "vocab", "model");
-  if (!vocab.is_object()) file_.bad("model.vocab", "must be an object of token → id");
-  vocab_.reserve(vocab.size());
-  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    const int32_t id = int32_t(file_.integer(it.value(), "model.vocab[" + json(it.key()).dump() + "]",
-                                             0, kMaxId));
-    vocab_[it.key()] = id;
+  if (!parsed.has_vocab) {  // absent, or not an object (then the tree has it)
+    const json& vocab = file_.field(m, "vocab", "model");
+    file_.bad("model.vocab", "must be an object of token → id, not " + vocab.dump().substr(0, 80));
+  }
+  vocab_.reserve(parsed.vocab.size());
+  for (auto& [token, id] : parsed.vocab) {
     if (size_t(id) >= id_to_token_.size()) {
       id_to_token_.resize(id + 1);
       id_kind_.resize(id + 1, 0);
     }
-    id_to_token_[id] = it.key();
+    id_to_token_[id] = token;
     id_kind_[id] = 1;
+    vocab_[std::move(token)] = id;
   }
+  parsed.vocab = {};
   if (std::string unk = file_.opt_str(m, "unk_token", "model"); !unk.empty()) {
     unk_id_ = vocab_find(unk);
     if (unk_id_ < 0) file_.bad("model.unk_token", "'" + unk + "' is not in model.vocab");
   }
   for (int b = 0; b < 256; b++) byte_ids_[b] = vocab_find(fmt::format("<0x{:02X}>", b));
-
-  const json& merges = file_.field(m, "merges", "model");
-  if (!merges.is_array()) file_.bad("model.merges", "must be an array");
-  merges_.reserve(merges.size());
-  for (size_t r = 0; r < merges.size(); r++) {
-    const json& e = merges[r];
-    const std::string where = fmt::format("model.merges[{}]", r);
-    std::string a, b;
-    if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-      a = e[0].get<std::string>();
-      b = e[1].get<std::string>();
-    } else if (e.is_string()) {  // the older "left right" form
-      const std::string s = e.get<std::string>();
-      const size_t sp = s.find(' ');
-      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-        file_.bad(where, "'" + s + "' must be two tokens separated by one space");
-      a = s.substr(0, sp);
-      b = s.substr(sp + 1);
-    } else {
-      file_.bad(where, "must be [\"left\", \"right\"] or \"left right\", not " + e.dump());
+  bmp_ids_.assign(0x10000, -1);
+  for (const auto& [token, id] : vocab_) {
+    if (token.empty()) continue;
+    const size_t len = utf8_len(token, 0);
+    if (len == token.size() && (len > 1 || uint8_t(token[0]) < 0x80)) {
+      const uint32_t cp = utf8_decode(token, 0, len);
+      if (cp < 0x10000) bmp_ids_[cp] = id;
     }
+  }
+
+  if (!parsed.has_merges) {
+    const json& merges = file_.field(m, "merges", "model");
+    file_.bad("model.merges", "must be an array, not " + merges.dump().substr(0, 80));
+  }
+  merges_.reserve(parsed.merges.size());
+  std::string merged;
+  for (size_t r = 0; r < parsed.merges.size(); r++) {
+    const auto& [a, b] = parsed.merges[r];
+    const std::string where = fmt::format("model.merges[{}]", r);
     const int32_t ia = vocab_find(a), ib = vocab_find(b);
     if (ia < 0) file_.bad(where, "'" + a + "' is not in model.vocab");
     if (ib < 0) file_.bad(where, "'" + b + "' is not in model.vocab");
     std::string_view tail = b;
     if (!subword_prefix_.empty() && tail.starts_with(subword_prefix_))
       tail.remove_prefix(subword_prefix_.size());
-    const std::string merged = a + std::string(tail);
+    merged.assign(a).append(tail);
     const int32_t im = vocab_find(merged);
     if (im < 0) file_.bad(where, "merged token '" + merged + "' is not in model.vocab");
-    merges_[uint64_t(uint32_t(ia)) << 32 | uint32_t(ib)] = {int32_t(r), im};
+    // A repeated pair takes its later rank, as in `tokenizers`.
+    merges_.insert_or_assign(uint32_t(ia), uint32_t(ib), {int32_t(r), im});
   }
+  parsed.merges = {};
 }
 
 void HfBpeTokenizer::parse_added_tokens(const json& root) {
@@ -713,8 +717,11 @@ void HfBpeTokenizer::bpe(std::string_view word, std::vector<int32_t>& ids) const
       if (last) piece += word_suffix_;
       id = vocab_find(piece);
       ch = piece;
+    } else if (len > 1 || uint8_t(ch[0]) < 0x80) {
+      const uint32_t cp = utf8_decode(ch, 0, len);
+      id = cp < 0x10000 ? bmp_ids_[cp] : vocab_find(ch);
     } else {
-      id = vocab_find(ch);
+      id = vocab_find(ch);  // an invalid byte
     }
     i += len;
     if (id >= 0) {
@@ -743,8 +750,7 @@ void HfBpeTokenizer::bpe(std::string_view word, std::vector<int32_t>& ids) const
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
   const auto merge_of = [&](int32_t a, int32_t b) -> const Merge* {
-    auto it = merges_.find(uint64_t(uint32_t(a)) << 32 | uint32_t(b));
-    return it == merges_.end() ? nullptr : &it->second;
+    return merges_.find(a, b);
   };
   for (int32_t p = 0; p + 1 < int32_t(sym.size()); p++)
     if (const Merge* m = merge_of(sym[p].id, sym[p + 1].id)) queue.push({m->rank, p, m->new_id});

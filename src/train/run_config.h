@@ -1,0 +1,133 @@
+// RunConfig: everything a training run needs besides the model weights, as a typed struct with
+// defaults, read from a TOML file (toml++) plus `--section.key=value` command-line overrides, and
+// written back as TOML (printed at start, stored in checkpoints; to_toml/from_toml round-trip).
+// Unknown keys at any level are errors naming the key path and the file; bad values are errors
+// naming the field. The key reference is docs/TRAINING.md. Deliberately not here: running anything
+// (the loop is train/), loading data, or deciding the data-parallel size (passed in).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "optim/balancing.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace zaya {
+
+struct BlendEntry {
+  std::string prefix;  // path prefix of an indexed dataset (prefix.bin / prefix.idx)
+  double weight = 1.0;
+  bool operator==(const BlendEntry&) const = default;
+};
+
+struct ModelSection {
+  std::string config = "tiny";  // a preset name, or a config.json (or a directory holding one)
+};
+
+struct OptimSection {
+  double lr = 6e-4, min_lr = 2e-4;  // peak and final learning rate of the schedule
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95;  // TOML: betas = [b1, b2]
+  double eps = 1e-8;
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int64_t muon_ns_steps = 5;
+  double clip = 1.0;  // max global gradient norm; 0 turns clipping off
+  bool default_rules = true;
+  std::vector<ParamRule> rules;  // [[optim.rules]], tried before the defaults
+  BalancingSettings balancing;   // [optim.balancing]
+
+  OptimizerSettings optimizer_settings() const;
+};
+
+struct DataSection {
+  std::string corpus = "brown";  // built-in corpus used when no blend is given
+  std::string tokenizer = "bytes";  // "bytes" or a tokenizer.json path
+  std::vector<BlendEntry> blend;  // [[data.blend]]
+};
+
+struct EvalSection {
+  int64_t every = 100;  // steps; 0 turns evaluation off
+  int64_t batches = 8;
+};
+
+struct CheckpointSection {
+  int64_t every = 500;  // steps; 0: only at the end
+  int64_t keep_last = 3;
+  std::string dir = "checkpoints";
+};
+
+struct TrainSection {
+  int64_t seed = 1234;
+  int64_t micro_batch = 8;  // sequences per rank per forward/backward
+  int64_t grad_accum = 1;   // micro-batches per optimizer step
+  int64_t steps = 1000;     // optimizer steps in the run
+  int64_t seq_len = 256;    // default for phases that do not set one
+  std::string device = "cpu";
+  int64_t log_every = 10;
+};
+
+struct PhaseSection {
+  std::string name;
+  int64_t tokens = 0;  // budget in tokens, or
+  int64_t steps = 0;   // budget in optimizer steps (exactly one; the last phase may have none)
+  std::optional<int64_t> seq_len;    // unset: train.seq_len
+  std::optional<double> rope_theta;  // unset: the model's
+  std::vector<BlendEntry> blend;     // empty: data.blend (or the built-in corpus)
+  std::optional<int64_t> batch_size;  // global sequences per step; unset: micro_batch·grad_accum·dp
+  int64_t batch_start = 0;            // batch ramp: sequences per step at the phase start, growing
+  int64_t batch_ramp_tokens = 0;      // linearly to batch_size over this many tokens; 0: no ramp
+};
+
+// What the loop needs to know about the phase a (step, tokens) position falls in.
+struct PhaseState {
+  size_t index = 0;          // into RunConfig::phases (0 for the implicit single phase)
+  std::string name;
+  int64_t seq_len = 0;
+  double rope_theta = 0;     // the phase's, else the model_rope_theta passed in
+  int64_t batch_size = 0;    // global sequences for this step (after the ramp)
+  int64_t micro_steps = 0;   // forward/backward passes per rank: batch_size / (micro_batch·dp)
+  std::vector<BlendEntry> blend;  // empty: the built-in corpus data.corpus
+  bool past_end = false;     // beyond the last phase's budget (the last phase continues)
+};
+
+struct RunConfig {
+  ModelSection model;
+  OptimSection optim;
+  ScheduleSettings schedule{ScheduleKind::Cosine, 100, 0, 0.2, DecayShape::Linear};  // total 0: train.steps
+  DataSection data;
+  EvalSection eval;
+  CheckpointSection checkpoint;
+  TrainSection train;
+  std::vector<PhaseSection> phases;  // [[phase]]
+  std::string source = "<defaults>";  // the file it came from, for messages
+
+  // Reads a TOML file, applies overrides ("--optim.lr=3e-4" or "optim.lr=3e-4") and validates.
+  static RunConfig load(const std::string& path, const std::vector<std::string>& overrides = {});
+  // The same from TOML text; `where` names the source in errors.
+  static RunConfig from_toml(const std::string& text, const std::string& where = "<string>",
+                             const std::vector<std::string>& overrides = {});
+  // Defaults plus overrides (no file).
+  static RunConfig defaults(const std::vector<std::string>& overrides = {});
+  // Every key (optional phase fields only when set), loadable by from_toml.
+  std::string to_toml() const;
+
+  // Throws zaya::Error naming the field; called by load/from_toml/defaults.
+  void validate() const;
+
+  ZayaConfig resolve_model() const;          // the preset, or config.json from disk
+  ScheduleSettings resolved_schedule() const;  // total_steps 0 → train.steps
+  // Phase of the step about to run, given the tokens consumed before it. `data_parallel` ranks.
+  PhaseState phase_at(int64_t step, int64_t tokens, int64_t data_parallel = 1,
+                      double model_rope_theta = 0) const;
+  // Every valid key path ("phase.N.seq_len" for list entries), for help and suggestions.
+  static std::vector<std::string> key_paths();
+};
+
+// True for a command-line argument that looks like a config override ("--a.b=c").
+bool is_config_override(const std::string& arg);
+
+}  // namespace zaya

@@ -1,0 +1,352 @@
+// RunConfig: the example file, strict keys, value checks, command-line overrides of every type,
+// TOML round trip, phase selection and the batch ramp.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "train/run_config.h"
+
+using namespace zaya;
+
+namespace {
+
+// Runs fn, expects a zaya::Error, and returns its message.
+template <typename F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a zaya::Error";
+  return "";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+const char* kThreePhases = R"(
+[train]
+micro_batch = 2
+grad_accum = 2
+steps = 100
+seq_len = 128
+[[phase]]
+name = "p1"
+tokens = 1000
+[[phase]]
+name = "p2"
+tokens = 2000
+seq_len = 512
+rope_theta = 1e6
+batch_size = 8
+[[phase.blend]]
+prefix = "math"
+weight = 2.0
+[[phase]]
+name = "p3"
+seq_len = 1024
+)";
+
+}  // namespace
+
+TEST(RunConfig, ParsesTheTinyExample) {
+  const std::string path = std::string(ZAYA_SOURCE_DIR) + "/configs/tiny.toml";
+  RunConfig c = RunConfig::load(path);
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.model.config, "tiny");
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-3);
+  EXPECT_DOUBLE_EQ(c.optim.min_lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optim.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optim.balancing.beta2, 0.999);
+  EXPECT_EQ(c.schedule.kind, ScheduleKind::Cosine);
+  EXPECT_EQ(c.schedule.warmup_steps, 50);
+  EXPECT_EQ(c.resolved_schedule().total_steps, 1000);
+  EXPECT_EQ(c.data.corpus, "brown");
+  EXPECT_TRUE(c.data.blend.empty());
+  EXPECT_EQ(c.checkpoint.keep_last, 2);
+  EXPECT_EQ(c.train.device, "cpu");
+  ASSERT_EQ(c.phases.size(), 1u);
+  EXPECT_EQ(c.phases[0].steps, 1000);
+  EXPECT_EQ(c.resolve_model().num_hidden_layers, ZayaConfig::preset("tiny").num_hidden_layers);
+  auto st = c.phase_at(0, 0, 1, 1e4);
+  EXPECT_EQ(st.seq_len, 256);
+  EXPECT_EQ(st.batch_size, 8);
+  EXPECT_EQ(st.micro_steps, 1);
+  EXPECT_DOUBLE_EQ(st.rope_theta, 1e4);
+  auto os = c.optim.optimizer_settings();
+  EXPECT_DOUBLE_EQ(os.adamw.beta1, 0.9);
+  EXPECT_TRUE(os.default_rules);
+}
+
+TEST(RunConfig, DefaultsAreValidAndKeyPathsListEveryKey) {
+  RunConfig c = RunConfig::defaults();
+  EXPECT_EQ(c.model.config, "tiny");
+  auto keys = RunConfig::key_paths();
+  for (const char* k : {"optim.lr", "optim.balancing.betas", "optim.rules.N.weight_decay",
+                        "data.blend.N.weight", "phase.N.seq_len", "phase.N.blend.N.prefix",
+                        "train.log_every", "checkpoint.dir", "schedule.decay_shape"})
+    EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
+}
+
+TEST(RunConfig, UnknownKeysNameThePathAndTheFile) {
+  auto msg = error_of([] { RunConfig::from_toml("[modle]\nconfig = 'tiny'\n", "run.toml"); });
+  EXPECT_TRUE(contains(msg, "run.toml")) << msg;
+  EXPECT_TRUE(contains(msg, "'modle'")) << msg;
+  msg = error_of([] { RunConfig::from_toml("stray = 1\n", "run.toml"); });
+  EXPECT_TRUE(contains(msg, "'stray'")) << msg;
+  msg = error_of([] { RunConfig::from_toml("[optim]\nlrr = 1e-3\n", "run.toml"); });
+  EXPECT_TRUE(contains(msg, "'optim.lrr'")) << msg;
+  EXPECT_TRUE(contains(msg, "optim.lr,")) << msg;  // suggested
+  EXPECT_TRUE(contains(msg, "line 2")) << msg;
+  msg = error_of([] { RunConfig::from_toml("[optim.balancing]\nbeta = 0.9\n", "r.toml"); });
+  EXPECT_TRUE(contains(msg, "'optim.balancing.beta'")) << msg;
+  msg = error_of(
+      [] { RunConfig::from_toml("[[phase]]\nname = 'a'\nsteps = 5\nseqlen = 3\n", "r.toml"); });
+  EXPECT_TRUE(contains(msg, "'phase.0.seqlen'")) << msg;
+  EXPECT_TRUE(contains(msg, "phase.N.seq_len")) << msg;
+  msg = error_of([] {
+    RunConfig::from_toml("[[data.blend]]\nprefix = 'a'\nweight = 1\nwieght = 2\n", "r.toml");
+  });
+  EXPECT_TRUE(contains(msg, "'data.blend.0.wieght'")) << msg;
+  msg = error_of([] { RunConfig::from_toml("[[optim.rules]]\npattern = '*'\nopt = 'muon'\n"); });
+  EXPECT_TRUE(contains(msg, "'optim.rules.0.opt'")) << msg;
+  // Syntax errors carry file:line.
+  msg = error_of([] { RunConfig::from_toml("[optim]\nlr = = 3\n", "bad.toml"); });
+  EXPECT_TRUE(contains(msg, "bad.toml:2")) << msg;
+  msg = error_of([] { RunConfig::load("/nonexistent/run.toml"); });
+  EXPECT_TRUE(contains(msg, "/nonexistent/run.toml")) << msg;
+}
+
+TEST(RunConfig, BadValuesNameTheField) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"[optim]\nlr = -1e-3", "optim.lr"},
+      {"[optim]\nlr = 0", "optim.lr"},
+      {"[optim]\nlr = 1e-3\nmin_lr = 1e-2", "optim.min_lr"},
+      {"[optim]\nweight_decay = -0.1", "optim.weight_decay"},
+      {"[optim]\nbetas = [0.9, 1.0]", "optim.betas[1]"},
+      {"[optim]\nbetas = [0.9]", "optim.betas"},
+      {"[optim]\neps = 0", "optim.eps"},
+      {"[optim]\nclip = -1", "optim.clip"},
+      {"[optim]\nmuon_momentum = 1.5", "optim.muon_momentum"},
+      {"[optim]\nmuon_ns_steps = 0", "optim.muon_ns_steps"},
+      {"[optim]\nlr = 'fast'", "optim.lr"},
+      {"[optim.balancing]\nlr = -1", "optim.balancing.lr"},
+      {"[[optim.rules]]\npattern = '*'\noptimizer = 'sgd'", "optim.rules.0.optimizer"},
+      {"[[optim.rules]]\npattern = 're:('", "optim.rules[0]"},
+      {"[[optim.rules]]\npattern = '*'\nlr_mult = -2", "optim.rules[0]"},
+      {"[schedule]\nkind = 'linear'", "schedule.kind"},
+      {"[schedule]\ndecay_shape = 'cubic'", "schedule.decay_shape"},
+      {"[schedule]\nwarmup_steps = -5", "schedule.warmup_steps"},
+      {"[schedule]\nwarmup_steps = 2000\n[train]\nsteps = 1000", "schedule.warmup_steps"},
+      {"[schedule]\nkind = 'wsd'\ndecay_fraction = 0", "schedule.decay_fraction"},
+      {"[[data.blend]]\nprefix = 'a'\nweight = 0", "data.blend.0.weight"},
+      {"[[data.blend]]\nprefix = 'a'\nweight = -1", "data.blend.0.weight"},
+      {"[[data.blend]]\nweight = 1", "data.blend.0.prefix"},
+      {"[eval]\nbatches = 0", "eval.batches"},
+      {"[eval]\nevery = -1", "eval.every"},
+      {"[checkpoint]\nkeep_last = 0", "checkpoint.keep_last"},
+      {"[checkpoint]\ndir = ''", "checkpoint.dir"},
+      {"[train]\nseq_len = 0", "train.seq_len"},
+      {"[train]\nmicro_batch = 0", "train.micro_batch"},
+      {"[train]\ngrad_accum = 0", "train.grad_accum"},
+      {"[train]\nsteps = 0", "train.steps"},
+      {"[train]\nseed = -1", "train.seed"},
+      {"[train]\ndevice = 'tpu'", "train.device"},
+      {"[train]\nlog_every = 0", "train.log_every"},
+      {"[train]\nsteps = 1.5", "train.steps"},
+      {"[model]\nconfig = 'no-such-preset'", "model.config"},
+      {"[[phase]]\nname = 'a'\nsteps = 10\nseq_len = 0", "phase.0.seq_len"},
+      {"[[phase]]\nname = 'a'\nsteps = 10\nrope_theta = -1.0", "phase.0.rope_theta"},
+      {"[[phase]]\nname = 'a'\nsteps = -3", "phase.0.steps"},
+      {"[[phase]]\nname = ''\nsteps = 3", "phase.0.name"},
+      {"[[phase]]\nname = 'a'\nsteps = 3\ntokens = 5", "phase.0"},
+      {"[[phase]]\nname = 'a'\n[[phase]]\nname = 'b'", "phase.0"},
+      {"[[phase]]\nname = 'a'\nsteps = 3\n[[phase]]\nname = 'a'", "phase.1.name"},
+      {"[[phase]]\nname = 'a'\nsteps = 3\n[[phase]]\nname = 'b'\ntokens = 5", "same unit"},
+      {"[[phase]]\nname = 'a'\nsteps = 3\nbatch_size = 0", "phase.0.batch_size"},
+      {"[[phase]]\nname = 'a'\nsteps = 3\nbatch_ramp_tokens = 100", "phase.0.batch_start"},
+      {"[[phase]]\nname = 'a'\nsteps = 3\nbatch_size = 4\nbatch_start = 8\nbatch_ramp_tokens = 1",
+       "phase.0.batch_start"},
+      {"[[phase]]\nname = 'a'\nsteps = 3\n[[phase.blend]]\nprefix = 'x'\nweight = 0",
+       "phase.0.blend.0.weight"},
+  };
+  for (const auto& [text, field] : cases) {
+    auto msg = error_of([&] { RunConfig::from_toml(text, "bad.toml"); });
+    EXPECT_TRUE(contains(msg, field)) << "for:\n" << text << "\ngot: " << msg;
+    EXPECT_TRUE(contains(msg, "bad.toml")) << msg;
+  }
+}
+
+TEST(RunConfig, OverridesOfEveryType) {
+  RunConfig c = RunConfig::from_toml(
+      kThreePhases, "x.toml",
+      {"--optim.lr=3e-4", "--train.steps=50", "--optim.muon_nesterov=false", "--train.device=cuda",
+       "--optim.betas=[0.8, 0.9]", "--optim.balancing.lr=0.01", "--phase.0.seq_len=256",
+       "--phase.2.rope_theta=5e6", "--phase.1.blend.0.weight=3", "data.corpus='other'",
+       "--schedule.kind=wsd", "--optim.clip=2"});
+  EXPECT_DOUBLE_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.train.steps, 50);
+  EXPECT_FALSE(c.optim.muon_nesterov);
+  EXPECT_EQ(c.train.device, "cuda");
+  EXPECT_DOUBLE_EQ(c.optim.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.optim.beta2, 0.9);
+  EXPECT_DOUBLE_EQ(c.optim.balancing.lr, 0.01);
+  EXPECT_EQ(c.phases[0].seq_len, 256);
+  EXPECT_EQ(c.phases[1].seq_len, 512);  // untouched
+  EXPECT_DOUBLE_EQ(*c.phases[2].rope_theta, 5e6);
+  EXPECT_DOUBLE_EQ(c.phases[1].blend[0].weight, 3.0);
+  EXPECT_EQ(c.data.corpus, "other");
+  EXPECT_EQ(c.schedule.kind, ScheduleKind::WSD);
+  EXPECT_DOUBLE_EQ(c.optim.clip, 2.0);  // an integer spelling of a float field
+  // Rules entries can be overridden field by field.
+  RunConfig r = RunConfig::from_toml("[[optim.rules]]\npattern = '*.w'\noptimizer = 'adamw'\n", "r",
+                                     {"--optim.rules.0.lr_mult=0.5", "--optim.rules.0.weight_decay=0",
+                                      "--optim.rules.0.optimizer=muon"});
+  EXPECT_DOUBLE_EQ(r.optim.rules[0].lr_mult, 0.5);
+  EXPECT_EQ(r.optim.rules[0].weight_decay, 0.0);
+  EXPECT_EQ(r.optim.rules[0].optimizer, OptimizerKind::Muon);
+  // Overridden values are validated like file values.
+  auto msg = error_of([] { RunConfig::defaults({"--train.seq_len=0"}); });
+  EXPECT_TRUE(contains(msg, "train.seq_len")) << msg;
+}
+
+TEST(RunConfig, BadOverridesAreExplained) {
+  auto msg = error_of([] { RunConfig::defaults({"--optim.lrr=1"}); });
+  EXPECT_TRUE(contains(msg, "optim.lrr")) << msg;
+  EXPECT_TRUE(contains(msg, "optim.lr")) << msg;
+  msg = error_of([] { RunConfig::defaults({"--train.steps=1.5"}); });
+  EXPECT_TRUE(contains(msg, "integer")) << msg;
+  msg = error_of([] { RunConfig::defaults({"--optim.lr=fast"}); });
+  EXPECT_TRUE(contains(msg, "number")) << msg;
+  msg = error_of([] { RunConfig::defaults({"--optim.muon_nesterov=yes"}); });
+  EXPECT_TRUE(contains(msg, "true or false")) << msg;
+  msg = error_of([] { RunConfig::defaults({"--optim.betas=0.9"}); });
+  EXPECT_TRUE(contains(msg, "array")) << msg;
+  msg = error_of([] { RunConfig::from_toml(kThreePhases, "x", {"--phase.3.seq_len=1"}); });
+  EXPECT_TRUE(contains(msg, "3 entries")) << msg;
+  msg = error_of([] { RunConfig::from_toml(kThreePhases, "x", {"--phase.first.seq_len=1"}); });
+  EXPECT_TRUE(contains(msg, "index")) << msg;
+  msg = error_of([] { RunConfig::defaults({"--phase.0.seq_len=1"}); });
+  EXPECT_TRUE(contains(msg, "phase")) << msg;
+  msg = error_of([] { RunConfig::defaults({"--optim"}); });
+  EXPECT_TRUE(contains(msg, "--section.key=value")) << msg;
+  msg = error_of([] { RunConfig::defaults({"--optim=3"}); });
+  EXPECT_FALSE(msg.empty());
+  msg = error_of([] { RunConfig::defaults({"--optim.lr.x=3"}); });
+  EXPECT_TRUE(contains(msg, "optim.lr")) << msg;
+  EXPECT_TRUE(is_config_override("--optim.lr=3"));
+  EXPECT_FALSE(is_config_override("--steps=3"));
+  EXPECT_FALSE(is_config_override("configs/tiny.toml"));
+}
+
+TEST(RunConfig, TomlRoundTrip) {
+  RunConfig c = RunConfig::from_toml(kThreePhases, "x.toml");
+  c.optim.lr = 0.1 + 0.2;  // not a short decimal: the printer must keep every bit
+  c.optim.min_lr = 1e-5 / 3;
+  c.optim.rules = {{"re:.*\\.o_proj\\.weight", OptimizerKind::AdamW, 0.5, 0.01},
+                   {"*.experts.*", OptimizerKind::Muon, 2.0, {}},
+                   {"*.temp", OptimizerKind::None, 1.0, {}}};
+  c.data.blend = {{"/data/web", 0.7}, {"/data/code \"quoted\"", 0.3}};
+  c.schedule.kind = ScheduleKind::WSD;
+  c.schedule.decay_shape = DecayShape::OneMinusSqrt;
+  c.train.seed = (int64_t(1) << 40) + 7;
+  c.phases[0].batch_start = 2;
+  c.phases[0].batch_ramp_tokens = 500;
+  const std::string text = c.to_toml();
+  RunConfig d = RunConfig::from_toml(text, "checkpoint");
+  EXPECT_EQ(d.to_toml(), text);
+  EXPECT_EQ(d.optim.lr, c.optim.lr);
+  EXPECT_EQ(d.optim.min_lr, c.optim.min_lr);
+  ASSERT_EQ(d.optim.rules.size(), 3u);
+  EXPECT_EQ(d.optim.rules[0].pattern, c.optim.rules[0].pattern);
+  EXPECT_EQ(d.optim.rules[0].weight_decay, 0.01);
+  EXPECT_FALSE(d.optim.rules[1].weight_decay.has_value());
+  EXPECT_EQ(d.optim.rules[2].optimizer, OptimizerKind::None);
+  EXPECT_EQ(d.data.blend, c.data.blend);
+  EXPECT_EQ(d.train.seed, c.train.seed);
+  EXPECT_EQ(d.schedule.decay_shape, DecayShape::OneMinusSqrt);
+  ASSERT_EQ(d.phases.size(), 3u);
+  EXPECT_FALSE(d.phases[0].seq_len.has_value());
+  EXPECT_EQ(d.phases[1].seq_len, 512);
+  EXPECT_EQ(d.phases[1].blend, c.phases[1].blend);
+  EXPECT_EQ(d.phases[0].batch_ramp_tokens, 500);
+  // The defaults round-trip too.
+  RunConfig e = RunConfig::defaults();
+  EXPECT_EQ(RunConfig::from_toml(e.to_toml()).to_toml(), e.to_toml());
+}
+
+TEST(RunConfig, PhaseSelectionAcrossBoundaries) {
+  RunConfig c = RunConfig::from_toml(kThreePhases, "x.toml");
+  auto at = [&](int64_t tokens) { return c.phase_at(0, tokens, 1, 1e4); };
+  EXPECT_EQ(at(0).name, "p1");
+  EXPECT_EQ(at(999).name, "p1");
+  EXPECT_EQ(at(1000).name, "p2");
+  EXPECT_EQ(at(2999).name, "p2");
+  EXPECT_EQ(at(3000).name, "p3");
+  EXPECT_EQ(at(1000000).name, "p3");  // open-ended last phase
+  EXPECT_FALSE(at(1000000).past_end);
+  EXPECT_EQ(at(0).seq_len, 128);  // train.seq_len
+  EXPECT_EQ(at(1000).seq_len, 512);
+  EXPECT_DOUBLE_EQ(at(0).rope_theta, 1e4);  // the model's
+  EXPECT_DOUBLE_EQ(at(1500).rope_theta, 1e6);
+  EXPECT_EQ(at(0).batch_size, 4);  // micro_batch 2 × grad_accum 2
+  EXPECT_EQ(at(0).micro_steps, 2);
+  EXPECT_EQ(at(1000).batch_size, 8);
+  EXPECT_EQ(at(1000).micro_steps, 4);
+  EXPECT_TRUE(at(0).blend.empty());
+  ASSERT_EQ(at(1000).blend.size(), 1u);
+  EXPECT_EQ(at(1000).blend[0].prefix, "math");
+  EXPECT_EQ(at(1000).index, 1u);
+  // With 2 data-parallel ranks the default batch doubles and phase 2's 8 is 2 micro-steps each.
+  EXPECT_EQ(c.phase_at(0, 0, 2).batch_size, 8);
+  EXPECT_EQ(c.phase_at(0, 1000, 2).micro_steps, 2);
+  EXPECT_THROW(c.phase_at(0, 1000, 3), Error);  // 8 is not a multiple of 2 × 3
+
+  // Step budgets; past the last phase the last phase continues, flagged.
+  RunConfig s = RunConfig::from_toml(
+      "[[phase]]\nname='a'\nsteps=10\n[[phase]]\nname='b'\nsteps=5\nseq_len=64\n", "s.toml");
+  EXPECT_EQ(s.phase_at(9, 123456).name, "a");
+  EXPECT_EQ(s.phase_at(10, 0).name, "b");
+  EXPECT_EQ(s.phase_at(14, 0).seq_len, 64);
+  EXPECT_TRUE(s.phase_at(15, 0).past_end);
+  EXPECT_EQ(s.phase_at(15, 0).name, "b");
+  // No phases: one implicit phase from [train].
+  RunConfig n = RunConfig::defaults({"--train.steps=20"});
+  EXPECT_EQ(n.phase_at(3, 0).name, "main");
+  EXPECT_EQ(n.phase_at(3, 0).seq_len, n.train.seq_len);
+  EXPECT_TRUE(n.phase_at(20, 0).past_end);
+}
+
+TEST(RunConfig, BatchRamp) {
+  RunConfig c = RunConfig::from_toml(R"(
+[train]
+micro_batch = 2
+[[phase]]
+name = "warm"
+tokens = 10000
+batch_size = 16
+batch_start = 2
+batch_ramp_tokens = 1000
+[[phase]]
+name = "next"
+tokens = 10000
+batch_size = 16
+batch_start = 4
+batch_ramp_tokens = 2000
+)",
+                                     "ramp.toml");
+  auto batch = [&](int64_t tokens, int64_t dp = 1) { return c.phase_at(0, tokens, dp).batch_size; };
+  EXPECT_EQ(batch(0), 2);
+  EXPECT_EQ(batch(500), 8);  // 2 + 7 = 9, rounded down to whole micro-batches of 2
+  EXPECT_EQ(batch(999), 14);  // 2 + floor(0.999·14) = 15 → 14
+  EXPECT_EQ(batch(1000), 16);
+  EXPECT_EQ(batch(9999), 16);
+  EXPECT_EQ(c.phase_at(0, 500, 1).micro_steps, 4);
+  EXPECT_EQ(batch(0, 4), 8);  // never below one micro-step on every rank (2 × 4 ranks)
+  // The second phase's ramp is measured from its own start (token 10000).
+  EXPECT_EQ(batch(10000), 4);
+  EXPECT_EQ(batch(11000), 10);
+  EXPECT_EQ(batch(12000), 16);
+  for (int64_t t = 0; t < 1000; t += 37) ASSERT_LE(batch(t), batch(t + 37));
+}

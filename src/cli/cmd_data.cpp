@@ -62,10 +62,11 @@ int run_prepare(const std::vector<std::string>& inputs, const std::string& brown
                double(s.text_bytes) / 1e6 / std::max(s.seconds, 1e-9));
   };
   const auto st = zaya::prepare_dataset(o, *tok, report);
-  fmt::print("wrote {0}.bin and {0}.idx: {1} documents, {2} tokens ({3} empty skipped) from {4:.1f} "
-             "MB of text in {5:.2f} s ({6:.1f} MB/s)\n",
-             prefix, st.documents, st.tokens, st.skipped_empty, double(st.text_bytes) / 1e6,
-             st.seconds, double(st.text_bytes) / 1e6 / std::max(st.seconds, 1e-9));
+  fmt::print(
+      "wrote {0}.bin and {0}.idx: {1} documents, {2} tokens ({3} empty skipped) from {4:.1f} "
+      "MB of text in {5:.2f} s ({6:.1f} MB/s)\n",
+      prefix, st.documents, st.tokens, st.skipped_empty, double(st.text_bytes) / 1e6, st.seconds,
+      double(st.text_bytes) / 1e6 / std::max(st.seconds, 1e-9));
   zaya::IndexedDataset ds(prefix);
   ds.check_vocab(tok->vocab_size());
   print_dataset_summary(ds);
@@ -116,7 +117,8 @@ int run_inspect(const std::string& prefix, int64_t vocab, const std::string& tok
 }
 
 int run_data(int argc, char** argv) {
-  CLI::App app{"build and inspect training data (Megatron .bin/.idx indexed datasets)", "zaya data"};
+  CLI::App app{"build and inspect training data (Megatron .bin/.idx indexed datasets)",
+               "zaya data"};
   app.require_subcommand(1);
 
   auto* prep = app.add_subcommand("prepare", "tokenize text/JSONL files into PREFIX.bin/.idx");
@@ -161,7 +163,8 @@ int run_data(int argc, char** argv) {
     return app.exit(e);
   }
   if (prep->parsed()) {
-    ZAYA_CHECK(!inputs.empty() || !brown.empty(), "data prepare: give --input FILES or --brown DIR");
+    ZAYA_CHECK(!inputs.empty() || !brown.empty(),
+               "data prepare: give --input FILES or --brown DIR");
     return run_prepare(inputs, brown, prefix, tokenizer, key, split, workers, eos, dtype);
   }
   if (br->parsed()) return run_brown(dir, out);

@@ -24,7 +24,9 @@ bool attaches_left(std::string_view w) {
   return is_one_of(w, {",", ".", ";", ":", "?", "!", ")", "]", "}", "''", "'s", "n't", "%"});
 }
 // Punctuation printed against the word after it.
-bool attaches_right(std::string_view w) { return is_one_of(w, {"(", "[", "{", "``", "$"}); }
+bool attaches_right(std::string_view w) {
+  return is_one_of(w, {"(", "[", "{", "``", "$"});
+}
 
 }  // namespace
 
@@ -135,7 +137,8 @@ double entropy_of(int64_t n, Get get) {
   for (int64_t i = 0; i < n; i++) {
     const int64_t t = get(i);
     if (t >= 0 && t < kDense) {
-      if (t >= int64_t(dense.size())) dense.resize(size_t(std::max<int64_t>(t + 1, 2 * dense.size())));
+      if (t >= int64_t(dense.size()))
+        dense.resize(size_t(std::max<int64_t>(t + 1, 2 * dense.size())));
       dense[size_t(t)]++;
     } else {
       sparse[t]++;

@@ -24,10 +24,14 @@ namespace zaya {
 
 int token_dtype_size(uint8_t code) {
   switch (code) {
-    case 1: case 2: return 1;
-    case 3: case 8: return 2;
-    case 4: case 7: return 4;
-    case 5: case 6: return 8;
+    case 1:
+    case 2: return 1;
+    case 3:
+    case 8: return 2;
+    case 4:
+    case 7: return 4;
+    case 5:
+    case 6: return 8;
     default: return 0;
   }
 }
@@ -55,7 +59,9 @@ TokenDType token_dtype_for_vocab(int64_t vocab_size) {
 
 namespace {
 
-std::string sys_err() { return std::strerror(errno); }
+std::string sys_err() {
+  return std::strerror(errno);
+}
 
 void write_all(int fd, const void* p, size_t n, const std::string& path) {
   const char* c = static_cast<const char*>(p);
@@ -144,7 +150,9 @@ IndexedDatasetWriter::IndexedDatasetWriter(std::string prefix, TokenDType dtype)
   buf_.reserve(1 << 22);
 }
 
-IndexedDatasetWriter::~IndexedDatasetWriter() { abort(); }
+IndexedDatasetWriter::~IndexedDatasetWriter() {
+  abort();
+}
 
 void IndexedDatasetWriter::abort() noexcept {
   if (done_) return;
@@ -184,8 +192,10 @@ void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
            token_dtype_name(uint8_t(dtype_)), lo, hi);
     }
     switch (dtype_) {
-      case TokenDType::UInt8: case TokenDType::Int8: out[i] = char(t); break;
-      case TokenDType::Int16: case TokenDType::UInt16: {
+      case TokenDType::UInt8:
+      case TokenDType::Int8: out[i] = char(t); break;
+      case TokenDType::Int16:
+      case TokenDType::UInt16: {
         uint16_t v = uint16_t(t);
         std::memcpy(out + 2 * i, &v, 2);
         break;
@@ -259,8 +269,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix)
     bin_ = map_file(bin_path_, &bin_size_);
     const std::string& ip = idx_path_;
     ZAYA_CHECK(idx_size_ >= size_t(kIndexHeaderBytes),
-               "{}: file is {} bytes, shorter than the {}-byte header (truncated?)", ip,
-               idx_size_, kIndexHeaderBytes);
+               "{}: file is {} bytes, shorter than the {}-byte header (truncated?)", ip, idx_size_,
+               kIndexHeaderBytes);
     ZAYA_CHECK(std::memcmp(idx_, kIndexMagic, 9) == 0,
                "{}: magic: expected \"MMIDIDX\\x00\\x00\" (a Megatron mmap index), found other "
                "bytes",
@@ -272,21 +282,24 @@ IndexedDataset::IndexedDataset(const std::string& prefix)
     ZAYA_CHECK(elem_ > 0, "{}: dtype code: {} is not a Megatron DType code (expected 1..8)", ip,
                int(code));
     ZAYA_CHECK(code != 6 && code != 7,
-               "{}: dtype code: {} ({}) is a float dtype; token datasets need an integer dtype",
-               ip, int(code), token_dtype_name(code));
+               "{}: dtype code: {} ({}) is a float dtype; token datasets need an integer dtype", ip,
+               int(code), token_dtype_name(code));
     dtype_ = TokenDType(code);
     const uint64_t seqs = load<uint64_t>(idx_ + 18), docs = load<uint64_t>(idx_ + 26);
     const uint64_t body = idx_size_ - kIndexHeaderBytes;
     // Bounds before products, so a garbage count cannot overflow the size arithmetic.
-    ZAYA_CHECK(seqs <= body / 12, "{}: sequence_count: {} sequences need {} bytes, file has {}",
-               ip, seqs, seqs <= (uint64_t(1) << 60) / 12 ? seqs * 12 : ~uint64_t(0), body);
+    ZAYA_CHECK(seqs <= body / 12,
+               "{}: sequence_count: {} sequences need 12 bytes each, but only {} bytes follow the "
+               "header",
+               ip, seqs, body);
     ZAYA_CHECK(docs <= body / 8, "{}: document_count: {} is larger than the file can hold", ip,
                docs);
     const uint64_t want = kIndexHeaderBytes + seqs * 12 + docs * 8;
     if (idx_size_ == want + seqs && seqs > 0)
-      fail("{}: file has {} trailing bytes, one per sequence: a multimodal index "
-           "(sequence_modes), which zaya does not read",
-           ip, seqs);
+      fail(
+          "{}: file has {} trailing bytes, one per sequence: a multimodal index "
+          "(sequence_modes), which zaya does not read",
+          ip, seqs);
     ZAYA_CHECK(idx_size_ == want,
                "{}: size: expected {} bytes for sequence_count {} and document_count {}, file has "
                "{} (truncated or corrupt)",
@@ -296,8 +309,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix)
     doc_count_ = int64_t(docs);
 
     ZAYA_CHECK(bin_size_ % size_t(elem_) == 0,
-               "{}: size {} is not a multiple of the {}-byte dtype {}", bin_path_, bin_size_,
-               elem_, token_dtype_name(code));
+               "{}: size {} is not a multiple of the {}-byte dtype {}", bin_path_, bin_size_, elem_,
+               token_dtype_name(code));
     int64_t expect_ptr = 0;
     for (int64_t i = 0; i < seq_count_; i++) {
       const int32_t len = sequence_length(i);
@@ -322,8 +335,8 @@ IndexedDataset::IndexedDataset(const std::string& prefix)
     for (int64_t d = 1; d < doc_count_; d++) {
       const int64_t a = document_index(d - 1), b = document_index(d);
       ZAYA_CHECK(b >= a && b <= seq_count_,
-                 "{}: document_indices[{}] = {}: expected non-decreasing values in [{}, {}]", ip,
-                 d, b, a, seq_count_);
+                 "{}: document_indices[{}] = {}: expected non-decreasing values in [{}, {}]", ip, d,
+                 b, a, seq_count_);
     }
     ZAYA_CHECK(document_index(doc_count_ - 1) == seq_count_,
                "{}: document_indices[{}] = {}, expected sequence_count {} (the last document "
@@ -379,9 +392,9 @@ void IndexedDataset::read(int64_t pos, int64_t count, int32_t* out) const {
     default:
       for (int64_t i = 0; i < count; i++) {
         const int64_t t = load_token(bin_, dtype_, pos + i);
-        ZAYA_CHECK(t >= std::numeric_limits<int32_t>::min() &&
-                       t <= std::numeric_limits<int32_t>::max(),
-                   "{}: token id {} at position {} does not fit int32", bin_path_, t, pos + i);
+        ZAYA_CHECK(
+            t >= std::numeric_limits<int32_t>::min() && t <= std::numeric_limits<int32_t>::max(),
+            "{}: token id {} at position {} does not fit int32", bin_path_, t, pos + i);
         out[i] = int32_t(t);
       }
   }

@@ -5,9 +5,10 @@
 // corrupt pair fails at open with the file and field named.
 //
 // Token ids wider than 16 bits are stored with Megatron's int32 code (4): Megatron has no uint32
-// code, and for ids below 2^31 the int32 and uint32 little-endian bytes are identical, so a Megatron
-// reader and ours see the same ids. Deliberately not here: Megatron's multimodal `sequence_modes`
-// trailer (rejected with a message), float datasets (rejected: tokens are integers), merging.
+// code, and for ids below 2^31 the int32 and uint32 little-endian bytes are identical, so a
+// Megatron reader and ours see the same ids. Deliberately not here: Megatron's multimodal
+// `sequence_modes` trailer (rejected with a message), float datasets (rejected: tokens are
+// integers), merging.
 #pragma once
 #include <cstdint>
 #include <span>

@@ -50,8 +50,7 @@ DataLoader::DataLoader(DataLoaderOptions opts)
     const int64_t nd = ds->num_documents();
     int64_t b = 0, e = nd;
     if (opts_.split != Split::All) {
-      const int64_t held =
-          std::max<int64_t>(1, std::llround(opts_.heldout_fraction * double(nd)));
+      const int64_t held = std::max<int64_t>(1, std::llround(opts_.heldout_fraction * double(nd)));
       ZAYA_CHECK(held < nd,
                  "{}: holding out {} of {} documents (heldout_fraction {}) leaves none to train on",
                  src.prefix, held, nd, opts_.heldout_fraction);
@@ -108,8 +107,8 @@ DataCursor DataLoader::cursor() const {
 }
 
 void DataLoader::restore(const DataCursor& c) {
-  ZAYA_CHECK(c.seed == opts_.seed, "data cursor: seed {} differs from the loader's seed {}",
-             c.seed, opts_.seed);
+  ZAYA_CHECK(c.seed == opts_.seed, "data cursor: seed {} differs from the loader's seed {}", c.seed,
+             opts_.seed);
   ZAYA_CHECK(c.seq_len == opts_.seq_len,
              "data cursor: seq_len {} differs from the loader's seq_len {} (samples would be cut "
              "differently)",
@@ -136,10 +135,13 @@ void DataLoader::restore(const DataCursor& c) {
   blender_.restore(c.source_samples);
 }
 
-void DataLoader::reset() { blender_.restore(std::vector<int64_t>(sources_.size(), 0)); }
+void DataLoader::reset() {
+  blender_.restore(std::vector<int64_t>(sources_.size(), 0));
+}
 
 double DataLoader::epochs(int i) const {
-  return double(blender_.counts().at(size_t(i))) / double(sources_.at(size_t(i))->samples_per_epoch());
+  return double(blender_.counts().at(size_t(i))) /
+         double(sources_.at(size_t(i))->samples_per_epoch());
 }
 
 nlohmann::json DataCursor::to_json() const {

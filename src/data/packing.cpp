@@ -96,7 +96,8 @@ void PackedSource::sample(int64_t n, int32_t* out) {
   const int64_t k = ep.sample_order.empty() ? j : ep.sample_order[j];
   int64_t pos = k * seq_len_, need = seq_len_ + 1;
   // The document holding stream offset pos: last i with starts[i] <= pos (skipping empty ones).
-  size_t i = size_t(std::upper_bound(ep.starts.begin(), ep.starts.end(), pos) - ep.starts.begin()) - 1;
+  size_t i =
+      size_t(std::upper_bound(ep.starts.begin(), ep.starts.end(), pos) - ep.starts.begin()) - 1;
   while (need > 0) {
     ZAYA_ASSERT(i + 1 < ep.starts.size());
     const int64_t d = ep.doc_order[i];

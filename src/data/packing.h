@@ -47,8 +47,8 @@ class PackedSource {
   void sample(int64_t n, int32_t* out);
   // Where sample k of an epoch starts in that epoch's stream (k·S): exposed for tests.
   struct Epoch {
-    std::vector<int64_t> doc_order;  // dataset document ids in stream order
-    std::vector<int64_t> starts;     // starts[i] = stream offset of doc_order[i]; size+1 entries
+    std::vector<int64_t> doc_order;     // dataset document ids in stream order
+    std::vector<int64_t> starts;        // starts[i] = stream offset of doc_order[i]; size+1 entries
     std::vector<int64_t> sample_order;  // empty when not shuffling
   };
   const Epoch& epoch(int64_t e);

@@ -49,7 +49,9 @@ bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
 
-bool is_blank(const std::string& s) { return s.find_first_not_of(" \t\r\n") == std::string::npos; }
+bool is_blank(const std::string& s) {
+  return s.find_first_not_of(" \t\r\n") == std::string::npos;
+}
 
 void tokenize_batch(Batch& b, const Tokenizer& tok, const std::vector<std::string>& files,
                     const std::string& key, bool append_eos) {

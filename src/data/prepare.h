@@ -32,9 +32,9 @@ struct PrepareOptions {
   std::string output_prefix;
   std::string jsonl_key = "text";
   TextSplit text_split = TextSplit::File;
-  int workers = 0;           // 0: one per hardware thread
+  int workers = 0;  // 0: one per hardware thread
   bool append_eos = true;
-  std::string dtype = "auto";  // "auto" picks uint16 for vocabularies up to 65536, else int32
+  std::string dtype = "auto";    // "auto" picks uint16 for vocabularies up to 65536, else int32
   size_t batch_bytes = 1 << 22;  // text per worker batch
 };
 

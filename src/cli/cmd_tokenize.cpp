@@ -1,10 +1,11 @@
 // `zaya tokenize`: text to token ids and back with any tokenizer zaya can load ("bytes" or a
 // tokenizer.json), for checking a tokenizer by hand and in scripts.
-//   zaya tokenize --tokenizer T [TEXT...] [--input FILE|-] [--add-special] [--format ids|json|pieces]
-//   zaya tokenize --tokenizer T --decode [IDS...] [--input FILE|-] [--skip-special]
-//   both: [--output FILE] (written atomically) [--stats] (sizes and timings on stderr)
-// The input is one text (a file is not split into lines or documents: `zaya data prepare` does that).
-// Not here: batching of many documents, or writing datasets.
+//   zaya tokenize --tokenizer T [TEXT...] [--input FILE|-] [--add-special] [--format
+//   ids|json|pieces] zaya tokenize --tokenizer T --decode [IDS...] [--input FILE|-]
+//   [--skip-special] both: [--output FILE] (written atomically) [--stats] (sizes and timings on
+//   stderr)
+// The input is one text (a file is not split into lines or documents: `zaya data prepare` does
+// that). Not here: batching of many documents, or writing datasets.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -34,7 +35,8 @@ std::string read_input(const std::string& input, const std::vector<std::string>&
     for (size_t i = 0; i < args.size(); i++) text += (i ? " " : "") + args[i];
     return text;
   }
-  ZAYA_CHECK(args.empty(), "tokenize: give the input either as arguments or with --input, not both");
+  ZAYA_CHECK(args.empty(),
+             "tokenize: give the input either as arguments or with --input, not both");
   if (input == "-") {
     std::ostringstream s;
     s << std::cin.rdbuf();
@@ -60,9 +62,10 @@ std::vector<int32_t> parse_ids(const std::string& text, const std::string& sourc
     } catch (const std::exception&) {
       used = 0;
     }
-    ZAYA_CHECK(used == word.size() && !word.empty() && v >= 0 && v <= INT32_MAX,
-               "tokenize --decode: {} item {} is '{}', expected a token id (a non-negative integer)",
-               source, n, word);
+    ZAYA_CHECK(
+        used == word.size() && !word.empty() && v >= 0 && v <= INT32_MAX,
+        "tokenize --decode: {} item {} is '{}', expected a token id (a non-negative integer)",
+        source, n, word);
     ids.push_back(int32_t(v));
     n++;
     i = j < text.size() && text[j] == ',' ? j + 1 : j;
@@ -124,7 +127,8 @@ int run_tokenize(int argc, char** argv) {
         nlohmann::json j = {{"ids", ids}, {"pieces", pieces}};
         out = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
       } else {
-        for (size_t i = 0; i < ids.size(); i++) out += fmt::format("{}\t{}\n", ids[i], quoted(pieces[i]));
+        for (size_t i = 0; i < ids.size(); i++)
+          out += fmt::format("{}\t{}\n", ids[i], quoted(pieces[i]));
       }
     }
   }
@@ -136,12 +140,13 @@ int run_tokenize(int argc, char** argv) {
     zaya::write_file_atomic(output, out);
   if (stats) {
     const size_t text_bytes = decode ? out.size() : in.size();
-    std::fprintf(stderr,
-                 "tokenizer %s (vocab %lld): %zu bytes <-> %zu tokens (%.2f bytes/token); load %.3f "
-                 "s, %s %.3f s (%.2f MB/s)\n",
-                 tok->name().c_str(), (long long)tok->vocab_size(), text_bytes, n_ids,
-                 n_ids ? double(text_bytes) / n_ids : 0.0, load_s, decode ? "decode" : "encode",
-                 run_s, run_s > 0 ? text_bytes / 1e6 / run_s : 0.0);
+    std::fprintf(
+        stderr,
+        "tokenizer %s (vocab %lld): %zu bytes <-> %zu tokens (%.2f bytes/token); load %.3f "
+        "s, %s %.3f s (%.2f MB/s)\n",
+        tok->name().c_str(), (long long)tok->vocab_size(), text_bytes, n_ids,
+        n_ids ? double(text_bytes) / n_ids : 0.0, load_s, decode ? "decode" : "encode", run_s,
+        run_s > 0 ? text_bytes / 1e6 / run_s : 0.0);
   }
   return 0;
 }

@@ -1,17 +1,17 @@
 // The Hugging Face tokenizer.json BPE, reproducing the `tokenizers` library's encode and decode for
 // the components that SentencePiece-style BPE vocabularies (Gemma-3, Llama-2 family) use:
-//   added tokens (leftmost-longest match on the raw text, or on the normalized text for those marked
-//   "normalized"; lstrip/rstrip) → normalizer (Replace with a String pattern, Prepend, Sequence) →
-//   pre-tokenizer (Split with a String pattern, all five behaviours, invert; Sequence) → BPE model
-//   (merges by rank, byte fallback, unk fusing, continuing_subword_prefix / end_of_word_suffix,
-//   ignore_merges) → post-processor (TemplateProcessing, Bert/Roberta-style cls+sep, ByteLevel).
-//   decode: Replace, ByteFallback, Fuse, Strip, Sequence decoders.
+//   added tokens (leftmost-longest match on the raw text, or on the normalized text for those
+//   marked "normalized"; lstrip/rstrip) → normalizer (Replace with a String pattern, Prepend,
+//   Sequence) → pre-tokenizer (Split with a String pattern, all five behaviours, invert; Sequence)
+//   → BPE model (merges by rank, byte fallback, unk fusing, continuing_subword_prefix /
+//   end_of_word_suffix, ignore_merges) → post-processor (TemplateProcessing, Bert/Roberta-style
+//   cls+sep, ByteLevel). decode: Replace, ByteFallback, Fuse, Strip, Sequence decoders.
 // It deliberately does not implement regex patterns, Unicode normalization forms (NFC/NFKC),
-// lowercasing, the ByteLevel/Metaspace/Whitespace pre-tokenizers, WordPiece/Unigram models, BPE dropout
-// or added tokens with single_word: a tokenizer.json that asks for any of them is refused with an error
-// naming the field, rather than encoded approximately.
-// Text that is not valid UTF-8 is accepted: each invalid byte is its own symbol, so with byte fallback
-// it becomes its <0xXX> token and the ids still describe the input exactly.
+// lowercasing, the ByteLevel/Metaspace/Whitespace pre-tokenizers, WordPiece/Unigram models, BPE
+// dropout or added tokens with single_word: a tokenizer.json that asks for any of them is refused
+// with an error naming the field, rather than encoded approximately. Text that is not valid UTF-8
+// is accepted: each invalid byte is its own symbol, so with byte fallback it becomes its <0xXX>
+// token and the ids still describe the input exactly.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -28,10 +28,11 @@ namespace {
 
 using json = nlohmann::json;
 
-// ---- UTF-8 ----------------------------------------------------------------------------------------
+// ---- UTF-8
+// ----------------------------------------------------------------------------------------
 
-// Length of the well-formed UTF-8 sequence starting at s[i], or 1 for a byte that does not start one
-// (so that invalid input is consumed one byte at a time).
+// Length of the well-formed UTF-8 sequence starting at s[i], or 1 for a byte that does not start
+// one (so that invalid input is consumed one byte at a time).
 size_t utf8_len(std::string_view s, size_t i) {
   const auto b = [&](size_t k) { return i + k < s.size() ? uint8_t(s[i + k]) : uint8_t(0); };
   const uint8_t c = b(0);
@@ -158,7 +159,8 @@ size_t space_rightmost_at_start(std::string_view s) {
   return i;
 }
 
-// ---- the tokenizer --------------------------------------------------------------------------------
+// ---- the tokenizer
+// --------------------------------------------------------------------------------
 
 // Open-addressing hash table from a pair of token ids to its merge: the BPE inner loop does several
 // lookups per merge, and std::unordered_map's node chasing dominated encode time.
@@ -284,7 +286,8 @@ class HfBpeTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
   using Merge = MergeTable::Merge;
   MergeTable merges_;
-  std::vector<int32_t> bmp_ids_;  // single-character tokens of the Basic Multilingual Plane, by code point
+  std::vector<int32_t>
+      bmp_ids_;  // single-character tokens of the Basic Multilingual Plane, by code point
   int32_t unk_id_ = -1;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   std::string subword_prefix_, word_suffix_;
@@ -327,10 +330,9 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
 
 void HfBpeTokenizer::parse_model(const json& m, hf::TokenizerJson& parsed) {
   const std::string type = file_.str(m, "type", "model");
-  if (type != "BPE")
-    file_.bad("model.type", "is '" + type + "'; only BPE models are supported");
-  if (auto it = m.find("dropout"); it != m.end() && !it->is_null() &&
-                                   !(it->is_number() && it->get<double>() == 0.0))
+  if (type != "BPE") file_.bad("model.type", "is '" + type + "'; only BPE models are supported");
+  if (auto it = m.find("dropout");
+      it != m.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 0.0))
     file_.bad("model.dropout", "is " + it->dump() +
                                    "; BPE dropout is a training-time regulariser and zaya encodes "
                                    "deterministically (expected null)");
@@ -437,7 +439,8 @@ void HfBpeTokenizer::parse_normalizer(const json& n, const std::string& where) {
   } else if (type == "Prepend") {
     normalizer_.push_back({NormalizeStep::kPrepend, file_.str(n, "prepend", where), {}});
   } else {
-    file_.bad(where + ".type", "is '" + type + "'; supported normalizers: Replace, Prepend, Sequence");
+    file_.bad(where + ".type",
+              "is '" + type + "'; supported normalizers: Replace, Prepend, Sequence");
   }
 }
 
@@ -452,11 +455,16 @@ void HfBpeTokenizer::parse_pre_tokenizer(const json& p, const std::string& where
     SplitStep s;
     s.pattern = file_.string_pattern(p, where);
     const std::string b = file_.str(p, "behavior", where);
-    if (b == "Removed") s.behavior = SplitBehavior::kRemoved;
-    else if (b == "Isolated") s.behavior = SplitBehavior::kIsolated;
-    else if (b == "MergedWithPrevious") s.behavior = SplitBehavior::kMergedWithPrevious;
-    else if (b == "MergedWithNext") s.behavior = SplitBehavior::kMergedWithNext;
-    else if (b == "Contiguous") s.behavior = SplitBehavior::kContiguous;
+    if (b == "Removed")
+      s.behavior = SplitBehavior::kRemoved;
+    else if (b == "Isolated")
+      s.behavior = SplitBehavior::kIsolated;
+    else if (b == "MergedWithPrevious")
+      s.behavior = SplitBehavior::kMergedWithPrevious;
+    else if (b == "MergedWithNext")
+      s.behavior = SplitBehavior::kMergedWithNext;
+    else if (b == "Contiguous")
+      s.behavior = SplitBehavior::kContiguous;
     else
       file_.bad(where + ".behavior", "is '" + b +
                                          "'; expected Removed, Isolated, MergedWithPrevious, "
@@ -492,14 +500,16 @@ void HfBpeTokenizer::parse_post_processor(const json& p) {
         const std::string name = file_.str(piece["SpecialToken"], "id", where + ".SpecialToken");
         const json& st = file_.field(specials, name.c_str(), "post_processor.special_tokens");
         const json& ids = file_.field(st, "ids", "post_processor.special_tokens." + name);
-        if (!ids.is_array()) file_.bad("post_processor.special_tokens." + name + ".ids", "must be an array");
+        if (!ids.is_array())
+          file_.bad("post_processor.special_tokens." + name + ".ids", "must be an array");
         for (const json& id : ids) {
-          const int32_t v =
-              int32_t(file_.integer(id, "post_processor.special_tokens." + name + ".ids", 0, kMaxId));
+          const int32_t v = int32_t(
+              file_.integer(id, "post_processor.special_tokens." + name + ".ids", 0, kMaxId));
           (seen_sequence ? suffix_ids_ : prefix_ids_).push_back(v);
         }
       } else {
-        file_.bad(where, "must be {\"Sequence\": ...} or {\"SpecialToken\": ...}, not " + piece.dump());
+        file_.bad(where,
+                  "must be {\"Sequence\": ...} or {\"SpecialToken\": ...}, not " + piece.dump());
       }
     }
   } else if (type == "BertProcessing" || type == "RobertaProcessing") {
@@ -534,8 +544,9 @@ void HfBpeTokenizer::parse_decoder(const json& d, const std::string& where) {
     s.stop = size_t(file_.integer(file_.field(d, "stop", where), where + ".stop", 0, kMaxId));
     decoder_.push_back(std::move(s));
   } else {
-    file_.bad(where + ".type",
-              "is '" + type + "'; supported decoders: Replace, ByteFallback, Fuse, Strip, Sequence");
+    file_.bad(
+        where + ".type",
+        "is '" + type + "'; supported decoders: Replace, ByteFallback, Fuse, Strip, Sequence");
   }
 }
 
@@ -551,7 +562,8 @@ void HfBpeTokenizer::pick_bos_eos() {
       if (int32_t id = id_of(n); id >= 0) return id;
     return -1;
   };
-  bos_ = prefix_ids_.size() == 1 ? prefix_ids_[0] : first_known({"<bos>", "<s>", "<|begin_of_text|>"});
+  bos_ =
+      prefix_ids_.size() == 1 ? prefix_ids_[0] : first_known({"<bos>", "<s>", "<|begin_of_text|>"});
   eos_ = first_known({"<eos>", "</s>", "<|end_of_text|>", "<|endoftext|>"});
   namespace fs = std::filesystem;
   const fs::path config = fs::path(file_.path).parent_path() / "tokenizer_config.json";
@@ -574,7 +586,8 @@ void HfBpeTokenizer::pick_bos_eos() {
   configured("eos_token", eos_);
 }
 
-// ---- encode ---------------------------------------------------------------------------------------
+// ---- encode
+// ---------------------------------------------------------------------------------------
 
 std::string HfBpeTokenizer::normalize(std::string_view s) const {
   std::string out(s);
@@ -601,10 +614,11 @@ void HfBpeTokenizer::split_added(std::string_view s, const AddedTokenTrie& trie,
       continue;
     }
     size_t start = pos, stop = pos + len;
-    // The matcher resumes after the match itself, not after the whitespace rstrip takes; that is how
-    // `tokenizers` behaves, so it is kept.
+    // The matcher resumes after the match itself, not after the whitespace rstrip takes; that is
+    // how `tokenizers` behaves, so it is kept.
     pos = stop;
-    if (added_[tok].lstrip) start = std::max(space_leftmost_at_end(s.substr(0, start)), start_offset);
+    if (added_[tok].lstrip)
+      start = std::max(space_leftmost_at_end(s.substr(0, start)), start_offset);
     if (added_[tok].rstrip) stop += space_rightmost_at_start(s.substr(stop));
     if (start_offset < start) out.push_back({start_offset, start, -1});
     out.push_back({start, stop, tok});
@@ -643,9 +657,7 @@ void HfBpeTokenizer::pre_tokenize(std::string_view s, std::vector<std::string_vi
           for (auto& p : parts)
             if (!p.match) merged.push_back(p);
           break;
-        case SplitBehavior::kIsolated:
-          merged = parts;
-          break;
+        case SplitBehavior::kIsolated: merged = parts; break;
         case SplitBehavior::kMergedWithPrevious:
           for (auto& p : parts) {
             if (p.match && !previous_match && !merged.empty())
@@ -684,7 +696,8 @@ void HfBpeTokenizer::pre_tokenize(std::string_view s, std::vector<std::string_vi
 }
 
 // `tokenizers`' BPE::merge_word and Word::merge_all: symbols start as characters (or their byte
-// tokens, or <unk>), then the lowest-ranked mergeable adjacent pair is merged first, leftmost on ties.
+// tokens, or <unk>), then the lowest-ranked mergeable adjacent pair is merged first, leftmost on
+// ties.
 void HfBpeTokenizer::bpe(std::string_view word, std::vector<int32_t>& ids) const {
   if (ignore_merges_) {
     if (int32_t id = vocab_find(word); id >= 0) {
@@ -692,6 +705,8 @@ void HfBpeTokenizer::bpe(std::string_view word, std::vector<int32_t>& ids) const
       return;
     }
   }
+  ZAYA_CHECK(word.size() < size_t(INT32_MAX), "{}: a text piece of {} bytes is too long to encode",
+             file_.path, word.size());
   struct Symbol {
     int32_t id, prev, next;
     bool removed;
@@ -749,9 +764,7 @@ void HfBpeTokenizer::bpe(std::string_view word, std::vector<int32_t>& ids) const
     }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
-  const auto merge_of = [&](int32_t a, int32_t b) -> const Merge* {
-    return merges_.find(a, b);
-  };
+  const auto merge_of = [&](int32_t a, int32_t b) -> const Merge* { return merges_.find(a, b); };
   for (int32_t p = 0; p + 1 < int32_t(sym.size()); p++)
     if (const Merge* m = merge_of(sym[p].id, sym[p + 1].id)) queue.push({m->rank, p, m->new_id});
   while (!queue.empty()) {
@@ -805,7 +818,8 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool add_spec
   return ids;
 }
 
-// ---- decode ---------------------------------------------------------------------------------------
+// ---- decode
+// ---------------------------------------------------------------------------------------
 
 std::string HfBpeTokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::vector<std::string> tokens;

@@ -140,8 +140,7 @@ class Reader final : public nlohmann::json_sax<json> {
     path_.pop_back();
     return true;
   }
-  bool parse_error(std::size_t, const std::string&,
-                   const nlohmann::detail::exception& e) override {
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
     fail("{}: not valid JSON ({})", file_.path, e.what());
   }
 
@@ -181,7 +180,8 @@ class Reader final : public nlohmann::json_sax<json> {
   }
   bool open(json container) {
     std::string name = stack_.empty() || !stack_.back()->is_object() ? std::string() : key_;
-    // Elements of the parent are not touched until this container closes, so the pointer stays valid.
+    // Elements of the parent are not touched until this container closes, so the pointer stays
+    // valid.
     stack_.push_back(&place(std::move(container)));
     path_.push_back(std::move(name));
     return true;
@@ -201,7 +201,8 @@ class Reader final : public nlohmann::json_sax<json> {
 
 TokenizerJson read_tokenizer_json(const JsonFile& file) {
   std::ifstream in(file.path, std::ios::binary);
-  ZAYA_CHECK(in, "cannot open tokenizer file '{}' (expected a tokenizer.json or a directory with one)",
+  ZAYA_CHECK(in,
+             "cannot open tokenizer file '{}' (expected a tokenizer.json or a directory with one)",
              file.path);
   std::ostringstream buf;
   buf << in.rdbuf();

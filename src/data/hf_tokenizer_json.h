@@ -1,10 +1,10 @@
 // Reading a Hugging Face tokenizer.json for data/hf_tokenizer.cpp. The file is large (Gemma-3's is
 // 33 MB: 262k vocabulary entries and 515k merges), so model.vocab and model.merges are streamed
-// straight into flat vectors while everything else becomes an ordinary nlohmann::json tree; building
-// the whole tree would cost millions of small allocations and several seconds.
-// Also: JsonFile, the field accessors whose errors name the file, the field and the bad value.
-// It does not interpret the components (that is hf_tokenizer.cpp's job); it only checks the shape
-// of model.vocab and model.merges, since those never reach the tree.
+// straight into flat vectors while everything else becomes an ordinary nlohmann::json tree;
+// building the whole tree would cost millions of small allocations and several seconds. Also:
+// JsonFile, the field accessors whose errors name the file, the field and the bad value. It does
+// not interpret the components (that is hf_tokenizer.cpp's job); it only checks the shape of
+// model.vocab and model.merges, since those never reach the tree.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>

@@ -1,8 +1,8 @@
 // Parity of zaya's tokenizer.json BPE with Hugging Face `tokenizers` (the Rust implementation), on
 // fixtures that tests/fixtures/tokenizer/make_fixtures.mjs wrote with it: two small BPEs cut out of
-// Gemma-3 (always run) and the full Gemma-3 tokenizer (run when its 33 MB tokenizer.json is present:
-// $ZAYA_GEMMA3_TOKENIZER or .cache/tok/tokenizer.json in the source tree). Also: round trips,
-// invalid UTF-8, thread safety, and the errors a broken tokenizer.json gets.
+// Gemma-3 (always run) and the full Gemma-3 tokenizer (run when its 33 MB tokenizer.json is
+// present: $ZAYA_GEMMA3_TOKENIZER or .cache/tok/tokenizer.json in the source tree). Also: round
+// trips, invalid UTF-8, thread safety, and the errors a broken tokenizer.json gets.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -29,7 +29,9 @@ json read_json(const fs::path& p) {
   return json::parse(in);
 }
 
-std::string show(const std::string& s) { return json(s).dump(); }
+std::string show(const std::string& s) {
+  return json(s).dump();
+}
 
 // Every case of an expected_*.json: ids without and with the post-processor, and both decodings.
 void expect_matches_reference(const Tokenizer& tok, const fs::path& expected_file,
@@ -57,7 +59,8 @@ void expect_matches_reference(const Tokenizer& tok, const fs::path& expected_fil
 fs::path edited_tokenizer(const std::string& name, const std::function<void(json&)>& edit) {
   json t = read_json(kFixtures / "mini_gemma.json");
   edit(t);
-  const fs::path dir = fs::temp_directory_path() / ("zaya_tok_" + name + "_" + std::to_string(getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("zaya_tok_" + name + "_" + std::to_string(getpid()));
   fs::create_directories(dir);
   std::ofstream(dir / "tokenizer.json") << t.dump();
   return dir / "tokenizer.json";
@@ -69,7 +72,8 @@ void expect_load_error(const fs::path& file, const std::vector<std::string>& fra
     ADD_FAILURE() << "loading " << file << " did not fail";
   } catch (const Error& e) {
     const std::string msg = e.what();
-    for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << msg << "\nlacks: " << f;
+    for (const auto& f : fragments)
+      EXPECT_NE(msg.find(f), std::string::npos) << msg << "\nlacks: " << f;
   }
   fs::remove_all(file.parent_path());
 }
@@ -82,18 +86,20 @@ TEST(HfTokenizer, MiniGemmaMatchesHuggingFace) {
 }
 
 TEST(HfTokenizer, MiniLlamaStyleMatchesHuggingFace) {
-  // Prepend normalizer, Strip decoder, fused <unk> without byte fallback, "a b" merges, an added token
-  // with lstrip/rstrip, one matched in normalized text, and a three-token post-processor template.
+  // Prepend normalizer, Strip decoder, fused <unk> without byte fallback, "a b" merges, an added
+  // token with lstrip/rstrip, one matched in normalized text, and a three-token post-processor
+  // template.
   auto tok = Tokenizer::load((kFixtures / "mini_llama.json").string());
   expect_matches_reference(*tok, kFixtures / "expected_mini_llama.json");
 }
 
 TEST(HfTokenizer, Gemma3MatchesHuggingFace) {
   const char* env = std::getenv("ZAYA_GEMMA3_TOKENIZER");
-  const fs::path path = env ? fs::path(env) : fs::path(ZAYA_SOURCE_DIR) / ".cache/tok/tokenizer.json";
+  const fs::path path =
+      env ? fs::path(env) : fs::path(ZAYA_SOURCE_DIR) / ".cache/tok/tokenizer.json";
   if (!fs::exists(path)) GTEST_SKIP() << "no Gemma-3 tokenizer.json at " << path;
   auto tok = Tokenizer::load(path.string());
-  expect_matches_reference(*tok, kFixtures / "expected.json", 25);  // cases.json, from Python
+  expect_matches_reference(*tok, kFixtures / "expected.json", 25);     // cases.json, from Python
   expect_matches_reference(*tok, kFixtures / "expected_gemma3.json");  // + random texts, from Node
   // ZAYA1: pad 0, eos 1, bos 2; the Gemma-3 vocabulary's largest id is <image_soft_token> 262144.
   EXPECT_EQ(tok->bos_id(), 2);
@@ -105,7 +111,8 @@ TEST(HfTokenizer, IdsAndSizesComeFromTheFile) {
   const json t = read_json(kFixtures / "mini_gemma.json");
   auto tok = Tokenizer::load((kFixtures / "mini_gemma.json").string());
   int64_t largest = 0;
-  for (auto& [k, v] : t["model"]["vocab"].items()) largest = std::max<int64_t>(largest, v.get<int64_t>());
+  for (auto& [k, v] : t["model"]["vocab"].items())
+    largest = std::max<int64_t>(largest, v.get<int64_t>());
   for (auto& a : t["added_tokens"]) largest = std::max<int64_t>(largest, a["id"].get<int64_t>());
   EXPECT_EQ(tok->vocab_size(), largest + 1);
   EXPECT_EQ(tok->bos_id(), t["model"]["vocab"]["<bos>"].get<int32_t>());
@@ -118,6 +125,15 @@ TEST(HfTokenizer, LoadsFromADirectory) {
   auto tok = Tokenizer::load(file.parent_path().string());
   auto ref = Tokenizer::load((kFixtures / "mini_gemma.json").string());
   EXPECT_EQ(tok->encode("Hello, world!"), ref->encode("Hello, world!"));
+  EXPECT_EQ(tok->eos_id(), ref->eos_id());
+  // tokenizer_config.json beside it names the end-of-document token (ZAYA1-8B's is <end_of_turn>).
+  std::ofstream(file.parent_path() / "tokenizer_config.json")
+      << R"({"eos_token": {"content": "<end_of_turn>"}, "bos_token": "<bos>"})";
+  const json t = read_json(file);
+  EXPECT_EQ(Tokenizer::load(file.string())->eos_id(),
+            t["model"]["vocab"]["<end_of_turn>"].get<int32_t>());
+  std::ofstream(file.parent_path() / "tokenizer_config.json") << R"({"eos_token": "<nope>"})";
+  EXPECT_THROW(Tokenizer::load(file.string()), Error);
   fs::remove_all(file.parent_path());
 }
 
@@ -143,7 +159,8 @@ TEST(HfTokenizer, RandomUnicodeRoundTrips) {
       } else if (cp < 0x800) {
         s += char(0xC0 | cp >> 6), s += char(0x80 | (cp & 0x3F));
       } else if (cp < 0x10000) {
-        s += char(0xE0 | cp >> 12), s += char(0x80 | (cp >> 6 & 0x3F)), s += char(0x80 | (cp & 0x3F));
+        s += char(0xE0 | cp >> 12), s += char(0x80 | (cp >> 6 & 0x3F)),
+            s += char(0x80 | (cp & 0x3F));
       } else {
         s += char(0xF0 | cp >> 18), s += char(0x80 | (cp >> 12 & 0x3F));
         s += char(0x80 | (cp >> 6 & 0x3F)), s += char(0x80 | (cp & 0x3F));
@@ -157,7 +174,8 @@ TEST(HfTokenizer, InvalidUtf8BecomesByteTokens) {
   const json t = read_json(kFixtures / "mini_gemma.json");
   auto tok = Tokenizer::load((kFixtures / "mini_gemma.json").string());
   const auto id = [&](const char* s) { return t["model"]["vocab"][s].get<int32_t>(); };
-  // A lone continuation byte, a truncated 3-byte sequence, an overlong encoding of '/', a surrogate.
+  // A lone continuation byte, a truncated 3-byte sequence, an overlong encoding of '/', a
+  // surrogate.
   EXPECT_EQ(tok->encode("\x80"), (std::vector<int32_t>{id("<0x80>")}));
   EXPECT_EQ(tok->encode("a\xE2\x82"), (std::vector<int32_t>{id("a"), id("<0xE2>"), id("<0x82>")}));
   EXPECT_EQ(tok->encode("\xC0\xAF"), (std::vector<int32_t>{id("<0xC0>"), id("<0xAF>")}));
@@ -201,24 +219,38 @@ TEST(HfTokenizerErrors, NameTheFieldAndTheValue) {
     std::vector<std::string> fragments;
   };
   const std::vector<Case> cases = {
-      {"model_type", [](json& t) { t["model"]["type"] = "WordPiece"; }, {"model.type", "WordPiece"}},
+      {"model_type",
+       [](json& t) { t["model"]["type"] = "WordPiece"; },
+       {"model.type", "WordPiece"}},
       {"no_vocab", [](json& t) { t["model"].erase("vocab"); }, {"model.vocab", "missing"}},
-      {"bad_id", [](json& t) { t["model"]["vocab"]["a"] = "seven"; }, {"model.vocab[\"a\"]", "seven"}},
+      {"bad_id",
+       [](json& t) { t["model"]["vocab"]["a"] = "seven"; },
+       {"model.vocab[\"a\"]", "seven"}},
       {"merge_oov",
-       [](json& t) { t["model"]["merges"][3] = json::array({"a", "no-such-token"}); },
+       [](json& t) {
+         t["model"]["merges"][3] = json::array({"a", "no-such-token"});
+       },
        {"model.merges[3]", "no-such-token"}},
       {"merge_shape", [](json& t) { t["model"]["merges"][0] = 5; }, {"model.merges[0]"}},
-      {"unk", [](json& t) { t["model"]["unk_token"] = "<missing>"; }, {"model.unk_token", "<missing>"}},
+      {"unk",
+       [](json& t) { t["model"]["unk_token"] = "<missing>"; },
+       {"model.unk_token", "<missing>"}},
       {"dropout", [](json& t) { t["model"]["dropout"] = 0.1; }, {"model.dropout"}},
       {"normalizer",
-       [](json& t) { t["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}}; },
+       [](json& t) {
+         t["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFKC"}}}}};
+       },
        {"normalizer.normalizers[0].type", "NFKC"}},
       {"regex",
-       [](json& t) { t["pre_tokenizer"]["pattern"] = {{"Regex", "\\s+"}}; },
+       [](json& t) {
+         t["pre_tokenizer"]["pattern"] = {{"Regex", "\\s+"}};
+       },
        {"pre_tokenizer.pattern", "Regex"}},
       {"behavior", [](json& t) { t["pre_tokenizer"]["behavior"] = "Sideways"; }, {"Sideways"}},
       {"decoder",
-       [](json& t) { t["decoder"]["decoders"][1] = {{"type", "ByteLevel"}}; },
+       [](json& t) {
+         t["decoder"]["decoders"][1] = {{"type", "ByteLevel"}};
+       },
        {"decoder.decoders[1].type", "ByteLevel"}},
       {"post",
        [](json& t) { t["post_processor"]["single"][0]["SpecialToken"]["id"] = "<cls>"; },

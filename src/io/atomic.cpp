@@ -22,7 +22,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string errstr(int e) { return std::strerror(e); }
+std::string errstr(int e) {
+  return std::strerror(e);
+}
 
 std::string parent_of(const std::string& path) {
   fs::path p = fs::path(path).parent_path();
@@ -56,11 +58,12 @@ AtomicFileWriter::AtomicFileWriter(const std::string& path, unsigned mode)
   ZAYA_CHECK(!path.empty(), "AtomicFileWriter: empty path");
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd_ < 0)
-    fail("cannot write {}: creating the temporary file {} failed: {}", path_, tmp_,
-         errstr(errno));
+    fail("cannot write {}: creating the temporary file {} failed: {}", path_, tmp_, errstr(errno));
 }
 
-AtomicFileWriter::~AtomicFileWriter() { abort(); }
+AtomicFileWriter::~AtomicFileWriter() {
+  abort();
+}
 
 void AtomicFileWriter::write(const void* data, size_t n) {
   ZAYA_CHECK(fd_ >= 0 && !done_, "writing {}: the file was already committed or aborted", path_);
@@ -81,8 +84,7 @@ void AtomicFileWriter::write(const void* data, size_t n) {
 }
 
 void AtomicFileWriter::commit() {
-  ZAYA_CHECK(fd_ >= 0 && !done_, "committing {}: the file was already committed or aborted",
-             path_);
+  ZAYA_CHECK(fd_ >= 0 && !done_, "committing {}: the file was already committed or aborted", path_);
   if (::fsync(fd_) != 0) {
     int e = errno;
     abort();
@@ -138,7 +140,9 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
-void fsync_dir(const std::string& dir) { fsync_path(dir, true); }
+void fsync_dir(const std::string& dir) {
+  fsync_path(dir, true);
+}
 
 void fsync_tree(const std::string& dir) {
   std::error_code ec;
@@ -148,15 +152,19 @@ void fsync_tree(const std::string& dir) {
     if (ec) fail("cannot list {}: {}", dir, ec.message());
     fs::file_status s = it->symlink_status(ec);
     if (ec) fail("cannot stat {}: {}", it->path().string(), ec.message());
-    if (fs::is_regular_file(s)) fsync_path(it->path().string(), false);
-    else if (fs::is_directory(s)) fsync_path(it->path().string(), true);
+    if (fs::is_regular_file(s))
+      fsync_path(it->path().string(), false);
+    else if (fs::is_directory(s))
+      fsync_path(it->path().string(), true);
   }
   if (ec) fail("cannot list {}: {}", dir, ec.message());
   fsync_path(dir, true);
 }
 
 // ---------------------------------------------------------------------------------------------
-uint64_t xxh64_bytes(const void* data, size_t n) { return XXH64(data, n, 0); }
+uint64_t xxh64_bytes(const void* data, size_t n) {
+  return XXH64(data, n, 0);
+}
 
 uint64_t xxh64_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -164,7 +172,7 @@ uint64_t xxh64_file(const std::string& path) {
   Fd guard(fd);
   ::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
   std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> st(XXH64_createState(),
-                                                                         XXH64_freeState);
+                                                                       XXH64_freeState);
   if (!st || XXH64_reset(st.get(), 0) != XXH_OK) fail("xxh64: cannot allocate a hash state");
   std::vector<char> buf(size_t(4) << 20);
   for (;;) {
@@ -177,7 +185,9 @@ uint64_t xxh64_file(const std::string& path) {
   return XXH64_digest(st.get());
 }
 
-std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+std::string hex64(uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
 
 // ---------------------------------------------------------------------------------------------
 AtomicDirCommit::AtomicDirCommit(const std::string& final_dir, const std::string& tag) {
@@ -191,8 +201,8 @@ AtomicDirCommit::AtomicDirCommit(const std::string& final_dir, const std::string
   if (parent.empty()) parent = ".";
   final_ = p.string();
   const bool private_tag = tag.empty();
-  staging_ = (parent / (".tmp-" + name + "-" + (private_tag ? std::to_string(::getpid()) : tag)))
-                 .string();
+  staging_ =
+      (parent / (".tmp-" + name + "-" + (private_tag ? std::to_string(::getpid()) : tag))).string();
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) fail("cannot create {} (parent of {}): {}", parent.string(), final_, ec.message());
@@ -239,13 +249,14 @@ void AtomicDirCommit::commit(IfExists if_exists) {
     if (!fs::exists(fs::symlink_status(final_, ec))) {
       if (::rename(staging_.c_str(), final_.c_str()) != 0)
         fail("cannot move {} into place as {}: {}", staging_, final_, errstr(errno));
-    } else if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, final_.c_str(),
-                           RENAME_EXCHANGE) == 0) {
+    } else if (::renameat2(AT_FDCWD, staging_.c_str(), AT_FDCWD, final_.c_str(), RENAME_EXCHANGE) ==
+               0) {
       // The old directory now sits at the staging name.
       fsync_dir(parent);
       fs::remove_all(staging_, ec);
-      if (ec) fail("{} was committed, but removing the old copy at {} failed: {}", final_,
-                   staging_, ec.message());
+      if (ec)
+        fail("{} was committed, but removing the old copy at {} failed: {}", final_, staging_,
+             ec.message());
     } else {
       int e = errno;
       if (e != EINVAL) fail("cannot swap {} into place as {}: {}", staging_, final_, errstr(e));

@@ -27,7 +27,8 @@ bool is_temp_leftover(const std::string& name) {
   if (name.rfind(".tmp-", 0) == 0) return true;
   auto p = name.rfind(".tmp.");
   if (p == std::string::npos || p + 5 == name.size()) return false;
-  return std::all_of(name.begin() + long(p) + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return std::all_of(name.begin() + long(p) + 5, name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
 }
 
 // Regular files under dir (relative '/'-paths, sorted), excluding the manifest and temp files.
@@ -67,9 +68,12 @@ bool parse_hex64(const std::string& s, uint64_t* v) {
   uint64_t r = 0;
   for (char c : s) {
     int d;
-    if (c >= '0' && c <= '9') d = c - '0';
-    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-    else return false;
+    if (c >= '0' && c <= '9')
+      d = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      d = c - 'a' + 10;
+    else
+      return false;
     r = r << 4 | uint64_t(d);
   }
   *v = r;
@@ -93,9 +97,10 @@ Manifest write_manifest(const std::string& dir, const json& extra) {
     ManifestEntry e{rel, uint64_t(st.st_size), xxh64_file(full)};
     // The size recorded must be the size hashed; a file that grows meanwhile is a caller bug.
     if (::stat(full.c_str(), &st) != 0 || uint64_t(st.st_size) != e.size)
-      fail("{} changed while its checksum was computed; write the manifest after all files are "
-           "complete",
-           full);
+      fail(
+          "{} changed while its checksum was computed; write the manifest after all files are "
+          "complete",
+          full);
     files.push_back({{"path", e.path}, {"size", e.size}, {"xxh64", hex64(e.xxh64)}});
     m.files.push_back(std::move(e));
   }

@@ -32,7 +32,8 @@ struct Manifest {
 // atomically. `extra` must be a JSON object. Symbolic links to regular files are hashed as the
 // file they point to; any other kind of entry (socket, fifo, link to a directory) is an Error.
 // Returns what was written.
-Manifest write_manifest(const std::string& dir, const nlohmann::json& extra = nlohmann::json::object());
+Manifest write_manifest(const std::string& dir,
+                        const nlohmann::json& extra = nlohmann::json::object());
 
 // Parses `dir`/manifest.json; an Error names the file and the malformed field.
 Manifest read_manifest(const std::string& dir);

@@ -5,9 +5,9 @@
 // unknown fields; either is more likely a corrupt or foreign file than a valid one).
 #include "io/safetensors.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,15 +40,24 @@ size_t first_invalid_utf8(const unsigned char* s, size_t n) {
     }
     size_t len;
     unsigned lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) len = 2;
-    else if (c == 0xe0) len = 3, lo = 0xa0;
-    else if (c >= 0xe1 && c <= 0xec) len = 3;
-    else if (c == 0xed) len = 3, hi = 0x9f;
-    else if (c >= 0xee && c <= 0xef) len = 3;
-    else if (c == 0xf0) len = 4, lo = 0x90;
-    else if (c >= 0xf1 && c <= 0xf3) len = 4;
-    else if (c == 0xf4) len = 4, hi = 0x8f;
-    else return i;
+    if (c >= 0xc2 && c <= 0xdf)
+      len = 2;
+    else if (c == 0xe0)
+      len = 3, lo = 0xa0;
+    else if (c >= 0xe1 && c <= 0xec)
+      len = 3;
+    else if (c == 0xed)
+      len = 3, hi = 0x9f;
+    else if (c >= 0xee && c <= 0xef)
+      len = 3;
+    else if (c == 0xf0)
+      len = 4, lo = 0x90;
+    else if (c >= 0xf1 && c <= 0xf3)
+      len = 4;
+    else if (c == 0xf4)
+      len = 4, hi = 0x8f;
+    else
+      return i;
     if (i + len > n) return i;
     if (s[i + 1] < lo || s[i + 1] > hi) return i;
     for (size_t k = 2; k < len; k++)
@@ -140,14 +149,16 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   const size_t size = size_t(st.st_size);
   if (size < 8) {
     ::close(fd);
-    fail("{}: file is {} bytes, shorter than the 8-byte header length that starts a safetensors "
-         "file",
-         path, size);
+    fail(
+        "{}: file is {} bytes, shorter than the 8-byte header length that starts a safetensors "
+        "file",
+        path, size);
   }
   void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   int map_errno = errno;
   ::close(fd);
-  if (base == MAP_FAILED) fail("cannot map {} ({} bytes): {}", path, size, std::strerror(map_errno));
+  if (base == MAP_FAILED)
+    fail("cannot map {} ({} bytes): {}", path, size, std::strerror(map_errno));
   // From here the mapping is owned by `whole`; tensors hold it through their Storage.
   auto whole = Storage::wrap(base, size, Device::CPU, /*read_only=*/true,
                              [size](void* p) { ::munmap(p, size); });
@@ -155,12 +166,13 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
 
   const uint64_t n = read_u64_le(bytes);
   if (n > kSafetensorsMaxHeader)
-    fail("{}: header length {} is larger than the {}-byte limit (not a safetensors file?)", path,
-         n, kSafetensorsMaxHeader);
+    fail("{}: header length {} is larger than the {}-byte limit (not a safetensors file?)", path, n,
+         kSafetensorsMaxHeader);
   if (n > size - 8)
-    fail("{}: header length {} runs past the end of the file ({} bytes, so at most {} bytes of "
-         "header)",
-         path, n, size, size - 8);
+    fail(
+        "{}: header length {} runs past the end of the file ({} bytes, so at most {} bytes of "
+        "header)",
+        path, n, size, size - 8);
   const unsigned char* hdr = bytes + 8;
   if (size_t bad = first_invalid_utf8(hdr, n); bad != std::string::npos)
     fail("{}: header is not valid UTF-8 (byte {} of the header, 0x{:02x})", path, bad, hdr[bad]);
@@ -189,8 +201,7 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (name == "__metadata__") {
       if (v.is_null()) continue;
       if (!v.is_object())
-        fail("{}: __metadata__: expected an object of string values, found {}", path,
-             json_type(v));
+        fail("{}: __metadata__: expected an object of string values, found {}", path, json_type(v));
       for (auto m = v.begin(); m != v.end(); ++m) {
         if (!m.value().is_string())
           fail("{}: __metadata__ key '{}': expected a string value, found {} ({})", path, m.key(),
@@ -216,9 +227,10 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (!jd.is_string())
       fail("{}: {}: dtype: expected a string, found {} ({})", path, where, json_type(jd), show(jd));
     if (!dtype_from_name(jd.get<std::string>(), &ti.dtype))
-      fail("{}: {}: unknown dtype \"{}\" (expected one of F64, F32, F16, BF16, I64, I32, U32, I16, "
-           "U16, I8, U8, BOOL)",
-           path, where, jd.get<std::string>());
+      fail(
+          "{}: {}: unknown dtype \"{}\" (expected one of F64, F32, F16, BF16, I64, I32, U32, I16, "
+          "U16, I8, U8, BOOL)",
+          path, where, jd.get<std::string>());
 
     const json& js = v["shape"];
     if (!js.is_array())
@@ -243,8 +255,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
 
     const json& jo = v["data_offsets"];
     if (!jo.is_array() || jo.size() != 2)
-      fail("{}: {}: data_offsets: expected [begin, end], two non-negative integers, found {}",
-           path, where, show(jo));
+      fail("{}: {}: data_offsets: expected [begin, end], two non-negative integers, found {}", path,
+           where, show(jo));
     ti.begin = as_size(jo[0], path, where + ": data_offsets[0] (begin)");
     ti.end = as_size(jo[1], path, where + ": data_offsets[1] (end)");
     if (ti.begin > ti.end)
@@ -272,15 +284,17 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
            t.name, t.begin, t.end, f->tensors_[i - 1].name, f->tensors_[i - 1].begin,
            f->tensors_[i - 1].end);
     if (t.begin > expect)
-      fail("{}: bytes [{}, {}) of the data section belong to no tensor (a hole before tensor "
-           "'{}'); the tensors must cover the data section contiguously",
-           path, expect, t.begin, t.name);
+      fail(
+          "{}: bytes [{}, {}) of the data section belong to no tensor (a hole before tensor "
+          "'{}'); the tensors must cover the data section contiguously",
+          path, expect, t.begin, t.name);
     expect = t.end;
   }
   if (expect != data_len)
-    fail("{}: the tensors cover {} bytes of the data section, but the file holds {} bytes after "
-         "the header ({} trailing bytes belong to no tensor)",
-         path, expect, data_len, data_len - expect);
+    fail(
+        "{}: the tensors cover {} bytes of the data section, but the file holds {} bytes after "
+        "the header ({} trailing bytes belong to no tensor)",
+        path, expect, data_len, data_len - expect);
 
   for (size_t i = 0; i < f->tensors_.size(); i++) f->index_[f->tensors_[i].name] = i;
   f->data_ = std::move(whole);
@@ -379,7 +393,8 @@ std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
   std::string index_path, single_path;
   if (fs::is_directory(st)) {
     fs::path d(path);
-    if (fs::exists(d / kSafetensorsIndexName, ec)) index_path = (d / kSafetensorsIndexName).string();
+    if (fs::exists(d / kSafetensorsIndexName, ec))
+      index_path = (d / kSafetensorsIndexName).string();
     else if (fs::exists(d / kSafetensorsSingleName, ec))
       single_path = (d / kSafetensorsSingleName).string();
     else
@@ -435,9 +450,10 @@ std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
       bool escapes = file.empty() || rel.is_absolute();
       for (const auto& part : rel) escapes |= part == "..";
       if (escapes)
-        fail("{}: weight_map['{}']: file \"{}\" must be a relative path inside the checkpoint "
-             "directory",
-             index_path, name, file);
+        fail(
+            "{}: weight_map['{}']: file \"{}\" must be a relative path inside the checkpoint "
+            "directory",
+            index_path, name, file);
       auto [fi, inserted] = file_ix.try_emplace(file, s->files_.size());
       if (inserted) {
         const std::string full = (dir / rel).string();
@@ -502,8 +518,7 @@ std::vector<std::string> save_sharded(const std::string& dir,
   {
     std::set<std::string> seen;
     for (const auto& [name, t] : tensors)
-      ZAYA_CHECK(seen.insert(name).second, "writing {}: tensor name '{}' appears twice", dir,
-                 name);
+      ZAYA_CHECK(seen.insert(name).second, "writing {}: tensor name '{}' appears twice", dir, name);
   }
   std::error_code ec;
   fs::create_directories(dir, ec);

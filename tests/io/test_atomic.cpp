@@ -9,8 +9,8 @@
 #include <xxhash.h>
 
 #include "io/atomic.h"
-#include "io_test_util.h"
 #include "io/safetensors.h"
+#include "io_test_util.h"
 
 using namespace zaya;
 using namespace zaya::iotest;
@@ -53,8 +53,8 @@ TEST(Atomic, UnwritableLocationsFailNamingThePath) {
   TempDir tmp;
   write_raw(tmp / "plainfile", "x");
   // A regular file where a directory should be, a missing directory, and /proc (no new files).
-  for (const std::string& p :
-       {tmp / "plainfile/out.bin", tmp / "missing/dir/out.bin", std::string("/proc/zaya-io-test")}) {
+  for (const std::string& p : {tmp / "plainfile/out.bin", tmp / "missing/dir/out.bin",
+                               std::string("/proc/zaya-io-test")}) {
     SCOPED_TRACE(p);
     expect_error([&] { write_file_atomic(p, "data"); }, {p});
     expect_error([&] { save_safetensors(p, {{"w", Tensor::zeros({4})}}); }, {p});

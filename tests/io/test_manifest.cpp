@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "io/atomic.h"
-#include "io_test_util.h"
 #include "io/manifest.h"
 #include "io/safetensors.h"
+#include "io_test_util.h"
 
 using namespace zaya;
 using namespace zaya::iotest;
@@ -44,11 +44,12 @@ TEST(Manifest, ListsEveryFileWithSizeAndChecksum) {
     paths.push_back(p);
     const std::string bytes = read_raw(dir + "/" + p);
     EXPECT_EQ(f["size"].get<uint64_t>(), bytes.size()) << p;
-    EXPECT_EQ(f["xxh64"].get<std::string>(), fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0)))
+    EXPECT_EQ(f["xxh64"].get<std::string>(),
+              fmt::format("{:016x}", XXH64(bytes.data(), bytes.size(), 0)))
         << p;
   }
-  EXPECT_EQ(paths, (std::vector<std::string>{"config.json", "model.safetensors",
-                                             "rank1/optimizer.bin"}));
+  EXPECT_EQ(paths,
+            (std::vector<std::string>{"config.json", "model.safetensors", "rank1/optimizer.bin"}));
 
   ManifestCheck c = verify_manifest(dir);
   EXPECT_TRUE(c.ok) << c.reason;
@@ -75,8 +76,8 @@ TEST(Manifest, DetectsFlippedByte) {
   const uint64_t got = XXH64(b.data(), b.size(), 0);
   ManifestCheck c = verify_manifest(dir);
   EXPECT_FALSE(c.ok);
-  EXPECT_EQ(c.reason, fmt::format("model.safetensors: checksum 0x{:016x} expected 0x{:016x}", got,
-                                  want));
+  EXPECT_EQ(c.reason,
+            fmt::format("model.safetensors: checksum 0x{:016x} expected 0x{:016x}", got, want));
   // Size-only checking cannot see a flipped byte, by design.
   EXPECT_TRUE(verify_manifest(dir, /*check_hashes=*/false).ok);
 }

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
-#include "io_test_util.h"
 #include "io/safetensors.h"
+#include "io_test_util.h"
 
 using namespace zaya;
 using namespace zaya::iotest;
@@ -90,10 +90,9 @@ TEST(Safetensors, ReadsFileWrittenByHandFromSpec) {
   TempDir tmp;
   // Two tensors, header in a different key order than we would write, data in "b, a" order, no
   // padding: all of that is allowed by the spec.
-  const std::string header =
-      R"({"b":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},)"
-      R"("__metadata__":{"who":"hand"},)"
-      R"("a":{"shape":[2,2],"data_offsets":[4,20],"dtype":"F32"}})";
+  const std::string header = R"({"b":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]},)"
+                             R"("__metadata__":{"who":"hand"},)"
+                             R"("a":{"shape":[2,2],"data_offsets":[4,20],"dtype":"F32"}})";
   // bf16 1.0 = 0x3f80, -2.0 = 0xc000, little-endian.
   std::string data = std::string("\x80\x3f\x00\xc0", 4) + le_f32(1.5f) + le_f32(-0.25f) +
                      le_f32(3e7f) + le_f32(0.0f);
@@ -160,8 +159,8 @@ TEST(Safetensors, WrittenBytesFollowSpec) {
     const char* dtype;
     Tensor t;
   };
-  std::vector<Want> order = {{"s", "F32", strided}, {"m", "F32", m}, {"h", "F16", h},
-                             {"z.i8", "I8", i8}};
+  std::vector<Want> order = {
+      {"s", "F32", strided}, {"m", "F32", m}, {"h", "F16", h}, {"z.i8", "I8", i8}};
   size_t off = 0;
   for (const auto& w : order) {
     const json& e = j[w.name];
@@ -254,7 +253,9 @@ TEST(Safetensors, RejectsEveryMalformedHeaderWithNamedField) {
   }
   std::vector<BadCase> cases = {
       {"shorter than 8 bytes", std::string("\x05\x00\x00", 3), {"3 bytes", "shorter than"}},
-      {"header past end", st_bytes("{}", "").substr(0, 8) + "{", {"header length 2", "past the end"}},
+      {"header past end",
+       st_bytes("{}", "").substr(0, 8) + "{",
+       {"header length 2", "past the end"}},
       {"header too large", huge_len + "{}", {"100000001", "limit"}},
       {"invalid utf-8", st_bytes("{\"w\xff\":{}}", ""), {"UTF-8", "byte 3"}},
       {"not json", st_bytes("{\"w\": nope}", ""), {"not valid JSON"}},
@@ -263,37 +264,53 @@ TEST(Safetensors, RejectsEveryMalformedHeaderWithNamedField) {
       {"entry not an object", one("[1]"), {"tensor 'w'", "expected an object"}},
       {"missing dtype", one(R"({"shape":[2,2],"data_offsets":[0,16]})"), {"tensor 'w'", "'dtype'"}},
       {"missing shape", one(R"({"dtype":"F32","data_offsets":[0,16]})"), {"tensor 'w'", "'shape'"}},
-      {"missing offsets", one(R"({"dtype":"F32","shape":[2,2]})"), {"tensor 'w'", "'data_offsets'"}},
-      {"unknown field", one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0,16],"x":1})"),
+      {"missing offsets",
+       one(R"({"dtype":"F32","shape":[2,2]})"),
+       {"tensor 'w'", "'data_offsets'"}},
+      {"unknown field",
+       one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0,16],"x":1})"),
        {"tensor 'w'", "unexpected field 'x'"}},
-      {"unknown dtype", one(R"({"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,16]})"),
+      {"unknown dtype",
+       one(R"({"dtype":"F8_E4M3","shape":[2,2],"data_offsets":[0,16]})"),
        {"tensor 'w'", "unknown dtype \"F8_E4M3\"", "BF16"}},
-      {"dtype not string", one(R"({"dtype":4,"shape":[2,2],"data_offsets":[0,16]})"),
+      {"dtype not string",
+       one(R"({"dtype":4,"shape":[2,2],"data_offsets":[0,16]})"),
        {"tensor 'w'", "dtype", "expected a string"}},
-      {"shape not list", one(R"({"dtype":"F32","shape":4,"data_offsets":[0,16]})"),
+      {"shape not list",
+       one(R"({"dtype":"F32","shape":4,"data_offsets":[0,16]})"),
        {"tensor 'w'", "shape", "list of non-negative integers"}},
-      {"negative dim", one(R"({"dtype":"F32","shape":[2,-2],"data_offsets":[0,16]})"),
+      {"negative dim",
+       one(R"({"dtype":"F32","shape":[2,-2],"data_offsets":[0,16]})"),
        {"tensor 'w'", "shape[1]", "negative integer", "-2"}},
-      {"float dim", one(R"({"dtype":"F32","shape":[2.5,2],"data_offsets":[0,16]})"),
+      {"float dim",
+       one(R"({"dtype":"F32","shape":[2.5,2],"data_offsets":[0,16]})"),
        {"tensor 'w'", "shape[0]", "non-integer", "2.5"}},
-      {"string dim", one(R"({"dtype":"F32","shape":["2",2],"data_offsets":[0,16]})"),
+      {"string dim",
+       one(R"({"dtype":"F32","shape":["2",2],"data_offsets":[0,16]})"),
        {"tensor 'w'", "shape[0]", "string"}},
       {"shape overflow",
        one(R"({"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,16]})"),
        {"tensor 'w'", "overflow"}},
-      {"offsets arity", one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0]})"),
+      {"offsets arity",
+       one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0]})"),
        {"tensor 'w'", "data_offsets", "two non-negative integers", "[0]"}},
-      {"offsets not list", one(R"({"dtype":"F32","shape":[2,2],"data_offsets":"0-16"})"),
+      {"offsets not list",
+       one(R"({"dtype":"F32","shape":[2,2],"data_offsets":"0-16"})"),
        {"tensor 'w'", "data_offsets"}},
-      {"offset negative", one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[-1,16]})"),
+      {"offset negative",
+       one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[-1,16]})"),
        {"tensor 'w'", "data_offsets[0]", "negative"}},
-      {"offset float", one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0,16.0]})"),
+      {"offset float",
+       one(R"({"dtype":"F32","shape":[2,2],"data_offsets":[0,16.0]})"),
        {"tensor 'w'", "data_offsets[1]", "non-integer"}},
-      {"begin after end", one(R"({"dtype":"F32","shape":[0],"data_offsets":[16,0]})"),
+      {"begin after end",
+       one(R"({"dtype":"F32","shape":[0],"data_offsets":[16,0]})"),
        {"tensor 'w'", "[16, 0]", "begin is after end"}},
-      {"end past data", one(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,24]})"),
+      {"end past data",
+       one(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,24]})"),
        {"tensor 'w'", "[0, 24]", "past the end of the data section (16 bytes)"}},
-      {"size mismatch", one(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,16]})"),
+      {"size mismatch",
+       one(R"({"dtype":"F32","shape":[2,3],"data_offsets":[0,16]})"),
        {"tensor 'w'", "[2, 3]", "needs 24 bytes", "hold 16"}},
       {"overlap",
        st_bytes(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},)"
@@ -305,7 +322,8 @@ TEST(Safetensors, RejectsEveryMalformedHeaderWithNamedField) {
                 R"("b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]}})",
                 std::string(16, '\0')),
        {"bytes [8, 12)", "tensor 'b'", "contiguously"}},
-      {"trailing bytes", one(ok_w, std::string(20, '\0')),
+      {"trailing bytes",
+       one(ok_w, std::string(20, '\0')),
        {"cover 16 bytes", "holds 20 bytes", "4 trailing"}},
       {"duplicate name",
        st_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
@@ -376,14 +394,13 @@ TEST(Safetensors, ShardedRoundTripWithIndex) {
   auto written = save_sharded(dir, ts, 100, {{"step", "3"}});
   // huggingface_hub's rule with a 100-byte limit: c (120 > 100) alone first; a+b+d = 100 fits
   // exactly; e would tip it over and starts the last shard.
-  EXPECT_EQ(written, (std::vector<std::string>{"model-00001-of-00003.safetensors",
-                                               "model-00002-of-00003.safetensors",
-                                               "model-00003-of-00003.safetensors",
-                                               "model.safetensors.index.json"}));
-  EXPECT_EQ(list_dir(dir), (std::vector<std::string>{"model-00001-of-00003.safetensors",
-                                                     "model-00002-of-00003.safetensors",
-                                                     "model-00003-of-00003.safetensors",
-                                                     "model.safetensors.index.json"}));
+  EXPECT_EQ(written, (std::vector<std::string>{
+                         "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                         "model-00003-of-00003.safetensors", "model.safetensors.index.json"}));
+  EXPECT_EQ(list_dir(dir),
+            (std::vector<std::string>{
+                "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                "model-00003-of-00003.safetensors", "model.safetensors.index.json"}));
   json idx = json::parse(read_raw(dir + "/model.safetensors.index.json"));
   EXPECT_EQ(idx["metadata"]["total_size"], 300);
   EXPECT_EQ(idx["weight_map"], json({{"a", "model-00002-of-00003.safetensors"},
@@ -394,8 +411,8 @@ TEST(Safetensors, ShardedRoundTripWithIndex) {
   // Each shard is a plain safetensors file with the caller's metadata plus format=pt.
   auto shard2 = SafetensorsFile::open(dir + "/model-00002-of-00003.safetensors");
   EXPECT_EQ(shard2->tensors().size(), 3u);
-  EXPECT_EQ(shard2->metadata(), (std::map<std::string, std::string>{{"format", "pt"},
-                                                                    {"step", "3"}}));
+  EXPECT_EQ(shard2->metadata(),
+            (std::map<std::string, std::string>{{"format", "pt"}, {"step", "3"}}));
 
   for (const std::string& p : {dir, dir + "/model.safetensors.index.json"}) {
     auto s = TensorStore::open(p);

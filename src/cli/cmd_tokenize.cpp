@@ -86,7 +86,8 @@ int run_tokenize(int argc, char** argv) {
   app.add_flag("--add-special", add_special, "apply the post-processor (e.g. a leading <bos>)");
   app.add_option("--format", format,
                  "ids: one line of ids; json: {\"ids\", \"pieces\"}; pieces: \"id<TAB>piece\" "
-                 "lines, the piece JSON-quoted")
+                 "lines, the piece JSON-quoted (a piece is its id decoded alone, so a byte "
+                 "token of a multi-byte character shows as U+FFFD)")
       ->check(CLI::IsMember({"ids", "json", "pieces"}))
       ->capture_default_str();
   app.add_flag("--decode", decode, "decode ids (whitespace or comma separated) to text");
@@ -138,6 +139,7 @@ int run_tokenize(int argc, char** argv) {
     std::fwrite(out.data(), 1, out.size(), stdout);
   else
     zaya::write_file_atomic(output, out);
+  std::fflush(stdout);  // the stats line on stderr comes after the output
   if (stats) {
     const size_t text_bytes = decode ? out.size() : in.size();
     std::fprintf(

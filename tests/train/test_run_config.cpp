@@ -79,6 +79,21 @@ TEST(RunConfig, ParsesTheTinyExample) {
   EXPECT_TRUE(os.default_rules);
 }
 
+TEST(RunConfig, ParsesTheZaya1Recipe) {
+  RunConfig c = RunConfig::load(std::string(ZAYA_SOURCE_DIR) + "/configs/zaya1.toml");
+  ASSERT_EQ(c.phases.size(), 3u);
+  const int64_t dp = 1024;
+  auto p0 = c.phase_at(0, 0, dp, 1e6);
+  EXPECT_EQ(p0.batch_size, 1024);
+  EXPECT_DOUBLE_EQ(p0.rope_theta, 1e4);
+  EXPECT_EQ(c.phase_at(0, 200'000'000'000, dp, 1e6).batch_size, 4096);
+  auto p2 = c.phase_at(0, 12'000'000'000'000, dp, 1e6);
+  EXPECT_EQ(p2.name, "context-extension");
+  EXPECT_EQ(p2.seq_len, 32768);
+  EXPECT_DOUBLE_EQ(p2.rope_theta, 1e6);
+  EXPECT_EQ(p2.batch_size * p2.seq_len, 4096 * 4096);
+}
+
 TEST(RunConfig, DefaultsAreValidAndKeyPathsListEveryKey) {
   RunConfig c = RunConfig::defaults();
   EXPECT_EQ(c.model.config, "tiny");

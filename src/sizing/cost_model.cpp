@@ -117,7 +117,7 @@ TrainEstimate estimate_training(const ZayaConfig& c, const HardwareProfile& hw,
   e.tokens_per_s = e.tokens_per_step / e.step_s;
   e.tokens_per_s_per_gpu = e.tokens_per_s / N;
   e.model_flops_per_token = train_flops_per_token(c, s.seq);
-  e.mfu = e.model_flops_per_token * e.tokens_per_s / (N * hw.peak_bf16_tflops * 1e12);
+  e.mfu = e.model_flops_per_token * e.tokens_per_s / (N * hw.datasheet_bf16_tflops * 1e12);
   return e;
 }
 

@@ -139,6 +139,7 @@ const Builtin kBuiltins[] = {{"mi300x", mi300x}, {"mi325x", mi325x}, {"h100", h1
 
 void finish_builtin(HardwareProfile& h) {
   h.origin = "built-in";
+  h.datasheet_bf16_tflops = h.peak_bf16_tflops;
   // Without measurements the datasheet bandwidth stands in for the copy and read rates.
   h.copy_gbs = h.hbm_peak_gbs;
   h.read_gbs = h.hbm_peak_gbs;
@@ -215,6 +216,7 @@ json HardwareProfile::to_json() const {
             {"gemm_tile", {tile_m, tile_n}},
             {"peak_bf16_tflops", peak_bf16_tflops},
             {"peak_fp8_tflops", peak_fp8_tflops},
+            {"datasheet_bf16_tflops", datasheet_bf16_tflops},
             {"hbm_gib", hbm_gib},
             {"hbm_peak_gbs", hbm_peak_gbs},
             {"copy_gbs", copy_gbs},
@@ -388,6 +390,7 @@ HardwareProfile hardware_from_json(const json& j, const std::string& where) {
   }
   ZAYA_CHECK(h.compute_units > 0, "{}: sm_count must be positive", where);
   ZAYA_CHECK(h.peak_bf16_tflops > 0, "{}: peak_tflops.bf16 must be positive", where);
+  if (h.datasheet_bf16_tflops == 0) h.datasheet_bf16_tflops = h.peak_bf16_tflops;  // unknown device
   return h;
 }
 

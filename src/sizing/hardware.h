@@ -51,6 +51,8 @@ struct HardwareProfile {
 
   double peak_bf16_tflops = 0;  // dense
   double peak_fp8_tflops = 0;   // dense; 0 when the device has no fp8 matrix unit
+  // The vendor's bf16 figure even when peak_bf16_tflops is a measured one: MFU is quoted against it.
+  double datasheet_bf16_tflops = 0;
   double hbm_gib = 0;
   double hbm_peak_gbs = 0;       // datasheet
   double copy_gbs = 0;           // device copy, bytes read + written per second

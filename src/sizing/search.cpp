@@ -21,19 +21,10 @@ double parse_count(const std::string& flag, const std::string& text) {
   for (char ch : text)
     if (ch != '_' && ch != ',') t += ch;
   ZAYA_CHECK(!t.empty(), "{}: expected a count like 8.3B, 760M or 4096, found an empty value", flag);
-  double mult = 1;
-  const char last = char(std::toupper(static_cast<unsigned char>(t.back())));
-  if (!std::isdigit(static_cast<unsigned char>(t.back())) && t.back() != '.') {
-    switch (last) {
-      case 'K': mult = 1e3; break;
-      case 'M': mult = 1e6; break;
-      case 'B':
-      case 'G': mult = 1e9; break;
-      case 'T': mult = 1e12; break;
-      default:
-        fail("{}: '{}' has an unknown suffix '{}' (expected K, M, B/G or T, e.g. 8.3B)", flag, text,
-             t.back());
-    }
+  // A trailing letter is a suffix; the rest must be a plain number.
+  char suffix = 0;
+  if (std::isalpha(static_cast<unsigned char>(t.back()))) {
+    suffix = char(std::toupper(static_cast<unsigned char>(t.back())));
     t.pop_back();
   }
   size_t used = 0;
@@ -41,12 +32,25 @@ double parse_count(const std::string& flag, const std::string& text) {
   try {
     v = std::stod(t, &used);
   } catch (const std::exception&) {
-    fail("{}: '{}' is not a number (expected a count like 8.3B, 760M or 4096)", flag, text);
+    used = 0;
   }
-  ZAYA_CHECK(used == t.size(), "{}: '{}' is not a number (expected a count like 8.3B, 760M or 4096)",
-             flag, text);
+  ZAYA_CHECK(used > 0 && used == t.size(),
+             "{}: '{}' is not a number (expected a count like 8.3B, 760M or 4096)", flag, text);
+  double mult = 1;
+  switch (suffix) {
+    case 0: break;
+    case 'K': mult = 1e3; break;
+    case 'M': mult = 1e6; break;
+    case 'B':
+    case 'G': mult = 1e9; break;
+    case 'T': mult = 1e12; break;
+    default:
+      fail("{}: '{}' has an unknown suffix '{}' (expected K, M, B/G or T, e.g. 8.3B)", flag, text,
+           text.back());
+  }
+  v *= mult;
   ZAYA_CHECK(v > 0 && std::isfinite(v), "{}: must be positive, found '{}'", flag, text);
-  return v * mult;
+  return v;
 }
 
 void Budget::validate() const {

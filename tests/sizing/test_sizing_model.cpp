@@ -22,7 +22,7 @@ namespace {
 //   experts 16 · 3 · 2048 · 2048 = 201,326,592
 constexpr int64_t kLayer = 5242880 + 332802 + 20480 + 660992 + 201326592;  // 207,583,746
 constexpr int64_t kTotal = 40 * kLayer + 3 * 2048 - 256;  // model vectors; layer 0 has no states scale
-constexpr int64_t kActive = kTotal - 40 * 15 * 3 * 2048 * 2048;
+constexpr int64_t kActive = kTotal - 40LL * 15 * 3 * 2048 * 2048;
 constexpr int64_t kEmbedding = 262272LL * 2048;
 
 }  // namespace

@@ -95,10 +95,19 @@ TEST(SizingRules, KneeUsesPerExpertWork) {
 TEST(SizingRules, WaveQuantizationMi300xVersusH200) {
   const ZayaConfig c = ZayaConfig::preset("zaya1-base");
   // MI300X, 256×256 tiles, 16,384 tokens: qkv_proj (N = 1536) has 64·6 = 384 tiles on 304 CUs:
-  // 2 waves, 384/608 = 0.63.
+  // 2 waves, 384/608 = 0.63; router_down (N = 256, 1.4% of the FLOPs) 64 tiles: 64/304 = 0.21.
   auto m = rule(check_rules(c, builtin_hardware("mi300x"), opts(4, 8)), "gemm.wave");
   EXPECT_EQ(m.status, Status::Warn);
-  EXPECT_NEAR(m.numbers["worst"].get<double>(), 384.0 / 608, 1e-12);
+  EXPECT_NEAR(m.numbers["worst"].get<double>(), 64.0 / 304, 1e-12);
+  bool seen = false;
+  for (auto& g : m.numbers["gemms"])
+    if (g["gemm"] == "qkv_proj") {
+      EXPECT_NEAR(g["efficiency"].get<double>(), 384.0 / 608, 1e-12);
+      seen = true;
+    } else if (g["gemm"] == "expert_gate_up") {  // grouped: 16 · 4 · 16 = 1024 tiles, 4 waves
+      EXPECT_NEAR(g["efficiency"].get<double>(), 1024.0 / 1216, 1e-12);
+    }
+  EXPECT_TRUE(seen);
   // H200, 128×256 tiles: qkv 128·6 = 768 tiles on 132 SMs, 6 waves: 768/792; o_proj 1024/1056;
   // grouped experts 16·8·16 = 2048 → 2048/2112 — all 0.97.
   auto h = rule(check_rules(c, builtin_hardware("h200"), opts(4, 8)), "gemm.wave");

@@ -380,16 +380,16 @@ void HfBpeTokenizer::parse_model(const json& m, hf::TokenizerJson& parsed) {
   std::string merged;
   for (size_t r = 0; r < parsed.merges.size(); r++) {
     const auto& [a, b] = parsed.merges[r];
-    const std::string where = fmt::format("model.merges[{}]", r);
+    const auto where = [r] { return fmt::format("model.merges[{}]", r); };  // only on errors
     const int32_t ia = vocab_find(a), ib = vocab_find(b);
-    if (ia < 0) file_.bad(where, "'" + a + "' is not in model.vocab");
-    if (ib < 0) file_.bad(where, "'" + b + "' is not in model.vocab");
+    if (ia < 0) file_.bad(where(), "'" + a + "' is not in model.vocab");
+    if (ib < 0) file_.bad(where(), "'" + b + "' is not in model.vocab");
     std::string_view tail = b;
     if (!subword_prefix_.empty() && tail.starts_with(subword_prefix_))
       tail.remove_prefix(subword_prefix_.size());
     merged.assign(a).append(tail);
     const int32_t im = vocab_find(merged);
-    if (im < 0) file_.bad(where, "merged token '" + merged + "' is not in model.vocab");
+    if (im < 0) file_.bad(where(), "merged token '" + merged + "' is not in model.vocab");
     // A repeated pair takes its later rank, as in `tokenizers`.
     merges_.insert_or_assign(uint32_t(ia), uint32_t(ib), {int32_t(r), im});
   }

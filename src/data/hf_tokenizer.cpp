@@ -286,8 +286,9 @@ class HfBpeTokenizer final : public Tokenizer {
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;
   using Merge = MergeTable::Merge;
   MergeTable merges_;
-  std::vector<int32_t>
-      bmp_ids_;  // single-character tokens of the Basic Multilingual Plane, by code point
+  // Single-character tokens of the Basic Multilingual Plane, by code point: the first step of
+  // every encode looks up each character.
+  std::vector<int32_t> bmp_ids_;
   int32_t unk_id_ = -1;
   bool byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   std::string subword_prefix_, word_suffix_;

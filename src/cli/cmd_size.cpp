@@ -246,6 +246,11 @@ int run_size(int argc, char** argv) {
   prop_search.add(prop);
   size_t top = 10;
   prop->add_option("--top", top, "candidates to show")->capture_default_str();
+  std::vector<int64_t> hidden, layers, prop_experts, prop_top_k;
+  prop->add_option("--hidden", hidden, "hidden sizes to sweep (default 1024..4096)")->delimiter(',');
+  prop->add_option("--layers", layers, "depths to sweep (default 16..64)")->delimiter(',');
+  prop->add_option("--experts", prop_experts, "expert counts to sweep")->delimiter(',');
+  prop->add_option("--top-k", prop_top_k, "top-k values to sweep (default 1,2,4,8)")->delimiter(',');
   prop->add_option("--json", json_path, "write the candidates as JSON");
 
   auto* moe = app.add_subcommand("moe", "sweep experts, expert width and top-k for a budget");
@@ -315,6 +320,17 @@ int run_size(int argc, char** argv) {
       }
       write_json(json_path, search_json("zaya.size_moe/1", hw.device, o, cs));
     } else {
+      if (!hidden.empty()) o.hidden = hidden;
+      if (!layers.empty()) o.layers = layers;
+      if (!prop_experts.empty()) o.experts = prop_experts;
+      if (!prop_top_k.empty()) o.top_k = prop_top_k;
+      for (int64_t d : o.hidden)
+        ZAYA_CHECK(d > 0 && d % 256 == 0,
+                   "--hidden: sizes must be positive multiples of 256 (head dim 128, Hq·d = D/2), "
+                   "found {}", d);
+      for (int64_t l : o.layers) ZAYA_CHECK(l > 0, "--layers: depths must be positive, found {}", l);
+      for (int64_t e : o.experts) ZAYA_CHECK(e > 0, "--experts: counts must be positive, found {}", e);
+      for (int64_t k : o.top_k) ZAYA_CHECK(k > 0, "--top-k: values must be positive, found {}", k);
       const auto cs = sz::propose(base, hw, o, top);
       ZAYA_CHECK(!cs.empty(),
                  "no candidate within ±{:.0f}% of {} total / {} active passes the rules on {} "

@@ -182,6 +182,8 @@ std::vector<Candidate> propose(const ZayaConfig& base, const HardwareProfile& hw
           const double I = (o.budget.active - a0) / (double(L) * double(k) * 3.0 * double(D));
           const int64_t Ir = int64_t(std::llround(I / double(o.width_step))) * o.width_step;
           if (Ir < o.width_step) continue;
+          if (double(Ir) < o.width_ratio_min * double(D) || double(Ir) > o.width_ratio_max * double(D))
+            continue;
           c.moe_intermediate_size = Ir;
           const ParamCounts p = count_params(c);
           if (!o.budget.fits(double(p.total), double(p.active))) continue;

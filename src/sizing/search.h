@@ -4,7 +4,8 @@
 //    latency, and the Pareto front of the two is marked (ZAYA1 §5: large per-expert GEMMs for
 //    training, few active experts for decode).
 //  - propose: hidden size and depth swept too (head dim 128, CCA's Hq·d = D/2, 2 KV heads), expert
-//    width solved from the active budget; candidates that fail a rule are dropped.
+//    width solved from the active budget and kept within [D/4, 2D]; candidates that fail a rule
+//    are dropped.
 // Deliberately not here: choosing among the candidates (the tables rank, people decide), or
 // training-quality predictions (scaling laws are outside sizing).
 #pragma once
@@ -54,6 +55,10 @@ struct SearchOptions {
   int64_t width_max = 16384;
   std::vector<int64_t> hidden = {1024, 1536, 2048, 2560, 3072, 4096};  // propose only
   std::vector<int64_t> layers = {16, 20, 24, 28, 32, 36, 40, 48, 56, 64};  // propose only
+  // propose only: expert width as a multiple of the hidden size. The cost model alone would shrink
+  // D and grow I without bound (the LM head and attention scale with D); published MoEs keep
+  // I between fine-grained D/4 and coarse 2D.
+  double width_ratio_min = 0.25, width_ratio_max = 2.0;
 };
 
 // Evaluates one config: cost model, inference, rules.

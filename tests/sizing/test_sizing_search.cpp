@@ -178,6 +178,8 @@ TEST(SizingSearch, ProposeStaysInBudgetAndPassesRules) {
     EXPECT_TRUE(c.within_budget) << c.label();
     EXPECT_EQ(c.config.num_attention_heads * c.config.head_dim * 2, c.config.hidden_size);
     EXPECT_EQ(c.config.moe_intermediate_size % 128, 0);
+    EXPECT_GE(c.config.moe_intermediate_size * 4, c.config.hidden_size);
+    EXPECT_LE(c.config.moe_intermediate_size, 2 * c.config.hidden_size);
     if (c.config.num_experts_per_tok == 1)
       EXPECT_NEAR(double(c.config.params_total(false)), o.budget.total, 0.1 * o.budget.total);
     if (i > 0) EXPECT_GE(cs[i - 1].train.tokens_per_s, c.train.tokens_per_s);

@@ -95,7 +95,8 @@ class TensorStore {
   const std::string& file_of(const std::string& name) const;
   // The files opened, in the order they were first referenced.
   std::vector<std::string> files() const;
-  // The "__metadata__" of the single file, or of the first shard.
+  // The "__metadata__" of the single file, or of the shard holding the first tensor by name
+  // (save_sharded gives every shard the same metadata).
   const std::map<std::string, std::string>& metadata() const;
   // Sum of the tensors' byte sizes.
   size_t total_bytes() const { return total_bytes_; }

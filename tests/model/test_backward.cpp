@@ -201,7 +201,7 @@ TEST_P(ModelBackwardGrad, MatchesFiniteDifferences) {
   const float h = 1e-2f;
   Rng rng(99);
   int checked = 0, flipped = 0;
-  double worst_rel = 0;
+  double worst_rel = 0, worst_abs = 0;  // relative: over coordinates with |grad| >= 1% of the max
   std::string worst_name;
   const auto named = m.named_tensors();
   for (size_t ti = 0; ti < named.size(); ti++) {
@@ -239,7 +239,8 @@ TEST_P(ModelBackwardGrad, MatchesFiniteDifferences) {
       EXPECT_TRUE(rel < 2e-2 || err < 1e-3 * gmax)
           << name << "[" << i << "]: analytic " << ana << " numeric " << num << " (max grad "
           << gmax << ")";
-      if (err >= 1e-3 * gmax && rel > worst_rel) {
+      worst_abs = std::max(worst_abs, err / gmax);
+      if (std::fabs(ana) >= 1e-2 * gmax && rel > worst_rel) {
         worst_rel = rel;
         worst_name = name;
       }
@@ -249,9 +250,9 @@ TEST_P(ModelBackwardGrad, MatchesFiniteDifferences) {
     EXPECT_GT(tensor_checked, 0) << name << ": every sampled coordinate flipped a routing decision";
   }
   std::printf(
-      "[ gradcheck ] %d coordinates checked, %d skipped for routing flips, worst relative "
-      "error above the absolute floor %.3g (%s), max |grad| %.3g\n",
-      checked, flipped, worst_rel, worst_name.c_str(), gmax);
+      "[ gradcheck ] %d coordinates checked, %d skipped for routing flips; max |grad| %.3g, "
+      "max abs error %.2g of it, max relative error %.2g (%s) where |grad| >= 1%% of the max\n",
+      checked, flipped, gmax, worst_abs, worst_rel, worst_name.c_str());
   EXPECT_LE(flipped, checked / 5);
 }
 
@@ -360,7 +361,7 @@ TEST(ModelBackward, RefusesNonFp32Weights) {
 // prints the throughput of forward_backward.
 TEST(ModelBackward, TinyPresetSgdLowersLoss) {
   ZayaModel m = ZayaModel::init(ZayaConfig::preset("tiny"), 4);
-  const int64_t B = 4, S = 256;
+  const int64_t B = 2, S = 256;
   std::vector<int32_t> ids(size_t(B * S));
   const std::string text = "the quick brown fox jumps over the lazy dog. ";
   for (int64_t n = 0; n < B * S; n++) ids[size_t(n)] = int32_t(uint8_t(text[size_t(n % 45)]));
@@ -369,7 +370,7 @@ TEST(ModelBackward, TinyPresetSgdLowersLoss) {
   const auto named = m.named_tensors();
   std::vector<double> losses;
   double seconds = 0;
-  const int steps = 4;
+  const int steps = 3;
   for (int step = 0; step < steps; step++) {
     g.zero();
     auto t0 = std::chrono::steady_clock::now();
@@ -379,7 +380,7 @@ TEST(ModelBackward, TinyPresetSgdLowersLoss) {
       if (named[i].first.find("balancing_biases") != std::string::npos) continue;
       float* w = named[i].second.f32();
       const float* gw = g.tensors[i].second.f32();
-      for (int64_t j = 0; j < named[i].second.numel(); j++) w[j] -= 0.5f * gw[j];
+      for (int64_t j = 0; j < named[i].second.numel(); j++) w[j] -= 0.1f * gw[j];
     }
   }
   std::printf("[ tiny ] losses %.4f -> %.4f; forward_backward %.0f tokens/s (%d threads)\n",

@@ -5,8 +5,8 @@
 //   err_e = count_e/total − 1/E          for e < E
 // and the layer's balancing bias b[0..E-1] takes an AdamW step with err as its gradient
 // (defaults lr 1e-3, β 0.9/0.999, ε 1e-8, no weight decay, bias-corrected), so an under-used expert
-// (err < 0) gets a larger bias and wins more argmax ties. b[E], the skip class, is never updated; it
-// starts at −1 (init_balancing_biases). Because skipped tokens are in the total, Σ err_e = −skip
+// (err < 0) gets a larger bias and wins more argmax ties. b[E], the skip class, is never updated;
+// it starts at −1 (init_balancing_biases). Because skipped tokens are in the total, Σ err_e = −skip
 // fraction ≤ 0: the routed biases drift up together against the fixed skip bias, a pressure against
 // skipping. State is kept here, apart from the model optimizer's. Not here: counting (the MoE
 // forward) and the all-reduce of counts (dist/).

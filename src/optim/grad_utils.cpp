@@ -10,15 +10,16 @@ namespace zaya {
 
 namespace {
 
-constexpr int64_t kBlock = 1 << 14;  // fixed reduction block: the sum order never depends on threads
+constexpr int64_t kBlock =
+    1 << 14;  // fixed reduction block: the sum order never depends on threads
 
 template <typename F>
 void for_each_grad(const std::vector<ParamRef>& params, const char* who, F&& f) {
   for (const auto& p : params) {
     if (!p.grad.defined()) continue;
-    ZAYA_CHECK(p.grad.dtype() == DType::F32 && p.grad.device() == Device::CPU &&
-                   p.grad.is_contiguous(),
-               "{}: gradient of '{}' must be a contiguous F32 host tensor", who, p.name);
+    ZAYA_CHECK(
+        p.grad.dtype() == DType::F32 && p.grad.device() == Device::CPU && p.grad.is_contiguous(),
+        "{}: gradient of '{}' must be a contiguous F32 host tensor", who, p.name);
     f(p.grad.f32(), p.grad.numel());
   }
 }

@@ -13,8 +13,8 @@ namespace zaya {
 
 void zero_grads(const std::vector<ParamRef>& params);
 void scale_grads(const std::vector<ParamRef>& params, float factor);
-// Turns gradients summed over `micro_batches` backward passes into their mean (scale 1/micro_batches).
-// Call once after the last micro-batch, before clipping.
+// Turns gradients summed over `micro_batches` backward passes into their mean (scale
+// 1/micro_batches). Call once after the last micro-batch, before clipping.
 void average_accumulated_grads(const std::vector<ParamRef>& params, int64_t micro_batches);
 
 // Σ g² over every element of every gradient, in double.

@@ -29,10 +29,10 @@ void newton_schulz_orthogonalize(float* X, int64_t rows, int64_t cols, int steps
 
   std::vector<float> A(size_t(m * m)), B(size_t(m * m)), y(size_t(m * n));
   for (int s = 0; s < steps; s++) {
-    gram_f32(A.data(), x.data(), m, n);                       // A = X Xᵀ
-    std::copy(A.begin(), A.end(), B.begin());                 // B = b·A + c·A·A
+    gram_f32(A.data(), x.data(), m, n);        // A = X Xᵀ
+    std::copy(A.begin(), A.end(), B.begin());  // B = b·A + c·A·A
     matmul_f32(B.data(), A.data(), A.data(), m, m, m, k.c, k.b);
-    std::copy(x.begin(), x.end(), y.begin());                 // X = a·X + B·X
+    std::copy(x.begin(), x.end(), y.begin());  // X = a·X + B·X
     matmul_f32(y.data(), B.data(), x.data(), m, m, n, 1.0f, k.a);
     x.swap(y);
   }

@@ -43,7 +43,7 @@ void OptimizerSettings::validate(const std::string& where) const {
   ZAYA_CHECK(muon.rms_scale > 0 && std::isfinite(muon.rms_scale),
              "{}.muon_rms_scale must be > 0, found {}", where, muon.rms_scale);
   for (size_t i = 0; i < rules.size(); i++)
-    validate_param_rule(rules[i], fmt::format("{}.rules[{}]", where, i));
+    validate_param_rule(rules[i], fmt::format("{}.rules.{}", where, i));
 }
 
 std::vector<ParamRule> OptimizerSettings::effective_rules() const {
@@ -120,8 +120,8 @@ Optimizer::Optimizer(const std::vector<ParamRef>& params, OptimizerSettings sett
 }
 
 void Optimizer::step(double lr) {
-  ZAYA_CHECK(std::isfinite(lr) && lr >= 0, "optimizer: learning rate must be finite and >= 0, got {}",
-             lr);
+  ZAYA_CHECK(std::isfinite(lr) && lr >= 0,
+             "optimizer: learning rate must be finite and >= 0, got {}", lr);
   const int64_t t = steps_ + 1;
   std::vector<float> scratch;
   for (auto& e : entries_) {

@@ -1,8 +1,8 @@
 // The model optimizer of ZAYA1.md §4: AdamW and Muon over one list of named fp32 parameters, with
 // rules (param_rules.h) deciding which parameter each one trains. fp32 CPU reference: the update
 // formulas here are the spec the GPU path must match. Deliberately not here: gradient clipping and
-// accumulation (grad_utils.h), the learning-rate schedule (schedule.h; the loop passes the step's lr
-// to step()), the balancing-bias update (balancing.h), ZeRO sharding (dist/).
+// accumulation (grad_utils.h), the learning-rate schedule (schedule.h; the loop passes the step's
+// lr to step()), the balancing-bias update (balancing.h), ZeRO sharding (dist/).
 //
 // AdamW (decoupled decay, bias-corrected), step t = 1, 2, ...:
 //   m ← β1 m + (1−β1) g;  v ← β2 v + (1−β2) g²
@@ -78,8 +78,8 @@ class Optimizer {
   // asynchronously). Names: optim.adamw.exp_avg.<param>, optim.adamw.exp_avg_sq.<param>,
   // optim.muon.momentum.<param>.
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
-  // Copies a saved state in (every expected tensor must be present with its shape; unknown names are
-  // errors) and sets the step count, so the next step() continues bit-exactly.
+  // Copies a saved state in (every expected tensor must be present with its shape; unknown names
+  // are errors) and sets the step count, so the next step() continues bit-exactly.
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps);
 
  private:

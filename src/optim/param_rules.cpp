@@ -50,7 +50,8 @@ std::vector<ParamRule> default_param_rules() {
       // Experts [E, out, in]: each expert's matrix is orthogonalised on its own.
       r("*.mlp.experts.gate_up_proj", M, inherit),
       r("*.mlp.experts.down_proj", M, inherit),
-      // Vectors: norms, biases, residual scales/biases, router state scales, QK temperatures. Decaying
+      // Vectors: norms, biases, residual scales/biases, router state scales, QK temperatures.
+      // Decaying
       // them towards 0 would fight their role (a scale of 0 switches a path off), so no decay.
       r("*norm.weight", A, no_decay),
       r("*.bias", A, no_decay),
@@ -86,7 +87,9 @@ bool glob_match(std::string_view p, std::string_view s) {
   return pi == p.size();
 }
 
-static bool is_regex(const std::string& pattern) { return pattern.rfind("re:", 0) == 0; }
+static bool is_regex(const std::string& pattern) {
+  return pattern.rfind("re:", 0) == 0;
+}
 
 bool rule_matches(const ParamRule& rule, const std::string& name) {
   if (is_regex(rule.pattern)) {
@@ -97,12 +100,14 @@ bool rule_matches(const ParamRule& rule, const std::string& name) {
 }
 
 void validate_param_rule(const ParamRule& rule, const std::string& where) {
-  ZAYA_CHECK(!rule.pattern.empty() && rule.pattern != "re:", "{}: pattern must not be empty", where);
+  ZAYA_CHECK(!rule.pattern.empty() && rule.pattern != "re:", "{}: pattern must not be empty",
+             where);
   if (is_regex(rule.pattern)) {
     try {
       std::regex re(rule.pattern.substr(3), std::regex::ECMAScript);
     } catch (const std::regex_error& e) {
-      fail("{}: pattern '{}' is not a valid regular expression ({})", where, rule.pattern, e.what());
+      fail("{}: pattern '{}' is not a valid regular expression ({})", where, rule.pattern,
+           e.what());
     }
   }
   ZAYA_CHECK(std::isfinite(rule.lr_mult) && rule.lr_mult >= 0,

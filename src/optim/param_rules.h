@@ -3,8 +3,8 @@
 // a glob ('*' matches any run of characters, dots included; '?' one character) matched against the
 // whole name, or "re:<ECMAScript regex>" (also a whole-name match). Names no rule matches fall back
 // by rank: 2-D → Muon unless the name mentions "embed", anything else → AdamW. Balancing biases
-// (`*balancing_biases`) are never trained by gradient: they are excluded before any rule is tried and
-// have their own update (balancing.h). This file knows names and shapes only, not the model.
+// (`*balancing_biases`) are never trained by gradient: they are excluded before any rule is tried
+// and have their own update (balancing.h). This file knows names and shapes only, not the model.
 #pragma once
 #include <optional>
 #include <string>
@@ -15,7 +15,7 @@
 
 namespace zaya {
 
-enum class OptimizerKind { AdamW, Muon, None };  // None: frozen (not updated)
+enum class OptimizerKind { AdamW, Muon, None };         // None: frozen (not updated)
 std::string_view optimizer_kind_name(OptimizerKind k);  // "adamw", "muon", "none"
 // Parses "adamw" / "muon" / "none"; throws zaya::Error naming `where` otherwise.
 OptimizerKind optimizer_kind_from_name(std::string_view s, const std::string& where);
@@ -45,8 +45,8 @@ bool is_balancing_bias(const std::string& name);
 bool glob_match(std::string_view pattern, std::string_view name);
 // True when the rule's pattern (glob or "re:" regex) matches the whole name.
 bool rule_matches(const ParamRule& rule, const std::string& name);
-// Throws zaya::Error (naming `where`) for an empty pattern, a regex that does not compile, a negative
-// or non-finite lr_mult or weight decay.
+// Throws zaya::Error (naming `where`) for an empty pattern, a regex that does not compile, a
+// negative or non-finite lr_mult or weight decay.
 void validate_param_rule(const ParamRule& rule, const std::string& where);
 
 ParamAssignment assign_param(const std::string& name, const Shape& shape,

@@ -38,10 +38,6 @@ DecayShape decay_shape_from_name(std::string_view s, const std::string& where) {
 void ScheduleSettings::validate(const std::string& where) const {
   ZAYA_CHECK(warmup_steps >= 0, "{}.warmup_steps must be >= 0, found {}", where, warmup_steps);
   ZAYA_CHECK(total_steps > 0, "{}.total_steps must be > 0, found {}", where, total_steps);
-  if (kind == ScheduleKind::Cosine)
-    ZAYA_CHECK(warmup_steps < total_steps,
-               "{}.warmup_steps ({}) must be less than total_steps ({}) for a cosine schedule",
-               where, warmup_steps, total_steps);
   if (kind == ScheduleKind::WSD)
     ZAYA_CHECK(decay_fraction > 0 && decay_fraction <= 1,
                "{}.decay_fraction must be in (0, 1], found {}", where, decay_fraction);
@@ -61,8 +57,9 @@ double schedule_lr(const ScheduleSettings& s, double lr_max, double lr_min, int6
       const int64_t S = std::max(W, T - D);
       if (step < S) return lr_max;
       const double p = std::clamp(double(step - S) / double(std::max<int64_t>(1, T - S)), 0.0, 1.0);
-      return s.decay_shape == DecayShape::Linear ? lr_max - (lr_max - lr_min) * p
-                                                 : lr_min + (lr_max - lr_min) * (1.0 - std::sqrt(p));
+      return s.decay_shape == DecayShape::Linear
+                 ? lr_max - (lr_max - lr_min) * p
+                 : lr_min + (lr_max - lr_min) * (1.0 - std::sqrt(p));
     }
   }
   return lr_max;

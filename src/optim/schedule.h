@@ -1,9 +1,9 @@
 // Learning-rate schedules as pure functions of the optimizer step (0-based: the step about to be
 // taken). W = warmup_steps, T = total_steps, lr_max / lr_min from the optimizer config.
-//   warmup (all kinds), s < W:   lr = lr_max · (s+1)/W        (the first step is not wasted at lr 0)
-//   constant, s >= W:            lr = lr_max
-//   cosine, s >= W:              p = clamp((s−W)/(T−W), 0, 1);  lr = lr_min + (lr_max−lr_min)·½(1+cos πp)
-//   wsd (warmup–stable–decay):   D = round(decay_fraction·T), S = T−D (decay start, at least W)
+//   warmup (all kinds), s < W:   lr = lr_max · (s+1)/W        (the first step is not wasted at lr
+//   0) constant, s >= W:            lr = lr_max cosine, s >= W:              p = clamp((s−W)/(T−W),
+//   0, 1);  lr = lr_min + (lr_max−lr_min)·½(1+cos πp) wsd (warmup–stable–decay):   D =
+//   round(decay_fraction·T), S = T−D (decay start, at least W)
 //       W <= s < S:              lr = lr_max
 //       s >= S:                  p = clamp((s−S)/(T−S), 0, 1);
 //                                linear: lr = lr_max − (lr_max−lr_min)·p
@@ -28,8 +28,8 @@ DecayShape decay_shape_from_name(std::string_view s, const std::string& where);
 struct ScheduleSettings {
   ScheduleKind kind = ScheduleKind::Cosine;
   int64_t warmup_steps = 0;
-  int64_t total_steps = 0;     // T; must be > 0 (and > warmup for cosine)
-  double decay_fraction = 0.2;  // wsd only
+  int64_t total_steps = 0;                      // T; must be > 0 (and > warmup for cosine)
+  double decay_fraction = 0.2;                  // wsd only
   DecayShape decay_shape = DecayShape::Linear;  // wsd only
   void validate(const std::string& where = "schedule") const;
 };

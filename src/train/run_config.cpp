@@ -3,8 +3,8 @@
 // How strictness works: the file (plus overrides) becomes a toml::table; each section is read by a
 // Reader that marks the keys it consumes, and any key left over is an unknown-key error naming the
 // full path. Overrides are applied to the table before reading, typed by a schema table that is
-// to_toml() of a prototype config (every optional field set, one entry in every list), so a new field
-// needs no extra override code.
+// to_toml() of a prototype config (every optional field set, one entry in every list), so a new
+// field needs no extra override code.
 #include "train/run_config.h"
 
 // Debian's libtomlplusplus-dev ships toml.h; upstream single-header installs ship toml.hpp.
@@ -115,9 +115,12 @@ class Reader {
   }
   void get(const char* key, double* out) {
     if (auto* n = find(key)) {
-      if (n->is_integer()) *out = double(n->as_integer()->get());
-      else if (n->is_floating_point()) *out = n->as_floating_point()->get();
-      else bad_type(key, *n, "a number");
+      if (n->is_integer())
+        *out = double(n->as_integer()->get());
+      else if (n->is_floating_point())
+        *out = n->as_floating_point()->get();
+      else
+        bad_type(key, *n, "a number");
     }
   }
   void get(const char* key, std::optional<double>* out) {
@@ -313,10 +316,11 @@ toml::table to_table(const RunConfig& c) {
     rules.push_back(std::move(t));
   }
   optim.insert("rules", std::move(rules));
-  optim.insert("balancing", toml::table{{"enabled", o.balancing.enabled},
-                                        {"lr", o.balancing.lr},
-                                        {"betas", toml::array{o.balancing.beta1, o.balancing.beta2}},
-                                        {"eps", o.balancing.eps}});
+  optim.insert("balancing",
+               toml::table{{"enabled", o.balancing.enabled},
+                           {"lr", o.balancing.lr},
+                           {"betas", toml::array{o.balancing.beta1, o.balancing.beta2}},
+                           {"eps", o.balancing.eps}});
   root.insert("optim", std::move(optim));
   root.insert("schedule",
               toml::table{{"kind", std::string(schedule_kind_name(c.schedule.kind))},
@@ -402,7 +406,10 @@ void set_typed(toml::table& parent, const std::string& key, const toml::node& li
   auto bad = [&](const char* expected) {
     fail("override --{}={}: expected {}", path, text, expected);
   };
-  if (like.is_integer()) {
+  if (like.is_table()) {
+    fail("override --{}: '{}' is a section; name a key inside it (such as --{}.<key>=...)", path,
+         path, path);
+  } else if (like.is_integer()) {
     int64_t v = 0;
     auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
     if (ec != std::errc() || p != text.data() + text.size()) bad("an integer");
@@ -413,9 +420,12 @@ void set_typed(toml::table& parent, const std::string& key, const toml::node& li
     if (text.empty() || end != text.c_str() + text.size()) bad("a number");
     parent.insert_or_assign(key, v);
   } else if (like.is_boolean()) {
-    if (text == "true" || text == "1") parent.insert_or_assign(key, true);
-    else if (text == "false" || text == "0") parent.insert_or_assign(key, false);
-    else bad("true or false");
+    if (text == "true" || text == "1")
+      parent.insert_or_assign(key, true);
+    else if (text == "false" || text == "0")
+      parent.insert_or_assign(key, false);
+    else
+      bad("true or false");
   } else if (like.is_string()) {
     std::string v = text;
     if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'') && v.back() == v.front())
@@ -450,7 +460,11 @@ void apply_override(toml::table& root, const std::string& arg) {
     const bool last = i + 1 == segs.size();
     if (auto* st = like->as_table()) {
       const toml::node* next_like = st->get(s);
-      if (!next_like) fail("unknown override key '{}'; {}", path, suggestions(path));
+      const bool is_list = next_like && next_like->is_array() && !next_like->as_array()->empty() &&
+                           (*next_like->as_array())[0].is_table();
+      // A plain value in the middle of the path ("optim.lr.x") is as unknown as a missing key.
+      if (!next_like || (!last && !next_like->is_table() && !is_list))
+        fail("unknown override key '{}'; {}", path, suggestions(path));
       auto* t = node->as_table();
       ZAYA_ASSERT(t);
       if (last) {
@@ -459,9 +473,11 @@ void apply_override(toml::table& root, const std::string& arg) {
       }
       if (!t->get(s)) {
         // Absent from the file: create the section (lists cannot be created by index).
-        if (next_like->is_table()) t->insert(s, toml::table{});
-        else fail("override --{}: '{}' has no entries in the config to override", path,
-                  join_path("", s));
+        if (next_like->is_table())
+          t->insert(s, toml::table{});
+        else
+          fail("override --{}: '{}' has no entries in the config to override", path,
+               join_path("", s));
       }
       node = t->get(s);
       like = next_like;
@@ -512,10 +528,11 @@ std::vector<std::string> RunConfig::key_paths() {
 
 RunConfig RunConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
   toml::table root;
+  ZAYA_CHECK(std::filesystem::is_regular_file(path),
+             "run config '{}' does not exist or is not a file", path);
   try {
     root = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
-    if (!std::filesystem::exists(path)) fail("run config '{}' does not exist", path);
     fail("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description());
   }
   return finish(std::move(root), path, overrides);
@@ -576,14 +593,11 @@ void RunConfig::validate() const {
         "a number >= 0 (0 turns clipping off)");
   check(optim.muon_ns_steps >= 1 && optim.muon_ns_steps <= 100, "optim.muon_ns_steps",
         optim.muon_ns_steps, "an integer in [1, 100]");
-  try {
-    optim.optimizer_settings().validate(f + ": optim");
-    optim.balancing.validate(f + ": optim.balancing");
-  } catch (const Error& e) {
-    throw Error(fmt::format("{} is invalid", e.what()));
-  }
+  optim.optimizer_settings().validate(f + ": optim");
+  optim.balancing.validate(f + ": optim.balancing");
   // Schedule.
-  check(schedule.warmup_steps >= 0, "schedule.warmup_steps", schedule.warmup_steps, "an integer >= 0");
+  check(schedule.warmup_steps >= 0, "schedule.warmup_steps", schedule.warmup_steps,
+        "an integer >= 0");
   check(schedule.total_steps >= 0, "schedule.total_steps", schedule.total_steps,
         "an integer >= 0 (0: train.steps)");
   check(schedule.decay_fraction > 0 && schedule.decay_fraction <= 1, "schedule.decay_fraction",
@@ -597,13 +611,6 @@ void RunConfig::validate() const {
   check(train.device == "cpu" || train.device == "cuda", "train.device",
         fmt::format("\"{}\"", train.device), "\"cpu\" or \"cuda\"");
   check(train.log_every >= 1, "train.log_every", train.log_every, "an integer >= 1");
-  if (schedule.kind == ScheduleKind::Cosine) {
-    const auto s = resolved_schedule();
-    if (s.warmup_steps >= s.total_steps)
-      fail("{}: schedule.warmup_steps = {} is invalid: expected fewer than the schedule's {} total "
-           "steps",
-           f, s.warmup_steps, s.total_steps);
-  }
   // Data, eval, checkpoint.
   auto check_blend = [&](const std::vector<BlendEntry>& blend, const std::string& key) {
     for (size_t i = 0; i < blend.size(); i++) {
@@ -645,7 +652,8 @@ void RunConfig::validate() const {
       check(std::isfinite(*p.rope_theta) && *p.rope_theta > 0, k + ".rope_theta", *p.rope_theta,
             "a number > 0");
     check_blend(p.blend, k + ".blend");
-    if (p.batch_size) check(*p.batch_size >= 1, k + ".batch_size", *p.batch_size, "an integer >= 1");
+    if (p.batch_size)
+      check(*p.batch_size >= 1, k + ".batch_size", *p.batch_size, "an integer >= 1");
     check(p.batch_start >= 0, k + ".batch_start", p.batch_start, "an integer >= 0");
     check(p.batch_ramp_tokens >= 0, k + ".batch_ramp_tokens", p.batch_ramp_tokens,
           "an integer >= 0");
@@ -654,12 +662,13 @@ void RunConfig::validate() const {
             "an integer >= 1 when batch_ramp_tokens is set");
       const int64_t full = p.batch_size.value_or(train.micro_batch * train.grad_accum);
       if (p.batch_start > full)
-        fail("{}: {}.batch_start = {} is invalid: expected at most the phase's batch size {}", f,
-             k, p.batch_start, full);
+        fail("{}: {}.batch_start = {} is invalid: expected at most the phase's batch size {}", f, k,
+             p.batch_start, full);
       if (by_steps > 0 && i > 0)
-        fail("{}: {}.batch_ramp_tokens: a batch ramp in a step-budget phase is only supported in "
-             "the first phase (where it starts at token 0)",
-             f, k);
+        fail(
+            "{}: {}.batch_ramp_tokens: a batch ramp in a step-budget phase is only supported in "
+            "the first phase (where it starts at token 0)",
+            f, k);
     }
   }
   if (by_tokens > 0 && by_steps > 0)

@@ -44,9 +44,9 @@ struct OptimSection {
 };
 
 struct DataSection {
-  std::string corpus = "brown";  // built-in corpus used when no blend is given
+  std::string corpus = "brown";     // built-in corpus used when no blend is given
   std::string tokenizer = "bytes";  // "bytes" or a tokenizer.json path
-  std::vector<BlendEntry> blend;  // [[data.blend]]
+  std::vector<BlendEntry> blend;    // [[data.blend]]
 };
 
 struct EvalSection {
@@ -84,25 +84,26 @@ struct PhaseSection {
 
 // What the loop needs to know about the phase a (step, tokens) position falls in.
 struct PhaseState {
-  size_t index = 0;          // into RunConfig::phases (0 for the implicit single phase)
+  size_t index = 0;  // into RunConfig::phases (0 for the implicit single phase)
   std::string name;
   int64_t seq_len = 0;
-  double rope_theta = 0;     // the phase's, else the model_rope_theta passed in
-  int64_t batch_size = 0;    // global sequences for this step (after the ramp)
-  int64_t micro_steps = 0;   // forward/backward passes per rank: batch_size / (micro_batch·dp)
+  double rope_theta = 0;    // the phase's, else the model_rope_theta passed in
+  int64_t batch_size = 0;   // global sequences for this step (after the ramp)
+  int64_t micro_steps = 0;  // forward/backward passes per rank: batch_size / (micro_batch·dp)
   std::vector<BlendEntry> blend;  // empty: the built-in corpus data.corpus
-  bool past_end = false;     // beyond the last phase's budget (the last phase continues)
+  bool past_end = false;          // beyond the last phase's budget (the last phase continues)
 };
 
 struct RunConfig {
   ModelSection model;
   OptimSection optim;
-  ScheduleSettings schedule{ScheduleKind::Cosine, 100, 0, 0.2, DecayShape::Linear};  // total 0: train.steps
+  ScheduleSettings schedule{ScheduleKind::Cosine, 100, 0, 0.2,
+                            DecayShape::Linear};  // total 0: train.steps
   DataSection data;
   EvalSection eval;
   CheckpointSection checkpoint;
   TrainSection train;
-  std::vector<PhaseSection> phases;  // [[phase]]
+  std::vector<PhaseSection> phases;   // [[phase]]
   std::string source = "<defaults>";  // the file it came from, for messages
 
   // Reads a TOML file, applies overrides ("--optim.lr=3e-4" or "optim.lr=3e-4") and validates.
@@ -118,7 +119,7 @@ struct RunConfig {
   // Throws zaya::Error naming the field; called by load/from_toml/defaults.
   void validate() const;
 
-  ZayaConfig resolve_model() const;          // the preset, or config.json from disk
+  ZayaConfig resolve_model() const;            // the preset, or config.json from disk
   ScheduleSettings resolved_schedule() const;  // total_steps 0 → train.steps
   // Phase of the step about to run, given the tokens consumed before it. `data_parallel` ranks.
   PhaseState phase_at(int64_t step, int64_t tokens, int64_t data_parallel = 1,

@@ -16,10 +16,10 @@ TEST(OptimBalancing, MovesBiasesTowardUnderUsedExperts) {
   init_balancing_biases(b1);
   EXPECT_EQ(b0.f32()[4], -1.0f);
   EXPECT_EQ(b0.f32()[0], 0.0f);
-  std::vector<ParamRef> params = {{"model.layers.0.mlp.gate.balancing_biases", b0, Tensor()},
-                                  {"model.layers.0.self_attn.o_proj.weight", Tensor::zeros({2, 2}),
-                                   Tensor::zeros({2, 2})},
-                                  {"model.layers.1.mlp.gate.balancing_biases", b1, Tensor()}};
+  std::vector<ParamRef> params = {
+      {"model.layers.0.mlp.gate.balancing_biases", b0, Tensor()},
+      {"model.layers.0.self_attn.o_proj.weight", Tensor::zeros({2, 2}), Tensor::zeros({2, 2})},
+      {"model.layers.1.mlp.gate.balancing_biases", b1, Tensor()}};
   BalancingBiasUpdater up = BalancingBiasUpdater::from_params(params);
   ASSERT_EQ(up.layers(), 2u);
   // Layer 0: expert 0 overloaded, expert 3 starved. Layer 1: perfectly balanced, no skips.
@@ -32,13 +32,14 @@ TEST(OptimBalancing, MovesBiasesTowardUnderUsedExperts) {
       double err = counts[0][e] / 120.0 - 0.25;
       m[e] = 0.9 * m[e] + 0.1 * err;
       v[e] = 0.999 * v[e] + 0.001 * err * err;
-      ref[e] -= 1e-3 * (m[e] / (1 - std::pow(0.9, t))) / (std::sqrt(v[e] / (1 - std::pow(0.999, t))) + 1e-8);
+      ref[e] -= 1e-3 * (m[e] / (1 - std::pow(0.9, t))) /
+                (std::sqrt(v[e] / (1 - std::pow(0.999, t))) + 1e-8);
     }
   }
   for (int e = 0; e < 4; e++) EXPECT_NEAR(b0.f32()[e], ref[e], 1e-7) << e;
-  EXPECT_LT(b0.f32()[0], 0.0f);  // overloaded → lower bias
-  EXPECT_GT(b0.f32()[3], 0.0f);  // starved → higher bias
-  EXPECT_EQ(b0.f32()[4], -1.0f);  // skip bias never changes
+  EXPECT_LT(b0.f32()[0], 0.0f);                              // overloaded → lower bias
+  EXPECT_GT(b0.f32()[3], 0.0f);                              // starved → higher bias
+  EXPECT_EQ(b0.f32()[4], -1.0f);                             // skip bias never changes
   for (int e = 0; e < 4; e++) EXPECT_EQ(b1.f32()[e], 0.0f);  // balanced layer: err = 0
   EXPECT_EQ(up.steps(), 3);
 }
@@ -60,7 +61,7 @@ TEST(OptimBalancing, StateRoundTripAndBadCounts) {
   EXPECT_THROW(ua.update({{1, 2, 3}}), Error);     // wrong class count
   EXPECT_THROW(ua.update({{0, 0, 0, 0}}), Error);  // no tokens
   EXPECT_THROW(ua.update({{1, -1, 3, 0}}), Error);
-  EXPECT_THROW(ua.update({}), Error);              // wrong layer count
+  EXPECT_THROW(ua.update({}), Error);  // wrong layer count
   EXPECT_THROW(ub.load_state({}, 1), Error);
   EXPECT_THROW(BalancingBiasUpdater({{"x", Tensor::zeros({2, 2})}}), Error);
 }

@@ -12,12 +12,13 @@ using namespace zaya;
 using namespace zaya::testing;
 
 TEST(OptimClip, ReturnsPreClipNormAndScalesToMax) {
-  std::vector<ParamRef> ps = {random_param("a", {100, 300}, 1), random_param("b", {17}, 2),
-                              ParamRef{"model.layers.0.mlp.gate.balancing_biases",
-                                       Tensor::zeros({5}), Tensor()}};
+  std::vector<ParamRef> ps = {
+      random_param("a", {100, 300}, 1), random_param("b", {17}, 2),
+      ParamRef{"model.layers.0.mlp.gate.balancing_biases", Tensor::zeros({5}), Tensor()}};
   double ss = 0;
   for (int k = 0; k < 2; k++)
-    for (int64_t i = 0; i < ps[k].grad.numel(); i++) ss += double(ps[k].grad.f32()[i]) * ps[k].grad.f32()[i];
+    for (int64_t i = 0; i < ps[k].grad.numel(); i++)
+      ss += double(ps[k].grad.f32()[i]) * ps[k].grad.f32()[i];
   const double want = std::sqrt(ss);
   Tensor a0 = ps[0].grad.clone();
   const double max_norm = want / 4;
@@ -39,7 +40,8 @@ TEST(OptimClip, ReturnsPreClipNormAndScalesToMax) {
 
 TEST(OptimAccumulate, AveragesMicroBatchGradients) {
   std::vector<ParamRef> ps = {random_param("a", {5, 5}, 1)};
-  Tensor g1 = random_tensor({5, 5}, 2), g2 = random_tensor({5, 5}, 3), g3 = random_tensor({5, 5}, 4);
+  Tensor g1 = random_tensor({5, 5}, 2), g2 = random_tensor({5, 5}, 3),
+         g3 = random_tensor({5, 5}, 4);
   zero_grads(ps);
   for (const Tensor* g : {&g1, &g2, &g3})
     for (int i = 0; i < 25; i++) ps[0].grad.f32()[i] += g->f32()[i];
@@ -54,13 +56,14 @@ TEST(OptimSchedule, WarmupCosine) {
   const double hi = 6e-4, lo = 2e-4;
   EXPECT_DOUBLE_EQ(schedule_lr(s, hi, lo, 0), hi / 100);
   EXPECT_DOUBLE_EQ(schedule_lr(s, hi, lo, 49), hi / 2);
-  EXPECT_DOUBLE_EQ(schedule_lr(s, hi, lo, 99), hi);   // warmup end
-  EXPECT_DOUBLE_EQ(schedule_lr(s, hi, lo, 100), hi);  // cosine start
+  EXPECT_DOUBLE_EQ(schedule_lr(s, hi, lo, 99), hi);                // warmup end
+  EXPECT_DOUBLE_EQ(schedule_lr(s, hi, lo, 100), hi);               // cosine start
   EXPECT_NEAR(schedule_lr(s, hi, lo, 600), (hi + lo) / 2, 1e-15);  // half-way: cos(π/2) = 0
   EXPECT_NEAR(schedule_lr(s, hi, lo, 350), lo + (hi - lo) * 0.5 * (1 + std::cos(M_PI / 4)), 1e-15);
   EXPECT_DOUBLE_EQ(schedule_lr(s, hi, lo, 1100), lo);
   EXPECT_DOUBLE_EQ(schedule_lr(s, hi, lo, 5000), lo);
-  for (int t = 101; t < 1100; t++) ASSERT_LE(schedule_lr(s, hi, lo, t), schedule_lr(s, hi, lo, t - 1));
+  for (int t = 101; t < 1100; t++)
+    ASSERT_LE(schedule_lr(s, hi, lo, t), schedule_lr(s, hi, lo, t - 1));
 }
 
 TEST(OptimSchedule, WsdPhasesLinearAndOneMinusSqrt) {
@@ -82,10 +85,19 @@ TEST(OptimSchedule, ConstantAndValidation) {
   EXPECT_DOUBLE_EQ(schedule_lr(s, 2.0, 0.0, 0), 0.5);
   EXPECT_DOUBLE_EQ(schedule_lr(s, 2.0, 0.0, 9), 2.0);
   EXPECT_DOUBLE_EQ(schedule_lr(s, 2.0, 0.0, 1000), 2.0);
+  // Warmup longer than the run (a short smoke run of a long recipe) is allowed: it stays in warmup.
   s.kind = ScheduleKind::Cosine;
-  s.warmup_steps = 10;
-  EXPECT_THROW(s.validate(), Error);  // warmup must end before the cosine does
+  s.warmup_steps = 20;
+  EXPECT_NO_THROW(s.validate());
+  EXPECT_DOUBLE_EQ(schedule_lr(s, 2.0, 0.0, 9), 1.0);
   s.warmup_steps = -1;
+  EXPECT_THROW(s.validate(), Error);
+  s.warmup_steps = 0;
+  s.total_steps = 0;
+  EXPECT_THROW(s.validate(), Error);
+  s.total_steps = 10;
+  s.kind = ScheduleKind::WSD;
+  s.decay_fraction = 1.5;
   EXPECT_THROW(s.validate(), Error);
   EXPECT_THROW(schedule_kind_from_name("linear", "schedule.kind"), Error);
   EXPECT_EQ(decay_shape_from_name("1-sqrt", "x"), DecayShape::OneMinusSqrt);

@@ -64,8 +64,8 @@ TEST(OptimNewtonSchulz, SingularValuesNearOneForWideTallAndSquarishShapes) {
   ASSERT_NEAR(sv0[0], 2.0, 1e-12);
   ASSERT_NEAR(sv0[1], 3.0, 1e-12);
 
-  const std::vector<std::pair<int, int>> shapes = {{32, 64}, {64, 32}, {16, 128}, {128, 16},
-                                                   {40, 48}, {96, 24}};
+  const std::vector<std::pair<int, int>> shapes = {{32, 64},  {64, 32}, {16, 128},
+                                                   {128, 16}, {40, 48}, {96, 24}};
   uint64_t seed = 10;
   for (auto [m, n] : shapes) {
     Tensor X = random_tensor({m, n}, seed++);
@@ -77,9 +77,11 @@ TEST(OptimNewtonSchulz, SingularValuesNearOneForWideTallAndSquarishShapes) {
     auto [lo, hi] = std::minmax_element(sv.begin(), sv.end());
     EXPECT_GT(*lo, 0.65) << m << "x" << n;
     EXPECT_LT(*hi, 1.25) << m << "x" << n;
-    // The input was far from orthogonal: the iteration did real work.
-    auto [ilo, ihi] = std::minmax_element(input_sv.begin(), input_sv.end());
-    EXPECT_GT(*ihi / *ilo, 2.0);
+    // The work was real: after the Frobenius normalisation every input singular value was far
+    // below the 0.65 the output reaches.
+    double fro = 0;
+    for (double v : input_sv) fro += v * v;
+    EXPECT_LT(*std::max_element(input_sv.begin(), input_sv.end()) / std::sqrt(fro), 0.5);
   }
 }
 
@@ -230,14 +232,13 @@ TEST(OptimOptimizer, BalancingBiasesAreExcluded) {
 
 TEST(OptimOptimizer, SaveLoadContinuesBitExactly) {
   auto make = [](uint64_t seed) {
-    return std::vector<ParamRef>{random_param("model.embed_tokens.weight", {32, 16}, seed),
-                                 random_param("model.layers.0.self_attn.o_proj.weight", {16, 24},
-                                              seed + 1),
-                                 random_param("model.layers.0.mlp.experts.down_proj", {2, 16, 8},
-                                              seed + 2),
-                                 random_param("model.norm.weight", {16}, seed + 3)};
+    return std::vector<ParamRef>{
+        random_param("model.embed_tokens.weight", {32, 16}, seed),
+        random_param("model.layers.0.self_attn.o_proj.weight", {16, 24}, seed + 1),
+        random_param("model.layers.0.mlp.experts.down_proj", {2, 16, 8}, seed + 2),
+        random_param("model.norm.weight", {16}, seed + 3)};
   };
-  auto grads = [](const std::vector<ParamRef>& ps, int step) {
+  auto grads = [](std::vector<ParamRef>& ps, int step) {
     for (size_t k = 0; k < ps.size(); k++)
       ps[k].grad.copy_from(random_tensor(ps[k].grad.shape(), 1000 * step + k, 0.1f));
   };
@@ -256,7 +257,8 @@ TEST(OptimOptimizer, SaveLoadContinuesBitExactly) {
     grads(A, s), oa.step(1e-2);
     grads(B, s), ob.step(1e-2);
   }
-  for (size_t k = 0; k < A.size(); k++) EXPECT_TRUE(bitwise_equal(A[k].value, B[k].value)) << A[k].name;
+  for (size_t k = 0; k < A.size(); k++)
+    EXPECT_TRUE(bitwise_equal(A[k].value, B[k].value)) << A[k].name;
   auto sa = oa.state_tensors(), sb = ob.state_tensors();
   ASSERT_EQ(sa.size(), sb.size());
   for (size_t i = 0; i < sa.size(); i++) EXPECT_TRUE(bitwise_equal(sa[i].second, sb[i].second));

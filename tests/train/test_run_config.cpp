@@ -29,7 +29,7 @@ const char* kThreePhases = R"(
 [train]
 micro_batch = 2
 grad_accum = 2
-steps = 100
+steps = 1000
 seq_len = 128
 [[phase]]
 name = "p1"
@@ -85,13 +85,16 @@ TEST(RunConfig, ParsesTheZaya1Recipe) {
   const int64_t dp = 1024;
   auto p0 = c.phase_at(0, 0, dp, 1e6);
   EXPECT_EQ(p0.batch_size, 1024);
+  EXPECT_EQ(p0.micro_steps, 1);
   EXPECT_DOUBLE_EQ(p0.rope_theta, 1e4);
   EXPECT_EQ(c.phase_at(0, 200'000'000'000, dp, 1e6).batch_size, 4096);
-  auto p2 = c.phase_at(0, 12'000'000'000'000, dp, 1e6);
+  EXPECT_EQ(c.phase_at(0, 200'000'000'000, dp, 1e6).micro_steps, 4);
+  auto p2 = c.phase_at(0, 12'000'000'000'000, dp / 2, 1e6);  // context parallelism over 2 ranks
   EXPECT_EQ(p2.name, "context-extension");
   EXPECT_EQ(p2.seq_len, 32768);
   EXPECT_DOUBLE_EQ(p2.rope_theta, 1e6);
   EXPECT_EQ(p2.batch_size * p2.seq_len, 4096 * 4096);
+  EXPECT_EQ(p2.micro_steps, 1);
 }
 
 TEST(RunConfig, DefaultsAreValidAndKeyPathsListEveryKey) {
@@ -148,12 +151,11 @@ TEST(RunConfig, BadValuesNameTheField) {
       {"[optim]\nlr = 'fast'", "optim.lr"},
       {"[optim.balancing]\nlr = -1", "optim.balancing.lr"},
       {"[[optim.rules]]\npattern = '*'\noptimizer = 'sgd'", "optim.rules.0.optimizer"},
-      {"[[optim.rules]]\npattern = 're:('", "optim.rules[0]"},
-      {"[[optim.rules]]\npattern = '*'\nlr_mult = -2", "optim.rules[0]"},
+      {"[[optim.rules]]\npattern = 're:('", "optim.rules.0"},
+      {"[[optim.rules]]\npattern = '*'\nlr_mult = -2", "optim.rules.0"},
       {"[schedule]\nkind = 'linear'", "schedule.kind"},
       {"[schedule]\ndecay_shape = 'cubic'", "schedule.decay_shape"},
       {"[schedule]\nwarmup_steps = -5", "schedule.warmup_steps"},
-      {"[schedule]\nwarmup_steps = 2000\n[train]\nsteps = 1000", "schedule.warmup_steps"},
       {"[schedule]\nkind = 'wsd'\ndecay_fraction = 0", "schedule.decay_fraction"},
       {"[[data.blend]]\nprefix = 'a'\nweight = 0", "data.blend.0.weight"},
       {"[[data.blend]]\nprefix = 'a'\nweight = -1", "data.blend.0.weight"},
@@ -215,9 +217,10 @@ TEST(RunConfig, OverridesOfEveryType) {
   EXPECT_EQ(c.schedule.kind, ScheduleKind::WSD);
   EXPECT_DOUBLE_EQ(c.optim.clip, 2.0);  // an integer spelling of a float field
   // Rules entries can be overridden field by field.
-  RunConfig r = RunConfig::from_toml("[[optim.rules]]\npattern = '*.w'\noptimizer = 'adamw'\n", "r",
-                                     {"--optim.rules.0.lr_mult=0.5", "--optim.rules.0.weight_decay=0",
-                                      "--optim.rules.0.optimizer=muon"});
+  RunConfig r =
+      RunConfig::from_toml("[[optim.rules]]\npattern = '*.w'\noptimizer = 'adamw'\n", "r",
+                           {"--optim.rules.0.lr_mult=0.5", "--optim.rules.0.weight_decay=0",
+                            "--optim.rules.0.optimizer=muon"});
   EXPECT_DOUBLE_EQ(r.optim.rules[0].lr_mult, 0.5);
   EXPECT_EQ(r.optim.rules[0].weight_decay, 0.0);
   EXPECT_EQ(r.optim.rules[0].optimizer, OptimizerKind::Muon);
@@ -247,7 +250,7 @@ TEST(RunConfig, BadOverridesAreExplained) {
   msg = error_of([] { RunConfig::defaults({"--optim"}); });
   EXPECT_TRUE(contains(msg, "--section.key=value")) << msg;
   msg = error_of([] { RunConfig::defaults({"--optim=3"}); });
-  EXPECT_FALSE(msg.empty());
+  EXPECT_TRUE(contains(msg, "section")) << msg;
   msg = error_of([] { RunConfig::defaults({"--optim.lr.x=3"}); });
   EXPECT_TRUE(contains(msg, "optim.lr")) << msg;
   EXPECT_TRUE(is_config_override("--optim.lr=3"));
@@ -353,7 +356,7 @@ batch_ramp_tokens = 2000
                                      "ramp.toml");
   auto batch = [&](int64_t tokens, int64_t dp = 1) { return c.phase_at(0, tokens, dp).batch_size; };
   EXPECT_EQ(batch(0), 2);
-  EXPECT_EQ(batch(500), 8);  // 2 + 7 = 9, rounded down to whole micro-batches of 2
+  EXPECT_EQ(batch(500), 8);   // 2 + 7 = 9, rounded down to whole micro-batches of 2
   EXPECT_EQ(batch(999), 14);  // 2 + floor(0.999·14) = 15 → 14
   EXPECT_EQ(batch(1000), 16);
   EXPECT_EQ(batch(9999), 16);

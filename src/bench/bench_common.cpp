@@ -77,19 +77,20 @@ std::vector<std::string> split_list(const std::string& s, char sep) {
 
 namespace {
 const std::pair<const char*, DType> kDtypeNames[] = {
-    {"int8", DType::I8},       {"uint8", DType::U8},    {"int32", DType::I32},
-    {"uint32", DType::U32},    {"int64", DType::I64},   {"half", DType::F16},
-    {"float16", DType::F16},   {"fp16", DType::F16},    {"float", DType::F32},
-    {"float32", DType::F32},   {"fp32", DType::F32},    {"double", DType::F64},
-    {"float64", DType::F64},   {"bfloat16", DType::BF16}, {"bf16", DType::BF16}};
+    {"int8", DType::I8},     {"uint8", DType::U8},      {"int32", DType::I32},
+    {"uint32", DType::U32},  {"int64", DType::I64},     {"half", DType::F16},
+    {"float16", DType::F16}, {"fp16", DType::F16},      {"float", DType::F32},
+    {"float32", DType::F32}, {"fp32", DType::F32},      {"double", DType::F64},
+    {"float64", DType::F64}, {"bfloat16", DType::BF16}, {"bf16", DType::BF16}};
 }  // namespace
 
 DType parse_bench_dtype(const std::string& s, const std::string& flag) {
   for (auto& [n, t] : kDtypeNames)
     if (s == n) return t;
-  fail("{}: unknown dtype '{}' (expected int8, uint8, int32, uint32, int64, half, float, double "
-       "or bfloat16)",
-       flag, s);
+  fail(
+      "{}: unknown dtype '{}' (expected int8, uint8, int32, uint32, int64, half, float, double "
+      "or bfloat16)",
+      flag, s);
 }
 
 std::string bench_dtype_name(DType t) {
@@ -147,7 +148,9 @@ double bus_factor(CommOp op, int n) {
   return 1.0;
 }
 
-bool comm_op_has_inplace(CommOp op) { return op != CommOp::AllToAll && op != CommOp::SendRecv; }
+bool comm_op_has_inplace(CommOp op) {
+  return op != CommOp::AllToAll && op != CommOp::SendRecv;
+}
 
 OpGeometry op_geometry(CommOp op, uint64_t size_bytes, size_t es, int n) {
   OpGeometry g;
@@ -155,9 +158,7 @@ OpGeometry op_geometry(CommOp op, uint64_t size_bytes, size_t es, int n) {
   switch (op) {
     case CommOp::AllReduce:
     case CommOp::Broadcast:
-    case CommOp::SendRecv:
-      g.call_count = g.count = g.send_elems = g.recv_elems = elems;
-      break;
+    case CommOp::SendRecv: g.call_count = g.count = g.send_elems = g.recv_elems = elems; break;
     case CommOp::ReduceScatter:
       g.call_count = elems / uint64_t(n);
       g.count = g.send_elems = g.call_count * uint64_t(n);

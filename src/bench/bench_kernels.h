@@ -1,6 +1,6 @@
 // Device kernels of the GEMM and memory benchmarks, behind plain C++ declarations (streams are
 // passed as void*, cudaStream_t underneath) so host files need no CUDA headers for them.
-// Defined in bench_kernels.cu; only in CUDA builds.
+// Defined in bench_kernels_cuda.cpp (PTX from tools/bench_kernels.cu); only in CUDA builds.
 #pragma once
 #include <cstdint>
 

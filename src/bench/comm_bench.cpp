@@ -18,7 +18,9 @@ namespace zaya::bench {
 
 namespace {
 
-bool is_reduction(CommOp op) { return op == CommOp::AllReduce || op == CommOp::ReduceScatter; }
+bool is_reduction(CommOp op) {
+  return op == CommOp::AllReduce || op == CommOp::ReduceScatter;
+}
 
 // Owns a buffer in the communicator's memory space.
 struct CommBuffer {
@@ -53,12 +55,11 @@ void issue(Communicator& c, const Case& k, const OpGeometry& g, const void* s, v
 }
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void run_group(Communicator& c, const std::string& group, const CommBenchOptions& opt,
-               bool report, bool print, std::vector<CommRow>& rows) {
+void run_group(Communicator& c, const std::string& group, const CommBenchOptions& opt, bool report,
+               bool print, std::vector<CommRow>& rows) {
   const int me = c.rank(), n = c.size();
   const uint64_t maxbytes = *std::max_element(opt.sizes.begin(), opt.sizes.end());
   CommBuffer sendb(c, maxbytes), recvb(c, maxbytes);
@@ -97,7 +98,8 @@ void run_group(Communicator& c, const std::string& group, const CommBenchOptions
     const CheckValues cv = make_check_values(k.dtype, k.redop, n);
     int64_t wrong = -1;
     if (opt.check) {
-      for (uint64_t j = 0; j < g.send_elems; ++j) store_value(k.dtype, hin.data(), j, cv.input(me, j));
+      for (uint64_t j = 0; j < g.send_elems; ++j)
+        store_value(k.dtype, hin.data(), j, cv.input(me, j));
       // Poison the output first (all-ones bytes: -1 or NaN, never an expected value) so an
       // element the operation fails to write counts as wrong.
       std::memset(hout.data(), 0xff, g.count * es);  // count >= recv_elems for every op
@@ -180,16 +182,18 @@ std::vector<CommRow> run_comm_bench(Communicator& world, const CommBenchOptions&
 }
 
 std::string comm_table_header() {
-  return fmt::format("{:<15} {:<11} {:>5} {:>12} {:>12} {:>8} {:>5} {:>5} {:>10} {:>11} {:>11} {:>7}",
-                     "#op", "group", "ranks", "size(B)", "count", "type", "redop", "place",
-                     "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+  return fmt::format(
+      "{:<15} {:<11} {:>5} {:>12} {:>12} {:>8} {:>5} {:>5} {:>10} {:>11} {:>11} {:>7}", "#op",
+      "group", "ranks", "size(B)", "count", "type", "redop", "place", "time(us)", "algbw(GB/s)",
+      "busbw(GB/s)", "#wrong");
 }
 
 std::string comm_table_row(const CommRow& r) {
   return fmt::format(
       "{:<15} {:<11} {:>5} {:>12} {:>12} {:>8} {:>5} {:>5} {:>10.2f} {:>11.3f} {:>11.3f} {:>7}",
       r.op, r.group, r.ranks, r.bytes, r.count, r.dtype, r.redop, r.inplace ? "in" : "out",
-      r.time_us, r.algbw_gbs, r.busbw_gbs, r.wrong < 0 ? std::string("N/A") : std::to_string(r.wrong));
+      r.time_us, r.algbw_gbs, r.busbw_gbs,
+      r.wrong < 0 ? std::string("N/A") : std::to_string(r.wrong));
 }
 
 std::string comm_rows_json(const std::vector<CommRow>& rows, const std::string& backend,

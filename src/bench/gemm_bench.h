@@ -15,7 +15,7 @@
 namespace zaya::bench {
 
 struct GemmShape {
-  std::string name;    // "q_proj.fwd", "experts.gate_up.wgrad", "square", ...
+  std::string name;  // "q_proj.fwd", "experts.gate_up.wgrad", "square", ...
   int64_t m = 0, n = 0, k = 0;
   int64_t groups = 1;  // > 1: a grouped GEMM of this many equal problems (the experts)
   int64_t count = 1;   // how many times a training step runs it (layers x micro-batch)
@@ -47,7 +47,9 @@ std::vector<GemmShape> model_gemm_shapes(const ZayaConfig& cfg, int64_t tokens);
 inline int64_t tile_count(int64_t m, int64_t n, int64_t tile_m, int64_t tile_n) {
   return ((m + tile_m - 1) / tile_m) * ((n + tile_n - 1) / tile_n);
 }
-inline double wave_count(int64_t tiles, int64_t sms) { return sms > 0 ? double(tiles) / sms : 0; }
+inline double wave_count(int64_t tiles, int64_t sms) {
+  return sms > 0 ? double(tiles) / sms : 0;
+}
 
 struct GemmResult {
   GemmShape shape;

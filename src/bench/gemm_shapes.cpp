@@ -22,9 +22,10 @@ std::vector<int64_t> parse_dim_range(const std::string& s, const std::string& fl
   std::vector<int64_t> out;
   if (s.find(':') != std::string::npos) {
     const auto parts = split_list(s, ':');
-    ZAYA_CHECK(parts.size() == 3 && parts[2].size() > 1 && (parts[2][0] == 'x' || parts[2][0] == '+'),
-               "{}: '{}' is not a range (expected LO:HI:xFACTOR or LO:HI:+STEP, e.g. 256:8192:x2)",
-               flag, s);
+    ZAYA_CHECK(
+        parts.size() == 3 && parts[2].size() > 1 && (parts[2][0] == 'x' || parts[2][0] == '+'),
+        "{}: '{}' is not a range (expected LO:HI:xFACTOR or LO:HI:+STEP, e.g. 256:8192:x2)", flag,
+        s);
     const int64_t lo = dim(parts[0]), hi = dim(parts[1]);
     ZAYA_CHECK(lo <= hi, "{}: range '{}' has LO > HI", flag, s);
     if (parts[2][0] == '+') {
@@ -127,9 +128,10 @@ double knee_gflop(const std::vector<GemmResult>& results, double peak, double fr
 }
 
 std::string gemm_table_header() {
-  return fmt::format("{:<24} {:>6} {:>6} {:>6} {:>4} {:>5} {:>10} {:>9} {:>10} {:>9} {:>6} {:>6} {:>9}",
-                     "#name", "m", "n", "k", "grp", "dtype", "method", "GFLOP", "time(us)",
-                     "TFLOP/s", "%peak", "waves", "wrong");
+  return fmt::format(
+      "{:<24} {:>6} {:>6} {:>6} {:>4} {:>5} {:>10} {:>9} {:>10} {:>9} {:>6} {:>6} {:>9}", "#name",
+      "m", "n", "k", "grp", "dtype", "method", "GFLOP", "time(us)", "TFLOP/s", "%peak", "waves",
+      "wrong");
 }
 
 std::string gemm_table_row(const GemmResult& r) {

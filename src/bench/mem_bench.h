@@ -21,8 +21,8 @@ uint64_t mem_bytes_moved(const std::string& test, uint64_t bytes);
 
 struct MemResult {
   std::string test;
-  uint64_t bytes = 0;  // size of each buffer
-  uint64_t moved = 0;  // bytes read + written per iteration
+  uint64_t bytes = 0;                         // size of each buffer
+  uint64_t moved = 0;                         // bytes read + written per iteration
   double time_us = 0, gbs = 0, fraction = 0;  // fraction: of the peak for device tests
   int64_t wrong = -1;  // copy/memcpy tests verify the destination (-1: not checked)
 };

@@ -13,9 +13,9 @@
 namespace zaya::bench {
 
 const std::vector<std::string>& mem_test_names() {
-  static const std::vector<std::string> names = {
-      "read",       "write",      "copy",         "triad",        "memcpy_d2d",
-      "h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable"};
+  static const std::vector<std::string> names = {"read",       "write",        "copy",
+                                                 "triad",      "memcpy_d2d",   "h2d_pinned",
+                                                 "d2h_pinned", "h2d_pageable", "d2h_pageable"};
   return names;
 }
 

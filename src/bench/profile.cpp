@@ -12,7 +12,8 @@ namespace zaya::bench {
 
 namespace {
 
-bool same_key(const nlohmann::json& a, const nlohmann::json& b, std::initializer_list<const char*> keys) {
+bool same_key(const nlohmann::json& a, const nlohmann::json& b,
+              std::initializer_list<const char*> keys) {
   for (const char* k : keys) {
     const bool ha = a.contains(k), hb = b.contains(k);
     if (ha != hb) return false;
@@ -46,7 +47,7 @@ void merge_profile(nlohmann::json& profile, const nlohmann::json& update) {
     const std::string& k = it.key();
     if (k == "schema") continue;
     if (k == "gemm_efficiency") {
-      merge_array(profile[k], *it, {"m", "n", "k", "dtype"});
+      merge_array(profile[k], *it, {"m", "n", "k", "dtype", "groups", "method"});
     } else if (k == "collectives") {
       merge_array(profile[k], *it, {"op", "ranks", "bytes", "backend", "dtype", "group"});
     } else if (it->is_object() && profile.contains(k) && profile[k].is_object()) {

@@ -16,8 +16,8 @@ namespace zaya::bench {
 inline constexpr const char* kHardwareSchema = "zaya.hardware/1";
 
 // Merges `update` into `profile`: scalar and object fields are replaced (objects key by key),
-// "gemm_efficiency" entries are replaced when (m, n, k, dtype) match and appended otherwise,
-// "collectives" likewise keyed by (op, ranks, bytes, backend, dtype, group).
+// "gemm_efficiency" entries are replaced when (m, n, k, dtype[, groups, method]) match and appended
+// otherwise, "collectives" likewise keyed by (op, ranks, bytes, backend, dtype, group).
 void merge_profile(nlohmann::json& profile, const nlohmann::json& update);
 // Reads `path` (an empty profile when it does not exist), merges, writes atomically. Throws
 // zaya::Error when the file exists but is not a zaya.hardware/1 JSON document.

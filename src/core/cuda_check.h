@@ -33,45 +33,45 @@ namespace zaya::detail {
 }  // namespace zaya::detail
 
 #if defined(ZAYA_HAVE_CUDA) || defined(__CUDACC__)
-#define ZAYA_CUDA_CHECK(call)                                                                   \
-  do {                                                                                          \
-    cudaError_t zaya_err_ = (call);                                                             \
-    if (zaya_err_ != cudaSuccess)                                                               \
-      ::zaya::detail::platform_fail("CUDA", #call, __FILE__, __LINE__,                          \
-                                    std::string(cudaGetErrorName(zaya_err_)) + ": " +           \
-                                        cudaGetErrorString(zaya_err_));                         \
+#define ZAYA_CUDA_CHECK(call)                                                               \
+  do {                                                                                      \
+    cudaError_t zaya_err_ = (call);                                                         \
+    if (zaya_err_ != cudaSuccess)                                                           \
+      ::zaya::detail::platform_fail(                                                        \
+          "CUDA", #call, __FILE__, __LINE__,                                                \
+          std::string(cudaGetErrorName(zaya_err_)) + ": " + cudaGetErrorString(zaya_err_)); \
   } while (0)
 
-#define ZAYA_CUBLAS_CHECK(call)                                                                 \
-  do {                                                                                          \
-    cublasStatus_t zaya_st_ = (call);                                                           \
-    if (zaya_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
-      ::zaya::detail::platform_fail("cuBLAS", #call, __FILE__, __LINE__,                        \
-                                    "status " + std::to_string(int(zaya_st_)));                   \
+#define ZAYA_CUBLAS_CHECK(call)                                                 \
+  do {                                                                          \
+    cublasStatus_t zaya_st_ = (call);                                           \
+    if (zaya_st_ != CUBLAS_STATUS_SUCCESS)                                      \
+      ::zaya::detail::platform_fail("cuBLAS", #call, __FILE__, __LINE__,        \
+                                    "status " + std::to_string(int(zaya_st_))); \
   } while (0)
 #endif
 
 #if defined(ZAYA_HAVE_NCCL)
-#define ZAYA_NCCL_CHECK(call)                                                                   \
-  do {                                                                                          \
-    ncclResult_t zaya_nr_ = (call);                                                             \
-    if (zaya_nr_ != ncclSuccess && zaya_nr_ != ncclInProgress)                                  \
-      ::zaya::detail::platform_fail(                                                            \
-          "NCCL", #call, __FILE__, __LINE__,                                                    \
-          std::string(ncclGetErrorString(zaya_nr_)) + " (" + ncclGetLastError(nullptr) + ")");  \
+#define ZAYA_NCCL_CHECK(call)                                                                  \
+  do {                                                                                         \
+    ncclResult_t zaya_nr_ = (call);                                                            \
+    if (zaya_nr_ != ncclSuccess && zaya_nr_ != ncclInProgress)                                 \
+      ::zaya::detail::platform_fail(                                                           \
+          "NCCL", #call, __FILE__, __LINE__,                                                   \
+          std::string(ncclGetErrorString(zaya_nr_)) + " (" + ncclGetLastError(nullptr) + ")"); \
   } while (0)
 #endif
 
 #if defined(ZAYA_HAVE_MPI)
-#define ZAYA_MPI_CHECK(call)                                                                    \
-  do {                                                                                          \
-    int zaya_mr_ = (call);                                                                      \
-    if (zaya_mr_ != MPI_SUCCESS) {                                                              \
-      char zaya_msg_[MPI_MAX_ERROR_STRING];                                                     \
-      int zaya_len_ = 0;                                                                        \
-      MPI_Error_string(zaya_mr_, zaya_msg_, &zaya_len_);                                        \
-      ::zaya::detail::platform_fail("MPI", #call, __FILE__, __LINE__,                           \
-                                    std::string(zaya_msg_, size_t(zaya_len_)));                 \
-    }                                                                                           \
+#define ZAYA_MPI_CHECK(call)                                                    \
+  do {                                                                          \
+    int zaya_mr_ = (call);                                                      \
+    if (zaya_mr_ != MPI_SUCCESS) {                                              \
+      char zaya_msg_[MPI_MAX_ERROR_STRING];                                     \
+      int zaya_len_ = 0;                                                        \
+      MPI_Error_string(zaya_mr_, zaya_msg_, &zaya_len_);                        \
+      ::zaya::detail::platform_fail("MPI", #call, __FILE__, __LINE__,           \
+                                    std::string(zaya_msg_, size_t(zaya_len_))); \
+    }                                                                           \
   } while (0)
 #endif

@@ -1,9 +1,9 @@
 // Communicator: the collective and point-to-point operations zaya's data/expert parallelism and
 // `zaya bench comm` need, behind one interface with two implementations: MPI (host buffers,
-// comm_mpi.cpp, built with ZAYA_HAVE_MPI) and NCCL (device buffers on one GPU per rank, bootstrapped
-// over MPI, comm_nccl.cpp, built with ZAYA_HAVE_NCCL). Buffers are raw pointers plus a DType and an
-// element count, in the memory space the communicator works in (buffer_on_device()); alloc() and
-// the copy helpers let backend-agnostic code (the benchmark) fill and read them.
+// comm_mpi.cpp, built with ZAYA_HAVE_MPI) and NCCL (device buffers on one GPU per rank,
+// bootstrapped over MPI, comm_nccl.cpp, built with ZAYA_HAVE_NCCL). Buffers are raw pointers plus a
+// DType and an element count, in the memory space the communicator works in (buffer_on_device());
+// alloc() and the copy helpers let backend-agnostic code (the benchmark) fill and read them.
 //
 // Semantics follow NCCL, so code is portable between the two:
 //  - operations are issued in order on the communicator's stream (MPI: they complete on return);
@@ -84,13 +84,21 @@ class Communicator {
 };
 
 template <>
-inline DType Communicator::dtype_of<float>() { return DType::F32; }
+inline DType Communicator::dtype_of<float>() {
+  return DType::F32;
+}
 template <>
-inline DType Communicator::dtype_of<double>() { return DType::F64; }
+inline DType Communicator::dtype_of<double>() {
+  return DType::F64;
+}
 template <>
-inline DType Communicator::dtype_of<int32_t>() { return DType::I32; }
+inline DType Communicator::dtype_of<int32_t>() {
+  return DType::I32;
+}
 template <>
-inline DType Communicator::dtype_of<int64_t>() { return DType::I64; }
+inline DType Communicator::dtype_of<int64_t>() {
+  return DType::I64;
+}
 
 // Creates the world communicator of a backend: "mpi" or "nccl". MPI is initialised on first use
 // (and finalised at exit); NCCL picks the GPU local_rank % device_count, where the local rank comes

@@ -6,6 +6,8 @@
 // in-place form leaves it at the start of the buffer, so that case pays one extra memmove.
 #include "dist/comm_mpi.h"
 
+#include "core/error.h"
+
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -52,12 +54,12 @@ HalfTypes& half_types() {
   std::call_once(once, [] {
     ZAYA_MPI_CHECK(MPI_Type_contiguous(2, MPI_BYTE, &h.type));
     ZAYA_MPI_CHECK(MPI_Type_commit(&h.type));
-    MPI_User_function* bf[4] = {half_op<bf16_to_f32, f32_to_bf16, 0>,
-                                half_op<bf16_to_f32, f32_to_bf16, 1>,
-                                half_op<bf16_to_f32, f32_to_bf16, 2>,
-                                half_op<bf16_to_f32, f32_to_bf16, 3>};
-    MPI_User_function* hf[4] = {half_op<f16_to_f32, f32_to_f16, 0>, half_op<f16_to_f32, f32_to_f16, 1>,
-                                half_op<f16_to_f32, f32_to_f16, 2>, half_op<f16_to_f32, f32_to_f16, 3>};
+    MPI_User_function* bf[4] = {
+        half_op<bf16_to_f32, f32_to_bf16, 0>, half_op<bf16_to_f32, f32_to_bf16, 1>,
+        half_op<bf16_to_f32, f32_to_bf16, 2>, half_op<bf16_to_f32, f32_to_bf16, 3>};
+    MPI_User_function* hf[4] = {
+        half_op<f16_to_f32, f32_to_f16, 0>, half_op<f16_to_f32, f32_to_f16, 1>,
+        half_op<f16_to_f32, f32_to_f16, 2>, half_op<f16_to_f32, f32_to_f16, 3>};
     for (int i = 0; i < 4; ++i) {
       ZAYA_MPI_CHECK(MPI_Op_create(bf[i], 1, &h.bf16[i]));
       ZAYA_MPI_CHECK(MPI_Op_create(hf[i], 1, &h.f16[i]));
@@ -136,7 +138,9 @@ std::string MpiCommunicator::host_name() const {
   return std::string(name, size_t(len));
 }
 
-void MpiCommunicator::barrier() { ZAYA_MPI_CHECK(MPI_Barrier(comm_)); }
+void MpiCommunicator::barrier() {
+  ZAYA_MPI_CHECK(MPI_Barrier(comm_));
+}
 
 void MpiCommunicator::all_reduce(const void* send, void* recv, size_t count, DType t, RedOp op) {
   const size_t es = dtype_size(t);
@@ -230,9 +234,8 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
 }
 
 void MpiCommunicator::host_all_reduce(double* values, size_t n, RedOp op) {
-  ZAYA_MPI_CHECK(
-      MPI_Allreduce(MPI_IN_PLACE, values, as_int(n, "host_all_reduce"), MPI_DOUBLE,
-                    mpi_op(op, DType::F64), comm_));
+  ZAYA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, as_int(n, "host_all_reduce"), MPI_DOUBLE,
+                               mpi_op(op, DType::F64), comm_));
 }
 
 std::vector<std::string> MpiCommunicator::host_all_gather(const std::string& s) {
@@ -259,7 +262,9 @@ void* MpiCommunicator::alloc(size_t bytes) {
   ZAYA_CHECK(p != nullptr, "cannot allocate {} bytes of host memory for the MPI buffers", bytes);
   return p;
 }
-void MpiCommunicator::free(void* p) { std::free(p); }
+void MpiCommunicator::free(void* p) {
+  std::free(p);
+}
 void MpiCommunicator::copy_to_buffer(void* dst, const void* host_src, size_t bytes) {
   std::memcpy(dst, host_src, bytes);
 }

@@ -1,0 +1,446 @@
+// The measurement half of `zaya bench gemm` (see gemm_bench.h), on cuBLASLt.
+//
+// Harness: inputs filled once per shape with bf16 / fp8 e4m3 values in [-1, 1); several input and
+// output sets rotated so the sets together exceed 3x L2 (a GEMM does not find its operands in L2
+// left by the previous run); cuBLASLt's heuristic candidates (up to --autotune) timed briefly and
+// the fastest kept, as a framework's autotuner would; then warm-up, and per-iteration CUDA-event
+// times whose median is reported. A sample of output elements is compared with an fp64
+// reference computed on the CPU from the same (copied back) operands.
+//
+// Expert GEMMs (groups > 1, equal problems) run three ways: "lt-batched" (one strided-batched
+// cuBLASLt call, exact for balanced routing), "loop" (one cuBLASLt call per expert on one stream,
+// what a naive MoE does) and "grouped" (cublasGemmGroupedBatchedEx, cuBLAS's grouped GEMM; CUDA 13
+// has no cuBLASLt grouped matmul; bf16 only, cuBLAS has no fp8 grouped form).
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "bench/bench_kernels.h"
+#include "bench/gemm_bench.h"
+#include "core/cuda_check.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace zaya::bench {
+
+namespace {
+
+constexpr size_t kWorkspace = size_t(64) << 20;
+
+float fp8_e4m3_to_f32(uint8_t v) {
+  const int s = v >> 7, e = (v >> 3) & 0xf, m = v & 7;
+  float r;
+  if (e == 0xf && m == 7) return NAN;
+  if (e == 0)
+    r = std::ldexp(float(m) / 8.0f, -6);
+  else
+    r = std::ldexp(1.0f + float(m) / 8.0f, e - 7);
+  return s ? -r : r;
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(size_t bytes) {
+    ZAYA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  char* c() const { return static_cast<char*>(p); }
+};
+
+struct Events {
+  cudaEvent_t a, b;
+  Events() {
+    ZAYA_CUDA_CHECK(cudaEventCreate(&a));
+    ZAYA_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Events() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+// Times `launch(i)` (i picks the rotating set) per iteration with CUDA events; returns the median
+// in microseconds.
+double time_launches(cudaStream_t st, int warmup, int iters, int sets,
+                     const std::function<void(int)>& launch) {
+  for (int i = 0; i < warmup; ++i) launch(i % sets);
+  std::vector<Events> ev(size_t(std::max(1, iters)));
+  for (int i = 0; i < iters; ++i) {
+    ZAYA_CUDA_CHECK(cudaEventRecord(ev[size_t(i)].a, st));
+    launch(i % sets);
+    ZAYA_CUDA_CHECK(cudaEventRecord(ev[size_t(i)].b, st));
+  }
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    ZAYA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[size_t(i)].a, ev[size_t(i)].b));
+    t.push_back(double(ms) * 1e3);
+  }
+  return median(t);
+}
+
+// One cuBLASLt problem description (optionally strided-batched), with its chosen algorithm.
+struct LtProblem {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  std::vector<cublasLtMatmulHeuristicResult_t> algos;
+  int chosen = 0;
+
+  LtProblem(cublasLtHandle_t h, const GemmShape& s, bool fp8, int64_t batch, int autotune) {
+    const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    ZAYA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    ZAYA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    ZAYA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    // Column-major view of row-major Y[m,n] = X[m,k] W[n,k]^T: D(n x m) = W^T(op) * X.
+    ZAYA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&a, in, uint64_t(s.k), uint64_t(s.n), s.k));
+    ZAYA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&b, in, uint64_t(s.k), uint64_t(s.m), s.k));
+    ZAYA_CUBLAS_CHECK(
+        cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, uint64_t(s.n), uint64_t(s.m), s.n));
+    if (batch > 1) {
+      const int32_t bc = int32_t(batch);
+      const int64_t sa = s.n * s.k, sb = s.m * s.k, sc = s.m * s.n;
+      for (auto [l, stride] : {std::pair{a, sa}, {b, sb}, {c, sc}}) {
+        ZAYA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                           &bc, sizeof(bc)));
+        ZAYA_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+            l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
+      }
+    }
+    cublasLtMatmulPreference_t pref;
+    ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t ws = kWorkspace;
+    ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    algos.resize(size_t(std::max(1, autotune)));
+    int returned = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        h, desc, a, b, c, c, pref, int(algos.size()), algos.data(), &returned);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || returned == 0) {
+      release();
+      fail("cuBLASLt has no algorithm for {} GEMM m={} n={} k={} (batch {}) on this device",
+           fp8 ? "fp8" : "bf16", s.m, s.n, s.k, batch);
+    }
+    algos.resize(size_t(returned));
+  }
+  ~LtProblem() { release(); }
+  void release() {
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    a = b = c = nullptr;
+    desc = nullptr;
+  }
+  void run(cublasLtHandle_t h, const void* W, const void* X, void* Y, void* ws, cudaStream_t st,
+           int algo) const {
+    const float alpha = 1.0f, beta = 0.0f;
+    ZAYA_CUBLAS_CHECK(cublasLtMatmul(h, desc, &alpha, W, a, X, b, &beta, Y, c, Y, c,
+                                     &algos[size_t(algo)].algo, ws, kWorkspace, st));
+  }
+};
+
+struct Context {
+  cublasLtHandle_t lt = nullptr;
+  cublasHandle_t blas = nullptr;
+  cudaStream_t st = nullptr;
+  DeviceBuffer ws{kWorkspace};
+  Context() {
+    ZAYA_CUBLAS_CHECK(cublasLtCreate(&lt));
+    ZAYA_CUBLAS_CHECK(cublasCreate(&blas));
+    ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ZAYA_CUBLAS_CHECK(cublasSetStream(blas, st));
+    ZAYA_CUBLAS_CHECK(cublasSetWorkspace(blas, ws.p, kWorkspace));
+  }
+  ~Context() {
+    cudaStreamDestroy(st);
+    cublasDestroy(blas);
+    cublasLtDestroy(lt);
+  }
+};
+
+// Sampled correctness check of output set 0 against an fp64 CPU reference.
+void check_sample(const GemmShape& s, bool fp8, const char* W, const char* X, const char* Y,
+                  GemmResult& r) {
+  const size_t es = fp8 ? 1 : 2;
+  std::mt19937_64 rng(uint64_t(s.m * 31 + s.n * 17 + s.k));
+  const int samples = 48;
+  std::vector<uint8_t> xrow(size_t(s.k) * es), wrow(size_t(s.k) * es);
+  auto val = [&](const std::vector<uint8_t>& row, int64_t i) -> double {
+    if (fp8) return fp8_e4m3_to_f32(row[size_t(i)]);
+    uint16_t h;
+    std::memcpy(&h, row.data() + size_t(i) * 2, 2);
+    return bf16_to_f32(h);
+  };
+  for (int t = 0; t < samples; ++t) {
+    const int64_t g = int64_t(rng() % uint64_t(s.groups));
+    const int64_t i = int64_t(rng() % uint64_t(s.m)), j = int64_t(rng() % uint64_t(s.n));
+    const char* Xg = X + size_t(g * s.m * s.k) * es;
+    const char* Wg = W + size_t(g * s.n * s.k) * es;
+    ZAYA_CUDA_CHECK(
+        cudaMemcpy(xrow.data(), Xg + size_t(i * s.k) * es, xrow.size(), cudaMemcpyDeviceToHost));
+    ZAYA_CUDA_CHECK(
+        cudaMemcpy(wrow.data(), Wg + size_t(j * s.k) * es, wrow.size(), cudaMemcpyDeviceToHost));
+    uint16_t yh = 0;
+    ZAYA_CUDA_CHECK(
+        cudaMemcpy(&yh, Y + size_t(g * s.m * s.n + i * s.n + j) * 2, 2, cudaMemcpyDeviceToHost));
+    double ref = 0, mag = 0;
+    for (int64_t q = 0; q < s.k; ++q) {
+      const double p = val(xrow, q) * val(wrow, q);
+      ref += p;
+      mag += std::fabs(p);
+    }
+    const double got = bf16_to_f32(yh);
+    const double err = std::fabs(got - ref);
+    // bf16 output rounding (2^-8 relative) plus fp32 accumulation; FP8 tensor cores accumulate
+    // with fewer bits, hence the looser term.
+    const double tol = std::ldexp(std::fabs(ref), -7) + (fp8 ? 2e-3 : 1e-5) * mag + 1e-6;
+    r.max_rel_err = std::max(r.max_rel_err, err / std::max(mag, 1e-30));
+    ++r.checked;
+    if (!(err <= tol)) ++r.wrong;
+  }
+}
+
+struct ShapeBuffers {
+  int sets = 1;
+  size_t wbytes = 0, xbytes = 0, ybytes = 0;
+  std::unique_ptr<DeviceBuffer> w, x, y;
+  const char* W(int i) const { return w->c() + size_t(i) * wbytes; }
+  const char* X(int i) const { return x->c() + size_t(i) * xbytes; }
+  char* Y(int i) const { return y->c() + size_t(i) * ybytes; }
+};
+
+ShapeBuffers make_buffers(const GemmShape& s, bool fp8, int64_t l2_bytes, cudaStream_t st) {
+  ShapeBuffers b;
+  const size_t es = fp8 ? 1 : 2;
+  b.wbytes = size_t(s.groups * s.n * s.k) * es;
+  b.xbytes = size_t(s.groups * s.m * s.k) * es;
+  b.ybytes = size_t(s.groups * s.m * s.n) * 2;
+  // Round each set up to 256 bytes so every set keeps cuBLASLt's preferred alignment.
+  auto up = [](size_t v) { return (v + 255) / 256 * 256; };
+  b.wbytes = up(b.wbytes);
+  b.xbytes = up(b.xbytes);
+  b.ybytes = up(b.ybytes);
+  const size_t set = b.wbytes + b.xbytes + b.ybytes;
+  size_t free_b = 0, total_b = 0;
+  ZAYA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  b.sets = int(std::clamp<size_t>((3 * size_t(l2_bytes) + set - 1) / set, 1, 32));
+  while (b.sets > 1 && size_t(b.sets) * set > free_b / 2) --b.sets;
+  ZAYA_CHECK(set < free_b, "GEMM m={} n={} k={} groups={} needs {} MiB, only {} MiB free", s.m, s.n,
+             s.k, s.groups, set >> 20, free_b >> 20);
+  b.w = std::make_unique<DeviceBuffer>(b.wbytes * size_t(b.sets));
+  b.x = std::make_unique<DeviceBuffer>(b.xbytes * size_t(b.sets));
+  b.y = std::make_unique<DeviceBuffer>(b.ybytes * size_t(b.sets));
+  auto fill = fp8 ? kernels::fill_random_fp8_e4m3 : kernels::fill_random_bf16;
+  fill(b.w->p, b.wbytes * size_t(b.sets) / es, 1, st);
+  fill(b.x->p, b.xbytes * size_t(b.sets) / es, 2, st);
+  ZAYA_CUDA_CHECK(cudaMemsetAsync(b.y->p, 0, b.ybytes * size_t(b.sets), st));
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  return b;
+}
+
+}  // namespace
+
+DeviceInfo query_device(int dev) {
+  DeviceInfo d;
+  int count = 0;
+  ZAYA_CUDA_CHECK(cudaGetDeviceCount(&count));
+  ZAYA_CHECK(dev >= 0 && dev < count, "--device {}: this machine has {} CUDA device(s)", dev,
+             count);
+  cudaDeviceProp p;
+  ZAYA_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  d.name = p.name;
+  d.sm_count = p.multiProcessorCount;
+  d.cc_major = p.major;
+  d.cc_minor = p.minor;
+  d.l2_bytes = p.l2CacheSize;
+  d.global_bytes = int64_t(p.totalGlobalMem);
+  int mem_khz = 0, bus_bits = 0, sm_khz = 0;
+  cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev);
+  cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev);
+  cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, dev);
+  d.peak_hbm_gbs = 2.0 * double(mem_khz) * 1e3 * (bus_bits / 8.0) / 1e9;  // double data rate
+  const std::string name = d.name;
+  // Dense tensor-core peaks. Hopper SXM parts (H100/H200, 132 SMs) are listed at the spec clock
+  // NVIDIA quotes (989.4 / 1978.9 TFLOP/s); others fall back to SMs x boost clock x FLOP/clk/SM.
+  if ((name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) &&
+      d.sm_count == 132) {
+    d.peak_bf16_tflops = 989.4;
+    d.peak_fp8_tflops = 1978.9;
+    d.peak_source = "spec table";
+  } else {
+    double per_clk = 0;  // bf16 dense FLOP per clock per SM
+    if (d.cc_major == 8 && d.cc_minor == 0) per_clk = 2048;
+    if (d.cc_major == 9) per_clk = 4096;
+    if (d.cc_major == 10) per_clk = 8192;
+    if (per_clk > 0) {
+      d.peak_bf16_tflops = per_clk * d.sm_count * sm_khz * 1e3 / 1e12;
+      d.peak_fp8_tflops = d.cc_major >= 9 ? 2 * d.peak_bf16_tflops : 0;
+      d.peak_source = "clock x SMs";
+    } else {
+      d.peak_source = "unknown";
+    }
+  }
+  return d;
+}
+
+std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
+  const DeviceInfo dev = query_device(opt.device);
+  ZAYA_CUDA_CHECK(cudaSetDevice(opt.device));
+  const bool has_fp8 = dev.cc_major * 10 + dev.cc_minor >= 89;
+  Context ctx;
+  std::vector<GemmResult> out;
+  for (const auto& dt : opt.dtypes) {
+    const bool fp8 = dt == "fp8";
+    if (fp8 && !has_fp8) {
+      std::fprintf(stderr, "zaya bench gemm: %s (sm_%d%d) has no FP8 tensor cores; fp8 skipped\n",
+                   dev.name.c_str(), dev.cc_major, dev.cc_minor);
+      continue;
+    }
+    for (const auto& s : opt.shapes) {
+      // FP8 cuBLASLt needs k and n multiples of 16 (16-byte rows); skip shapes it cannot run.
+      if (fp8 && (s.k % 16 != 0 || s.n % 16 != 0 || s.m % 16 != 0)) {
+        std::fprintf(
+            stderr,
+            "zaya bench gemm: fp8 %s m=%lld n=%lld k=%lld skipped (needs multiples of 16)\n",
+            s.name.c_str(), (long long)s.m, (long long)s.n, (long long)s.k);
+        continue;
+      }
+      ShapeBuffers buf = make_buffers(s, fp8, dev.l2_bytes, ctx.st);
+      auto result = [&](const std::string& method, double us) {
+        GemmResult r;
+        r.shape = s;
+        r.dtype = dt;
+        r.method = method;
+        r.time_us = us;
+        r.tflops = us > 0 ? s.gflop() / (us * 1e-6) / 1e3 : 0;
+        r.tiles = tile_count(s.m, s.n, 128, 128) * s.groups;
+        r.waves = wave_count(r.tiles, dev.sm_count);
+        return r;
+      };
+      // Single (or strided-batched) cuBLASLt call, autotuned over the heuristic's candidates.
+      {
+        LtProblem p(ctx.lt, s, fp8, s.groups, opt.autotune);
+        double best = 0;
+        for (int a = 0; a < int(p.algos.size()); ++a) {
+          double t = 0;
+          try {
+            t = time_launches(ctx.st, 1, 3, buf.sets, [&](int i) {
+              p.run(ctx.lt, buf.W(i), buf.X(i), buf.Y(i), ctx.ws.p, ctx.st, a);
+            });
+          } catch (const Error&) {
+            continue;  // a candidate that fails to launch is not a candidate
+          }
+          if (best == 0 || t < best) {
+            best = t;
+            p.chosen = a;
+          }
+        }
+        const double us = time_launches(ctx.st, opt.warmup, opt.iters, buf.sets, [&](int i) {
+          p.run(ctx.lt, buf.W(i), buf.X(i), buf.Y(i), ctx.ws.p, ctx.st, p.chosen);
+        });
+        GemmResult r = result(s.groups > 1 ? "lt-batched" : "lt", us);
+        if (opt.check) {
+          ZAYA_CUDA_CHECK(cudaMemsetAsync(buf.Y(0), 0, buf.ybytes, ctx.st));
+          p.run(ctx.lt, buf.W(0), buf.X(0), buf.Y(0), ctx.ws.p, ctx.st, p.chosen);
+          ZAYA_CUDA_CHECK(cudaStreamSynchronize(ctx.st));
+          check_sample(s, fp8, buf.W(0), buf.X(0), buf.Y(0), r);
+        }
+        out.push_back(r);
+      }
+      if (s.groups > 1 && opt.grouped_methods) {
+        const size_t es = fp8 ? 1 : 2;
+        GemmShape one = s;
+        one.groups = 1;
+        LtProblem p(ctx.lt, one, fp8, 1, 1);
+        auto loop = [&](int i) {
+          for (int64_t g = 0; g < s.groups; ++g)
+            p.run(ctx.lt, buf.W(i) + size_t(g * s.n * s.k) * es,
+                  buf.X(i) + size_t(g * s.m * s.k) * es, buf.Y(i) + size_t(g * s.m * s.n) * 2,
+                  ctx.ws.p, ctx.st, 0);
+        };
+        GemmResult r = result("loop", time_launches(ctx.st, opt.warmup, opt.iters, buf.sets, loop));
+        if (opt.check) {
+          ZAYA_CUDA_CHECK(cudaMemsetAsync(buf.Y(0), 0, buf.ybytes, ctx.st));
+          loop(0);
+          ZAYA_CUDA_CHECK(cudaStreamSynchronize(ctx.st));
+          check_sample(s, fp8, buf.W(0), buf.X(0), buf.Y(0), r);
+        }
+        out.push_back(r);
+        if (!fp8) {
+          // cublasGemmGroupedBatchedEx: E groups of one problem each (the variable-size form a
+          // router with unequal token counts needs). Pointer arrays live on the device.
+          const int E = int(s.groups);
+          std::vector<cublasOperation_t> ta(size_t(E), CUBLAS_OP_T), tb(size_t(E), CUBLAS_OP_N);
+          std::vector<int> mm(size_t(E), int(s.n)), nn(size_t(E), int(s.m)),
+              kk(size_t(E), int(s.k)), lda(size_t(E), int(s.k)), ldb(size_t(E), int(s.k)),
+              ldc(size_t(E), int(s.n)), gsize(size_t(E), 1);
+          std::vector<float> alpha(size_t(E), 1.0f), beta(size_t(E), 0.0f);
+          std::vector<const void*> hA(size_t(E * buf.sets)), hB(size_t(E * buf.sets));
+          std::vector<void*> hC(size_t(E * buf.sets));
+          for (int i = 0; i < buf.sets; ++i)
+            for (int g = 0; g < E; ++g) {
+              hA[size_t(i * E + g)] = buf.W(i) + size_t(g * s.n * s.k) * es;
+              hB[size_t(i * E + g)] = buf.X(i) + size_t(g * s.m * s.k) * es;
+              hC[size_t(i * E + g)] = buf.Y(i) + size_t(g * s.m * s.n) * 2;
+            }
+          DeviceBuffer dA(hA.size() * sizeof(void*)), dB(hB.size() * sizeof(void*)),
+              dC(hC.size() * sizeof(void*));
+          ZAYA_CUDA_CHECK(
+              cudaMemcpy(dA.p, hA.data(), hA.size() * sizeof(void*), cudaMemcpyHostToDevice));
+          ZAYA_CUDA_CHECK(
+              cudaMemcpy(dB.p, hB.data(), hB.size() * sizeof(void*), cudaMemcpyHostToDevice));
+          ZAYA_CUDA_CHECK(
+              cudaMemcpy(dC.p, hC.data(), hC.size() * sizeof(void*), cudaMemcpyHostToDevice));
+          auto grouped = [&](int i) {
+            ZAYA_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
+                ctx.blas, ta.data(), tb.data(), mm.data(), nn.data(), kk.data(), alpha.data(),
+                static_cast<const void* const*>(dA.p) + size_t(i * E), CUDA_R_16BF, lda.data(),
+                static_cast<const void* const*>(dB.p) + size_t(i * E), CUDA_R_16BF, ldb.data(),
+                beta.data(), static_cast<void* const*>(dC.p) + size_t(i * E), CUDA_R_16BF,
+                ldc.data(), E, gsize.data(), CUBLAS_COMPUTE_32F));
+          };
+          GemmResult rg;
+          bool ok = true;
+          try {
+            rg = result("grouped", time_launches(ctx.st, opt.warmup, opt.iters, buf.sets, grouped));
+          } catch (const Error& e) {
+            std::fprintf(stderr, "zaya bench gemm: cuBLAS grouped GEMM unavailable: %s\n",
+                         e.what());
+            ok = false;
+          }
+          if (ok) {
+            if (opt.check) {
+              ZAYA_CUDA_CHECK(cudaMemsetAsync(buf.Y(0), 0, buf.ybytes, ctx.st));
+              grouped(0);
+              ZAYA_CUDA_CHECK(cudaStreamSynchronize(ctx.st));
+              check_sample(s, fp8, buf.W(0), buf.X(0), buf.Y(0), rg);
+            }
+            out.push_back(rg);
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace zaya::bench

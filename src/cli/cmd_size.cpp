@@ -7,9 +7,10 @@
 // The logic lives in src/sizing; this file parses flags and prints tables. Exit status: 0 when no
 // rule fails, 3 when one does (check; io when the storage is too slow), 1 on bad input, 2 on bad
 // flags.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <cmath>
-#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.h"
@@ -31,12 +32,11 @@ constexpr int kExitRuleFailed = 3;
 
 struct ModelFlags {
   std::string preset, config;
-  void add(CLI::App* app, bool required_one) {
+  void add(CLI::App* app) {
     auto* p = app->add_option("--preset", preset, "model preset (tiny, zaya1-base, zaya1-8b)");
     auto* c = app->add_option("--config", config, "model config.json (or a folder holding one)");
     p->excludes(c);
     c->excludes(p);
-    (void)required_one;
   }
   zaya::ZayaConfig load(bool default_base) const {
     if (!config.empty()) return zaya::ZayaConfig::load(config);
@@ -44,7 +44,9 @@ struct ModelFlags {
     ZAYA_CHECK(default_base, "give the model with --preset NAME or --config FILE");
     return zaya::ZayaConfig::preset("zaya1-base");
   }
-  std::string name() const { return !config.empty() ? config : !preset.empty() ? preset : "zaya1-base"; }
+  std::string name() const {
+    return !config.empty() ? config : !preset.empty() ? preset : "zaya1-base";
+  }
 };
 
 struct TrainFlags {
@@ -92,14 +94,16 @@ void write_json(const std::string& path, const json& j) {
 }
 
 void print_training(const sz::TrainEstimate& e, const sz::TrainSetup& s) {
-  fmt::print("\ntraining ({} ranks, {} × {} tokens per micro-batch, {} micro-batch(es) per step):\n",
-             s.ranks, s.micro_batch, s.seq, e.accumulation);
+  fmt::print(
+      "\ntraining ({} ranks, {} × {} tokens per micro-batch, {} micro-batch(es) per step):\n",
+      s.ranks, s.micro_batch, s.seq, e.accumulation);
   fmt::print("  {:<18} {:>10} {:>12} {:>10}  {}\n", "op", "TFLOP", "GB", "ms", "bound");
   for (auto& o : e.ops)
     fmt::print("  {:<18} {:>10.2f} {:>12.2f} {:>10.3f}  {}\n", o.name, o.flops * 1e-12,
                o.bytes * 1e-9, o.seconds * 1e3, o.compute_bound ? "compute" : "memory");
-  fmt::print("  compute {:.3f} s, optimizer {:.3f} s, reduce-scatter {:.3f} s, all-gather {:.3f} s\n",
-             e.compute_s, e.optimizer_s, e.reduce_scatter_s, e.all_gather_s);
+  fmt::print(
+      "  compute {:.3f} s, optimizer {:.3f} s, reduce-scatter {:.3f} s, all-gather {:.3f} s\n",
+      e.compute_s, e.optimizer_s, e.reduce_scatter_s, e.all_gather_s);
   fmt::print("  step {:.3f} s ({:.3f} s if communication hides behind compute)\n", e.step_s,
              e.step_s_overlapped);
   fmt::print("  {} tokens/s per GPU, {} tokens/s in all; {:.3g} model FLOP/token; MFU {:.1f}%\n",
@@ -110,10 +114,11 @@ void print_inference(const sz::InferenceEstimate& r) {
   fmt::print("\ninference (batch {}):\n", r.batch);
   fmt::print("  prefill of {} tokens: {:.1f} ms, {} tokens/s\n", r.prompt, r.prefill_s * 1e3,
              si(r.prefill_tokens_per_s));
-  fmt::print("  decode at context {}: {:.3f} ms per token ({:.2f} GB read, {:.2f} experts/layer), "
-             "{} tokens/s\n",
-             r.context, r.decode_s_per_token * 1e3, r.decode_bytes * 1e-9,
-             r.decode_experts_touched, si(r.decode_tokens_per_s));
+  fmt::print(
+      "  decode at context {}: {:.3f} ms per token ({:.2f} GB read, {:.2f} experts/layer), "
+      "{} tokens/s\n",
+      r.context, r.decode_s_per_token * 1e3, r.decode_bytes * 1e-9, r.decode_experts_touched,
+      si(r.decode_tokens_per_s));
 }
 
 int run_check(const ModelFlags& mf, const std::string& hw_name, TrainFlags& tf, bool explain,
@@ -209,14 +214,18 @@ struct SearchFlags {
 
 json search_json(const char* schema, const std::string& hw, const sz::SearchOptions& o,
                  const std::vector<sz::Candidate>& cs) {
-  return {{"schema", schema},
-          {"hardware", hw},
-          {"budget", {{"total", o.budget.total}, {"active", o.budget.active},
-                      {"tolerance", o.budget.tolerance}}},
-          {"setup", {{"ranks", o.check.train.ranks}, {"micro_batch", o.check.train.micro_batch},
-                     {"seq", o.check.train.seq}, {"decode_batch", o.check.decode_batch},
-                     {"decode_context", o.decode_context}}},
-          {"candidates", sz::candidates_to_json(cs)}};
+  return {
+      {"schema", schema},
+      {"hardware", hw},
+      {"budget",
+       {{"total", o.budget.total}, {"active", o.budget.active}, {"tolerance", o.budget.tolerance}}},
+      {"setup",
+       {{"ranks", o.check.train.ranks},
+        {"micro_batch", o.check.train.micro_batch},
+        {"seq", o.check.train.seq},
+        {"decode_batch", o.check.decode_batch},
+        {"decode_context", o.decode_context}}},
+      {"candidates", sz::candidates_to_json(cs)}};
 }
 
 int run_size(int argc, char** argv) {
@@ -225,20 +234,21 @@ int run_size(int argc, char** argv) {
 
   auto* check = app.add_subcommand("check", "judge a model config against the sizing rules");
   ModelFlags check_model;
-  check_model.add(check, true);
+  check_model.add(check);
   std::string hw_name, json_path;
   check->add_option("--hardware", hw_name, "built-in name or measured profile JSON")->required();
   TrainFlags check_train;
   check_train.add(check);
   bool explain = false;
   int64_t prompt = 4096;
-  check->add_option("--prompt", prompt, "prompt length for the prefill estimate")->capture_default_str();
+  check->add_option("--prompt", prompt, "prompt length for the prefill estimate")
+      ->capture_default_str();
   check->add_flag("--explain", explain, "print each rule's threshold, reason and source");
   check->add_option("--json", json_path, "write the report as JSON");
 
   auto* prop = app.add_subcommand("propose", "rank candidate configs for a parameter budget");
   ModelFlags prop_model;
-  prop_model.add(prop, false);
+  prop_model.add(prop);
   prop->add_option("--hardware", hw_name, "built-in name or measured profile JSON")->required();
   TrainFlags prop_train;
   prop_train.add(prop);
@@ -247,15 +257,17 @@ int run_size(int argc, char** argv) {
   size_t top = 10;
   prop->add_option("--top", top, "candidates to show")->capture_default_str();
   std::vector<int64_t> hidden, layers, prop_experts, prop_top_k;
-  prop->add_option("--hidden", hidden, "hidden sizes to sweep (default 1024..4096)")->delimiter(',');
+  prop->add_option("--hidden", hidden, "hidden sizes to sweep (default 1024..4096)")
+      ->delimiter(',');
   prop->add_option("--layers", layers, "depths to sweep (default 16..64)")->delimiter(',');
   prop->add_option("--experts", prop_experts, "expert counts to sweep")->delimiter(',');
-  prop->add_option("--top-k", prop_top_k, "top-k values to sweep (default 1,2,4,8)")->delimiter(',');
+  prop->add_option("--top-k", prop_top_k, "top-k values to sweep (default 1,2,4,8)")
+      ->delimiter(',');
   prop->add_option("--json", json_path, "write the candidates as JSON");
 
   auto* moe = app.add_subcommand("moe", "sweep experts, expert width and top-k for a budget");
   ModelFlags moe_model;
-  moe_model.add(moe, false);
+  moe_model.add(moe);
   moe->add_option("--hardware", hw_name, "built-in name or measured profile JSON")->required();
   TrainFlags moe_train;
   moe_train.add(moe);
@@ -301,15 +313,17 @@ int run_size(int argc, char** argv) {
     (is_moe ? moe_search : prop_search).finish(o, is_moe ? moe_train : prop_train);
     const zaya::ZayaConfig base = (is_moe ? moe_model : prop_model).load(true);
     const sz::HardwareProfile hw = sz::load_hardware(hw_name);
-    fmt::print("budget: {} total, {} active (±{:.0f}%) on {}; {} ranks, {} × {} tokens per "
-               "micro-batch; decode batch {} at context {}\n\n",
-               si(o.budget.total), si(o.budget.active), 100 * o.budget.tolerance, hw.device,
-               o.check.train.ranks, o.check.train.micro_batch, o.check.train.seq,
-               o.check.decode_batch, o.decode_context);
+    fmt::print(
+        "budget: {} total, {} active (±{:.0f}%) on {}; {} ranks, {} × {} tokens per "
+        "micro-batch; decode batch {} at context {}\n\n",
+        si(o.budget.total), si(o.budget.active), 100 * o.budget.tolerance, hw.device,
+        o.check.train.ranks, o.check.train.micro_batch, o.check.train.seq, o.check.decode_batch,
+        o.decode_context);
     if (is_moe) {
       if (!experts.empty()) o.experts = experts;
       if (!top_k.empty()) o.top_k = top_k;
-      for (int64_t e : o.experts) ZAYA_CHECK(e > 0, "--experts: counts must be positive, found {}", e);
+      for (int64_t e : o.experts)
+        ZAYA_CHECK(e > 0, "--experts: counts must be positive, found {}", e);
       for (int64_t k : o.top_k) ZAYA_CHECK(k > 0, "--top-k: values must be positive, found {}", k);
       const auto cs = sz::moe_sweep(base, hw, o);
       print_candidates(cs, true);
@@ -327,9 +341,12 @@ int run_size(int argc, char** argv) {
       for (int64_t d : o.hidden)
         ZAYA_CHECK(d > 0 && d % 256 == 0,
                    "--hidden: sizes must be positive multiples of 256 (head dim 128, Hq·d = D/2), "
-                   "found {}", d);
-      for (int64_t l : o.layers) ZAYA_CHECK(l > 0, "--layers: depths must be positive, found {}", l);
-      for (int64_t e : o.experts) ZAYA_CHECK(e > 0, "--experts: counts must be positive, found {}", e);
+                   "found {}",
+                   d);
+      for (int64_t l : o.layers)
+        ZAYA_CHECK(l > 0, "--layers: depths must be positive, found {}", l);
+      for (int64_t e : o.experts)
+        ZAYA_CHECK(e > 0, "--experts: counts must be positive, found {}", e);
       for (int64_t k : o.top_k) ZAYA_CHECK(k > 0, "--top-k: values must be positive, found {}", k);
       const auto cs = sz::propose(base, hw, o, top);
       ZAYA_CHECK(!cs.empty(),

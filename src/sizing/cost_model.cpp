@@ -20,18 +20,18 @@ void TrainSetup::validate() const {
   ZAYA_CHECK(ranks > 0, "--ranks must be positive, found {}", ranks);
   ZAYA_CHECK(global_batch >= 0, "--global-batch must be positive, found {}", global_batch);
   ZAYA_CHECK(grad_bytes == 2 || grad_bytes == 4, "gradient element size must be 2 or 4 bytes");
-  ZAYA_CHECK(grad_comm_bytes == 2 || grad_comm_bytes == 4,
-             "--grad-comm must be bf16 or fp32");
+  ZAYA_CHECK(grad_comm_bytes == 2 || grad_comm_bytes == 4, "--grad-comm must be bf16 or fp32");
   const int64_t per_step = micro_batch * ranks;
-  ZAYA_CHECK(global_sequences() % per_step == 0 && global_sequences() >= per_step,
-             "--global-batch {} must be a positive multiple of --micro-batch × --ranks = {} × {} = {}",
-             global_sequences(), micro_batch, ranks, per_step);
+  ZAYA_CHECK(
+      global_sequences() % per_step == 0 && global_sequences() >= per_step,
+      "--global-batch {} must be a positive multiple of --micro-batch × --ranks = {} × {} = {}",
+      global_sequences(), micro_batch, ranks, per_step);
 }
 
 double roofline_seconds(const HardwareProfile& hw, OpKind kind, double flops, double bytes,
                         double instance_gflop, bool* compute_bound) {
-  const double thr = kind == OpKind::Gemm ? hw.gemm_flops_per_s(instance_gflop)
-                                          : hw.peak_bf16_tflops * 1e12;
+  const double thr =
+      kind == OpKind::Gemm ? hw.gemm_flops_per_s(instance_gflop) : hw.peak_bf16_tflops * 1e12;
   const double tc = flops / thr, tm = bytes / (hw.copy_gbs * 1e9);
   if (compute_bound) *compute_bound = tc >= tm;
   return std::max(tc, tm);
@@ -90,9 +90,8 @@ TrainEstimate estimate_training(const ZayaConfig& c, const HardwareProfile& hw,
   const double P = double(p.total_with_embedding()), N = double(s.ranks);
   // Per parameter of the shard: master read+write (8), gradient read (4), states read+write,
   // bf16 copy written (2).
-  const double state_elems = s.optimizer == OptimizerKind::Muon
-                                 ? double(p.matrix) + (P - double(p.matrix)) * 2
-                                 : P * 2;
+  const double state_elems =
+      s.optimizer == OptimizerKind::Muon ? double(p.matrix) + (P - double(p.matrix)) * 2 : P * 2;
   const double opt_bytes = (P * 14 + state_elems * 8) / N;
   e.optimizer_s = opt_bytes / (hw.copy_gbs * 1e9);
   if (s.optimizer == OptimizerKind::Muon) {
@@ -106,8 +105,8 @@ TrainEstimate estimate_training(const ZayaConfig& c, const HardwareProfile& hw,
     const double rs_bytes = P * double(s.grad_comm_bytes), ag_bytes = P * 2;
     e.reduce_scatter_busbw = hw.busbw_bytes_per_s("reduce_scatter", s.ranks, rs_bytes);
     e.all_gather_busbw = hw.busbw_bytes_per_s("all_gather", s.ranks, ag_bytes);
-    e.reduce_scatter_s = e.reduce_scatter_busbw > 0 ? rs_bytes * frac / e.reduce_scatter_busbw
-                                                    : INFINITY;
+    e.reduce_scatter_s =
+        e.reduce_scatter_busbw > 0 ? rs_bytes * frac / e.reduce_scatter_busbw : INFINITY;
     e.all_gather_s = e.all_gather_busbw > 0 ? ag_bytes * frac / e.all_gather_busbw : INFINITY;
   }
   const double comm = e.reduce_scatter_s + e.all_gather_s;
@@ -148,8 +147,8 @@ json TrainEstimate::to_json() const {
           {"mfu", fin(mfu)}};
 }
 
-InferenceEstimate estimate_inference(const ZayaConfig& c, const HardwareProfile& hw,
-                                     int64_t prompt, int64_t context, int64_t batch) {
+InferenceEstimate estimate_inference(const ZayaConfig& c, const HardwareProfile& hw, int64_t prompt,
+                                     int64_t context, int64_t batch) {
   ZAYA_CHECK(prompt > 0, "--prompt must be positive, found {}", prompt);
   ZAYA_CHECK(context >= 0, "--context must be non-negative, found {}", context);
   ZAYA_CHECK(batch > 0, "--decode-batch must be positive, found {}", batch);
@@ -165,23 +164,24 @@ InferenceEstimate estimate_inference(const ZayaConfig& c, const HardwareProfile&
                Hkv = double(c.num_key_value_heads), d = double(c.head_dim),
                R = double(c.router_hidden_size), E = double(c.num_experts),
                I = double(c.moe_intermediate_size), C = (Hq + Hkv) * d, b = double(batch);
-  const double dense = (Hq + Hkv) * d * D + Hkv * d * D + D * Hq * d +
-                       C * double(c.cca_time0) + C * d * double(c.cca_time1) + R * D + 2 * R * R +
-                       (E + 1) * R;
+  const double dense = (Hq + Hkv) * d * D + Hkv * d * D + D * Hq * d + C * double(c.cca_time0) +
+                       C * d * double(c.cca_time1) + R * D + 2 * R * R + (E + 1) * R;
   const double touched = experts_touched(c.num_experts, c.num_experts_per_tok, batch);
   r.decode_experts_touched = touched;
   const double read_bw = hw.read_gbs * 1e9, peak = hw.peak_bf16_tflops * 1e12;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const double keys = c.layer_is_sliding(l) ? std::min<double>(double(context), double(c.sliding_window))
-                                              : double(context);
+    const double keys = c.layer_is_sliding(l)
+                            ? std::min<double>(double(context), double(c.sliding_window))
+                            : double(context);
     const double bytes = 2 * (dense + touched * 3 * I * D) + b * keys * 2 * Hkv * d * 2;
-    const double flops = 2 * b * (dense + double(c.num_experts_per_tok) * 3 * I * D) +
-                         4 * b * (keys + 1) * Hq * d;
+    const double flops =
+        2 * b * (dense + double(c.num_experts_per_tok) * 3 * I * D) + 4 * b * (keys + 1) * Hq * d;
     r.decode_bytes += bytes;
     r.decode_flops += flops;
     r.decode_s_per_token += std::max(bytes / read_bw, flops / peak);
   }
-  const double head_bytes = 2 * double(c.vocab_size) * D, head_flops = 2 * b * double(c.vocab_size) * D;
+  const double head_bytes = 2 * double(c.vocab_size) * D,
+               head_flops = 2 * b * double(c.vocab_size) * D;
   r.decode_bytes += head_bytes;
   r.decode_flops += head_flops;
   r.decode_s_per_token += std::max(head_bytes / read_bw, head_flops / peak);

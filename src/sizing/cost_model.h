@@ -1,8 +1,8 @@
 // A roofline cost model for ZAYA-style training and inference on one hardware profile: each op
 // takes max(FLOPs / throughput, bytes / bandwidth), where throughput is the datasheet peak or, when
 // the profile carries a measured GEMM table, the achieved rate interpolated by the GEMM's work.
-// Training adds the ZeRO-1 optimizer step (sharded elementwise update, Muon's Newton–Schulz) and the
-// data-parallel gradient reduce-scatter and parameter all-gather; inference gives prefill
+// Training adds the ZeRO-1 optimizer step (sharded elementwise update, Muon's Newton–Schulz) and
+// the data-parallel gradient reduce-scatter and parameter all-gather; inference gives prefill
 // throughput and decode latency (weights and KV cache streamed from HBM).
 //
 // Deliberately not modelled: kernel launch overheads, expert load imbalance, pipeline/tensor/expert
@@ -19,11 +19,11 @@
 namespace zaya::sizing {
 
 struct TrainSetup {
-  int64_t micro_batch = 4;    // sequences per rank per micro-step
-  int64_t seq = 4096;         // tokens per sequence
-  int ranks = 8;              // data-parallel GPUs
-  int64_t global_batch = 0;   // sequences per optimizer step; 0: micro_batch * ranks
-  bool recompute = false;     // full per-layer activation recomputation
+  int64_t micro_batch = 4;   // sequences per rank per micro-step
+  int64_t seq = 4096;        // tokens per sequence
+  int ranks = 8;             // data-parallel GPUs
+  int64_t global_batch = 0;  // sequences per optimizer step; 0: micro_batch * ranks
+  bool recompute = false;    // full per-layer activation recomputation
   OptimizerKind optimizer = OptimizerKind::Muon;
   int grad_bytes = 4;       // gradient buffer element (fp32 accumulation)
   int grad_comm_bytes = 4;  // reduce-scatter element (fp32 by default; 2 for bf16)
@@ -52,14 +52,14 @@ struct TrainEstimate {
   std::vector<OpTime> ops;  // one micro-batch, forward + backward
   double microbatch_s = 0;
   int64_t accumulation = 1;
-  double compute_s = 0;        // all micro-batches of one step on one rank
-  double optimizer_s = 0;      // sharded update + Newton–Schulz
+  double compute_s = 0;    // all micro-batches of one step on one rank
+  double optimizer_s = 0;  // sharded update + Newton–Schulz
   double reduce_scatter_s = 0, all_gather_s = 0;
   double reduce_scatter_busbw = 0, all_gather_busbw = 0;  // bytes/s
-  double step_s = 0;            // no overlap: compute + communication + optimizer
-  double step_s_overlapped = 0; // communication fully hidden: max(compute, comm) + optimizer
+  double step_s = 0;             // no overlap: compute + communication + optimizer
+  double step_s_overlapped = 0;  // communication fully hidden: max(compute, comm) + optimizer
   double tokens_per_step = 0;
-  double tokens_per_s = 0;       // cluster, at step_s
+  double tokens_per_s = 0;  // cluster, at step_s
   double tokens_per_s_per_gpu = 0;
   double model_flops_per_token = 0;
   double mfu = 0;  // model FLOPs / (ranks · datasheet bf16 peak · step_s)
@@ -71,7 +71,7 @@ TrainEstimate estimate_training(const ZayaConfig& c, const HardwareProfile& hw,
 struct InferenceEstimate {
   int64_t prompt = 0, batch = 1, context = 0;
   double prefill_s = 0, prefill_tokens_per_s = 0;
-  double decode_s_per_token = 0;   // one decode step of the whole batch
+  double decode_s_per_token = 0;  // one decode step of the whole batch
   double decode_bytes = 0, decode_flops = 0;
   double decode_experts_touched = 0;  // per layer
   double decode_tokens_per_s = 0;     // batch / decode_s_per_token
@@ -79,7 +79,7 @@ struct InferenceEstimate {
 };
 // Prefill of `batch` prompts of `prompt` tokens, and one decode step of `batch` sequences with
 // `context` tokens already cached.
-InferenceEstimate estimate_inference(const ZayaConfig& c, const HardwareProfile& hw,
-                                     int64_t prompt, int64_t context, int64_t batch);
+InferenceEstimate estimate_inference(const ZayaConfig& c, const HardwareProfile& hw, int64_t prompt,
+                                     int64_t context, int64_t batch);
 
 }  // namespace zaya::sizing

@@ -1,13 +1,14 @@
 // Built-in hardware profiles (vendor datasheet figures, each with its source) and the reader for
 // measured "zaya.hardware/1" profiles. Bandwidths are stored one-way in GB/s (1e9 bytes/s); vendors
-// quote NVLink and Infinity Fabric as bidirectional totals, so those are halved here. HBM capacity is
-// in GiB: vendors' "GB" for HBM is the stack size in GiB (nvidia-smi shows 81559 MiB on an H100).
+// quote NVLink and Infinity Fabric as bidirectional totals, so those are halved here. HBM capacity
+// is in GiB: vendors' "GB" for HBM is the stack size in GiB (nvidia-smi shows 81559 MiB on an
+// H100).
 #include "sizing/hardware.h"
 
 #include <algorithm>
 #include <cctype>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -24,7 +25,8 @@ namespace {
 std::string lower_alnum(const std::string& s) {
   std::string r;
   for (char c : s)
-    if (std::isalnum(static_cast<unsigned char>(c))) r += char(std::tolower(static_cast<unsigned char>(c)));
+    if (std::isalnum(static_cast<unsigned char>(c)))
+      r += char(std::tolower(static_cast<unsigned char>(c)));
   return r;
 }
 
@@ -55,8 +57,8 @@ HardwareProfile mi325x() {
   HardwareProfile h = mi300x();
   h.key = "mi325x";
   h.device = "AMD Instinct MI325X";
-  // AMD Instinct MI325X datasheet: same CDNA3 die and compute as MI300X (304 CUs, 1307.4 TFLOPS bf16
-  // dense, 2614.9 fp8 dense), 256 GB HBM3E at 6 TB/s, 7 Infinity Fabric links at 128 GB/s.
+  // AMD Instinct MI325X datasheet: same CDNA3 die and compute as MI300X (304 CUs, 1307.4 TFLOPS
+  // bf16 dense, 2614.9 fp8 dense), 256 GB HBM3E at 6 TB/s, 7 Infinity Fabric links at 128 GB/s.
   h.hbm_gib = 256;
   h.hbm_peak_gbs = 6000;
   h.nic_gbs = 50;  // 400 Gb/s per GPU, as on MI300X platforms
@@ -131,8 +133,12 @@ struct Builtin {
   const char* name;
   HardwareProfile (*make)();
 };
-HardwareProfile h100() { return hopper("h100", "NVIDIA H100 SXM5 80GB", 80, 3350); }  // 3.35 TB/s
-HardwareProfile h200() { return hopper("h200", "NVIDIA H200 SXM 141GB", 141, 4800); }  // 4.8 TB/s
+HardwareProfile h100() {
+  return hopper("h100", "NVIDIA H100 SXM5 80GB", 80, 3350);
+}  // 3.35 TB/s
+HardwareProfile h200() {
+  return hopper("h200", "NVIDIA H200 SXM 141GB", 141, 4800);
+}  // 4.8 TB/s
 
 const Builtin kBuiltins[] = {{"mi300x", mi300x}, {"mi325x", mi325x}, {"h100", h100},
                              {"h200", h200},     {"b200", b200},     {"a100", a100}};
@@ -178,7 +184,8 @@ double HardwareProfile::gemm_flops_per_s(double gflop) const {
 
 double HardwareProfile::intra_node_busbw(int n) const {
   if (n <= 1) return std::numeric_limits<double>::infinity();
-  if (topology == Topology::FullyConnected) return double(std::min(n - 1, links_per_gpu)) * link_gbs * 1e9;
+  if (topology == Topology::FullyConnected)
+    return double(std::min(n - 1, links_per_gpu)) * link_gbs * 1e9;
   return gpu_fabric_gbs * 1e9;
 }
 
@@ -260,7 +267,8 @@ std::string match_builtin_device(const std::string& device_name) {
 HardwareProfile builtin_hardware(const std::string& name) {
   std::string n = lower_alnum(name);
   for (const char* suffix : {"sxm5", "sxm4", "sxm"})
-    if (n.size() > std::strlen(suffix) && n.ends_with(suffix)) n.resize(n.size() - std::strlen(suffix));
+    if (n.size() > std::strlen(suffix) && n.ends_with(suffix))
+      n.resize(n.size() - std::strlen(suffix));
   for (auto& b : kBuiltins) {
     if (n == b.name) {
       HardwareProfile h = b.make();
@@ -268,8 +276,9 @@ HardwareProfile builtin_hardware(const std::string& name) {
       return h;
     }
   }
-  fail("unknown hardware '{}' (known: {}; or the path of a measured profile JSON from `zaya bench`)",
-       name, known_list());
+  fail(
+      "unknown hardware '{}' (known: {}; or the path of a measured profile JSON from `zaya bench`)",
+      name, known_list());
 }
 
 namespace {
@@ -299,8 +308,9 @@ HardwareProfile hardware_from_json(const json& j, const std::string& where) {
              "{}: missing field 'schema' (expected \"zaya.hardware/1\")", where);
   ZAYA_CHECK(j["schema"] == "zaya.hardware/1", "{}: schema is {}, expected \"zaya.hardware/1\"",
              where, j["schema"].dump());
-  ZAYA_CHECK(j.contains("device") && j["device"].is_string() && !j["device"].get<std::string>().empty(),
-             "{}: missing field 'device' (the device name, e.g. \"NVIDIA H200\")", where);
+  ZAYA_CHECK(
+      j.contains("device") && j["device"].is_string() && !j["device"].get<std::string>().empty(),
+      "{}: missing field 'device' (the device name, e.g. \"NVIDIA H200\")", where);
   const std::string device = j["device"].get<std::string>();
   const std::string key = match_builtin_device(device);
 
@@ -312,7 +322,8 @@ HardwareProfile hardware_from_json(const json& j, const std::string& where) {
     // measured. Tiles default to the common 128x128, and the interconnect stays unknown unless
     // the profile carries collective measurements.
     for (const char* f : {"sm_count", "hbm_capacity_gib", "copy_bandwidth_gbs"})
-      ZAYA_CHECK(j.contains(f), "{}: device '{}' is not a built-in profile (known: {}), so field "
+      ZAYA_CHECK(j.contains(f),
+                 "{}: device '{}' is not a built-in profile (known: {}), so field "
                  "'{}' is required",
                  where, device, known_list(), f);
     ZAYA_CHECK(j.contains("peak_tflops") && j["peak_tflops"].contains("bf16"),
@@ -332,7 +343,8 @@ HardwareProfile hardware_from_json(const json& j, const std::string& where) {
   if (opt_pos(j, "sm_count", &v, where)) h.compute_units = int(v);
   if (j.contains("peak_tflops") && !j["peak_tflops"].is_null()) {
     const json& p = j["peak_tflops"];
-    ZAYA_CHECK(p.is_object(), "{}: field 'peak_tflops' must be an object {{\"bf16\", \"fp8\"}}", where);
+    ZAYA_CHECK(p.is_object(), "{}: field 'peak_tflops' must be an object {{\"bf16\", \"fp8\"}}",
+               where);
     opt_pos(p, "bf16", &h.peak_bf16_tflops, where + " peak_tflops");
     opt_pos(p, "fp8", &h.peak_fp8_tflops, where + " peak_tflops");
   }
@@ -346,13 +358,15 @@ HardwareProfile hardware_from_json(const json& j, const std::string& where) {
   opt_pos(j, "h2d_pinned_gbs", &h.h2d_gbs, where);
   if (j.contains("knee_gflop") && !j["knee_gflop"].is_null()) {
     const json& k = j["knee_gflop"];
-    ZAYA_CHECK(k.is_object(), "{}: field 'knee_gflop' must be an object {{\"p80\", \"p90\"}}", where);
+    ZAYA_CHECK(k.is_object(), "{}: field 'knee_gflop' must be an object {{\"p80\", \"p90\"}}",
+               where);
     opt_pos(k, "p80", &h.knee_p80_gflop, where + " knee_gflop");
     if (!opt_pos(k, "p90", &h.knee_gflop, where + " knee_gflop") && h.knee_p80_gflop > 0)
       h.knee_gflop = h.knee_p80_gflop;  // p80 is the only measured knee: better than the default
   }
   if (j.contains("gemm_efficiency") && !j["gemm_efficiency"].is_null()) {
-    ZAYA_CHECK(j["gemm_efficiency"].is_array(), "{}: field 'gemm_efficiency' must be an array", where);
+    ZAYA_CHECK(j["gemm_efficiency"].is_array(), "{}: field 'gemm_efficiency' must be an array",
+               where);
     size_t i = 0;
     for (const json& r : j["gemm_efficiency"]) {
       std::string w = fmt::format("{} gemm_efficiency[{}]", where, i++);
@@ -384,7 +398,8 @@ HardwareProfile hardware_from_json(const json& j, const std::string& where) {
       c.ranks = r["ranks"].get<int>();
       c.bytes = r["bytes"].get<double>();
       c.busbw_gbs = r["busbw_gbs"].get<double>();
-      if (r.contains("backend") && r["backend"].is_string()) c.backend = r["backend"].get<std::string>();
+      if (r.contains("backend") && r["backend"].is_string())
+        c.backend = r["backend"].get<std::string>();
       h.collectives.push_back(c);
     }
   }

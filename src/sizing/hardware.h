@@ -1,8 +1,8 @@
 // Hardware profiles for sizing: the few device figures that decide how fast a ZAYA-style model
 // trains and decodes (compute units, GEMM tile shapes, peak dense bf16/fp8 throughput, HBM capacity
-// and bandwidth, the intra-node topology and the NIC). Built-in profiles come from vendor datasheets;
-// a measured profile is the JSON that `zaya bench` writes (schema "zaya.hardware/1"), and any field
-// it lacks falls back to the built-in profile of the same device.
+// and bandwidth, the intra-node topology and the NIC). Built-in profiles come from vendor
+// datasheets; a measured profile is the JSON that `zaya bench` writes (schema "zaya.hardware/1"),
+// and any field it lacks falls back to the built-in profile of the same device.
 //
 // Deliberately not here: measuring anything (that is `zaya bench`), multi-NIC or rail topologies,
 // clocks and power limits, or sparsity throughput (ZAYA trains dense matmuls).
@@ -51,22 +51,23 @@ struct HardwareProfile {
 
   double peak_bf16_tflops = 0;  // dense
   double peak_fp8_tflops = 0;   // dense; 0 when the device has no fp8 matrix unit
-  // The vendor's bf16 figure even when peak_bf16_tflops is a measured one: MFU is quoted against it.
+  // The vendor's bf16 figure even when peak_bf16_tflops is a measured one: MFU is quoted against
+  // it.
   double datasheet_bf16_tflops = 0;
   double hbm_gib = 0;
-  double hbm_peak_gbs = 0;       // datasheet
-  double copy_gbs = 0;           // device copy, bytes read + written per second
-  double read_gbs = 0;           // streaming read
-  double h2d_gbs = 0;            // host to device, pinned
-  double knee_gflop = 200;       // GEMM work needed to get close to peak (the profile's p90)
-  double knee_p80_gflop = 0;     // when measured
+  double hbm_peak_gbs = 0;    // datasheet
+  double copy_gbs = 0;        // device copy, bytes read + written per second
+  double read_gbs = 0;        // streaming read
+  double h2d_gbs = 0;         // host to device, pinned
+  double knee_gflop = 200;    // GEMM work needed to get close to peak (the profile's p90)
+  double knee_p80_gflop = 0;  // when measured
 
   Topology topology = Topology::Switch;
   int gpus_per_node = 8;
-  int links_per_gpu = 0;       // FullyConnected: direct peer links per GPU
-  double link_gbs = 0;         // FullyConnected: per link, one direction
-  double gpu_fabric_gbs = 0;   // Switch: per GPU, one direction
-  double nic_gbs = 0;          // per GPU, one direction (scale-out)
+  int links_per_gpu = 0;      // FullyConnected: direct peer links per GPU
+  double link_gbs = 0;        // FullyConnected: per link, one direction
+  double gpu_fabric_gbs = 0;  // Switch: per GPU, one direction
+  double nic_gbs = 0;         // per GPU, one direction (scale-out)
 
   std::vector<GemmMeasurement> gemm;
   std::vector<CollectiveMeasurement> collectives;
@@ -77,9 +78,9 @@ struct HardwareProfile {
   // log(work) when present (clamped at its ends), otherwise the datasheet peak.
   double gemm_flops_per_s(double gflop) const;
   // Bus bandwidth (bytes/s, nccl-tests definition) for a collective over `ranks` GPUs: measured
-  // rows for the op when present (nearest rank count, log-interpolated in bytes), else the topology:
-  // inside a node FullyConnected gives (n-1) links, Switch the full fabric bandwidth; across nodes
-  // the NIC is the limit.
+  // rows for the op when present (nearest rank count, log-interpolated in bytes), else the
+  // topology: inside a node FullyConnected gives (n-1) links, Switch the full fabric bandwidth;
+  // across nodes the NIC is the limit.
   double busbw_bytes_per_s(const std::string& op, int ranks, double bytes) const;
   // Bandwidth the topology alone gives a collective over n GPUs of one node (bytes/s, one way).
   double intra_node_busbw(int n) const;

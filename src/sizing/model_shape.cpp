@@ -68,7 +68,8 @@ ParamCounts count_params(const ZayaConfig& c) {
   add(l + "self_attn.qk_norm.temp", Hkv, K::Vector, L);
   add(l + "self_attn.o_proj.weight", D * Hq * d, K::Matrix, L);
   for (const char* set : {"post_attention_residual_scale.", "post_mlp_residual_scale."})
-    for (const char* t : {"hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias"})
+    for (const char* t :
+         {"hidden_states_scale", "hidden_states_bias", "residual_scale", "residual_bias"})
       add(l + set + t, D, K::Vector, L);
   add(l + "mlp.gate.down_proj.weight", R * D, K::Matrix, L);
   add(l + "mlp.gate.down_proj.bias", R, K::Vector, L);
@@ -97,7 +98,8 @@ ParamCounts count_params(const ZayaConfig& c) {
   // convolutions' kernels, plus the tied LM head.
   int64_t mm = 0;
   for (auto& t : p.tensors)
-    if (t.kind == K::Matrix || t.kind == K::Conv) mm += t.expert ? t.numel / E * c.num_experts_per_tok : t.numel;
+    if (t.kind == K::Matrix || t.kind == K::Conv)
+      mm += t.expert ? t.numel / E * c.num_experts_per_tok : t.numel;
   p.matmul_active_with_head = mm + V * D;
   return p;
 }
@@ -175,7 +177,7 @@ std::vector<Op> forward_ops(const ZayaConfig& c, int64_t tokens, int64_t seq) {
     Op a;
     a.name = pass == 0 ? "attention" : "attention_sliding";
     a.kind = OpKind::Attention;
-    a.flops = 4 * T * keys * Hq * d;  // QK^T and PV
+    a.flops = 4 * T * keys * Hq * d;               // QK^T and PV
     a.bytes = 2 * T * (2 * Hq * d + 2 * Hkv * d);  // q, k, v read once, output written
     a.count = n;
     ops.push_back(a);
@@ -210,8 +212,9 @@ FlopSplit forward_flop_split(const ZayaConfig& c, int64_t seq) {
                I = double(c.moe_intermediate_size), k = double(c.num_experts_per_tok),
                C = (Hq + Hkv) * d, L = double(c.num_hidden_layers);
   FlopSplit s;
-  s.attention_proj = L * 2 * (C * D + Hkv * d * D + D * Hq * d + C * double(c.cca_time0) +
-                              C * d * double(c.cca_time1));
+  s.attention_proj =
+      L * 2 *
+      (C * D + Hkv * d * D + D * Hq * d + C * double(c.cca_time0) + C * d * double(c.cca_time1));
   s.attention_core = 4.0 * total_layer_keys(c, seq) * Hq * d;
   s.moe = L * 2 * (R * D + 2 * R * R + (E + 1) * R + k * 3 * I * D);
   s.head = 2 * double(c.vocab_size) * D;
@@ -248,7 +251,9 @@ double activation_bytes(const ZayaConfig& c, int64_t tokens, bool recompute) {
   return T * (L * 4.0 * double(c.hidden_size) + per_layer + head);
 }
 
-const char* optimizer_name(OptimizerKind o) { return o == OptimizerKind::Muon ? "muon" : "adamw"; }
+const char* optimizer_name(OptimizerKind o) {
+  return o == OptimizerKind::Muon ? "muon" : "adamw";
+}
 
 MemoryPlan memory_plan(const ZayaConfig& c, int ranks, int64_t micro_tokens, OptimizerKind opt,
                        int grad_bytes) {

@@ -32,7 +32,9 @@ int64_t pow2_divisor(int64_t v, int64_t cap) {
   return p;
 }
 
-std::string gib(double bytes) { return fmt::format("{:.1f} GiB", bytes / kGiB); }
+std::string gib(double bytes) {
+  return fmt::format("{:.1f} GiB", bytes / kGiB);
+}
 
 // GEMMs that carry at least 1% of the forward FLOPs: the rules about GEMM efficiency ignore the
 // router's thin matmuls, which cannot matter for throughput.
@@ -64,8 +66,9 @@ RuleResult check_alignment(const std::string& id, const std::string& field, int6
   const int64_t p2 = pow2_divisor(v, 256);
   r.value = fmt::format("{} = {} = {} × {}", field, v, p2, v / p2);
   r.threshold = "multiple of 64 (pass), of 8 (warn), else fail";
-  r.why = "matrix units consume operands in 16-byte (8 bf16) vectors and GEMM libraries tile by "
-          "64–256; other widths run on padded or fallback kernels";
+  r.why =
+      "matrix units consume operands in 16-byte (8 bf16) vectors and GEMM libraries tile by "
+      "64–256; other widths run on padded or fallback kernels";
   r.source = "ZAYA1.md §5 (GEMM dimensions multiples of 64–256)";
   r.status = v % 64 == 0 ? Status::Pass : v % 8 == 0 ? Status::Warn : Status::Fail;
   r.numbers = {{"field", field}, {"value", v}, {"pow2_divisor", p2}};
@@ -84,10 +87,13 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
     r.id = "head_dim";
     r.value = fmt::format("head_dim = {}", c.head_dim);
     r.threshold = "multiple of 64 (128 preferred); not a multiple of 8 fails";
-    r.why = "flash-attention kernels are built for head dims 64/128/256, and the QK^T and PV "
-            "matmuls have K = head_dim: 128 fills the matrix unit's K loop with no remainder";
+    r.why =
+        "flash-attention kernels are built for head dims 64/128/256, and the QK^T and PV "
+        "matmuls have K = head_dim: 128 fills the matrix unit's K loop with no remainder";
     r.source = "ZAYA1.md §5 (head dim a multiple of 64, 128 used)";
-    r.status = c.head_dim % 64 == 0 ? Status::Pass : c.head_dim % 8 == 0 ? Status::Warn : Status::Fail;
+    r.status = c.head_dim % 64 == 0  ? Status::Pass
+               : c.head_dim % 8 == 0 ? Status::Warn
+                                     : Status::Fail;
     if (r.status == Status::Pass && c.head_dim % 128 != 0) r.value += " (128 preferred)";
     r.numbers = {{"head_dim", c.head_dim}, {"multiple_of_128", c.head_dim % 128 == 0}};
     out.push_back(r);
@@ -105,12 +111,13 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
     r.id = "vocab";
     const int64_t V = c.vocab_size, padded = (V + 127) / 128 * 128;
     r.value = fmt::format("vocab_size = {} ({})", V,
-                          V % 128 == 0 ? "multiple of 128"
+                          V % 128 == 0  ? "multiple of 128"
                           : V % 64 == 0 ? "multiple of 64"
                                         : fmt::format("pad to {}", padded));
     r.threshold = "multiple of 64 (128 preferred)";
-    r.why = "the LM head is the largest GEMM (N = vocab) and the embedding gather is row-wise: an "
-            "unpadded vocab leaves a partial tile in every LM-head GEMM";
+    r.why =
+        "the LM head is the largest GEMM (N = vocab) and the embedding gather is row-wise: an "
+        "unpadded vocab leaves a partial tile in every LM-head GEMM";
     r.source = "ZAYA1.md §1, §5 (Gemma-3's 262,144 tokens padded to 262,272)";
     r.status = V % 64 == 0 ? Status::Pass : Status::Warn;
     r.numbers = {{"vocab_size", V}, {"padded_to_128", padded}};
@@ -122,12 +129,12 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
   {  // knee
     RuleResult r;
     r.id = "gemm.knee";
-    r.threshold = fmt::format("every GEMM with ≥1% of the FLOPs does ≥ {:.0f} GFLOP ({})",
-                              hw.knee_gflop, hw.measured && hw.knee_gflop != 200
-                                                 ? "measured p90 knee"
-                                                 : "ZAYA1 default knee");
-    r.why = "below the knee a GEMM cannot fill the device (launch, prologue and tail costs "
-            "dominate) and runs well under peak";
+    r.threshold = fmt::format(
+        "every GEMM with ≥1% of the FLOPs does ≥ {:.0f} GFLOP ({})", hw.knee_gflop,
+        hw.measured && hw.knee_gflop != 200 ? "measured p90 knee" : "ZAYA1 default knee");
+    r.why =
+        "below the knee a GEMM cannot fill the device (launch, prologue and tail costs "
+        "dominate) and runs well under peak";
     r.source = "ZAYA1.md §5 (~200 GFLOP per GEMM to approach peak); measured knee_gflop.p90";
     json rows = json::array();
     double min_work = INFINITY;
@@ -136,7 +143,8 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
       const double w = g.flops * 1e-9;
       rows.push_back({{"gemm", g.name}, {"m", g.m}, {"n", g.n}, {"k", g.k}, {"gflop", w}});
       if (w < min_work) min_work = w, min_name = g.name;
-      if (w < hw.knee_gflop) below += fmt::format("{}{} {:.1f}", below.empty() ? "" : ", ", g.name, w);
+      if (w < hw.knee_gflop)
+        below += fmt::format("{}{} {:.1f}", below.empty() ? "" : ", ", g.name, w);
     }
     r.status = min_work >= hw.knee_gflop ? Status::Pass : Status::Warn;
     r.value = r.status == Status::Pass
@@ -162,16 +170,17 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
       const int64_t group = g.expert ? int64_t(c.num_experts) : 1;
       const int64_t tiles = group * gemm_tiles(g.m, g.n, hw.tile_m, hw.tile_n);
       const double eff = wave_efficiency(tiles, hw.compute_units);
-      rows.push_back({{"gemm", g.name}, {"tiles", tiles}, {"efficiency", eff}, {"grouped", g.expert}});
+      rows.push_back(
+          {{"gemm", g.name}, {"tiles", tiles}, {"efficiency", eff}, {"grouped", g.expert}});
       weighted += eff * g.total_flops();
       wsum += g.total_flops();
       if (eff < worst) worst = eff, worst_name = g.name;
       if (eff < 0.8) low += fmt::format("{}{} {:.2f}", low.empty() ? "" : ", ", g.name, eff);
     }
     r.status = worst >= 0.8 ? Status::Pass : Status::Warn;
-    r.value = fmt::format("{}×{} tiles on {} {}s: worst {} {:.2f}, FLOP-weighted {:.2f}", hw.tile_m,
-                          hw.tile_n, hw.compute_units, hw.cu_name, worst_name, worst,
-                          weighted / wsum);
+    r.value =
+        fmt::format("{}×{} tiles on {} {}s: worst {} {:.2f}, FLOP-weighted {:.2f}", hw.tile_m,
+                    hw.tile_n, hw.compute_units, hw.cu_name, worst_name, worst, weighted / wsum);
     if (!low.empty()) r.value += " (low: " + low + ")";
     r.numbers = {{"tile", {hw.tile_m, hw.tile_n}},
                  {"compute_units", hw.compute_units},
@@ -187,15 +196,18 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
     const double D = double(c.hidden_size), N2 = 2.0 * double(c.moe_intermediate_size);
     const double flops = 2 * Te * N2 * D, bytes = 2 * (Te * D + D * N2 + Te * N2);
     const double intensity = flops / bytes, ridge = hw.ridge_flop_per_byte();
-    r.value = fmt::format("{:.0f} tokens/expert ({} tokens × top-{} / {} experts): {:.0f} FLOP/B "
-                          "vs ridge {:.0f}",
-                          Te, T, c.num_experts_per_tok, c.num_experts, intensity, ridge);
+    r.value = fmt::format(
+        "{:.0f} tokens/expert ({} tokens × top-{} / {} experts): {:.0f} FLOP/B "
+        "vs ridge {:.0f}",
+        Te, T, c.num_experts_per_tok, c.num_experts, intensity, ridge);
     r.threshold = "expert gate_up GEMM intensity ≥ 2× the ridge point (peak / bandwidth)";
-    r.why = "each expert's GEMM has M = tokens routed to it; its weights are re-read for every "
-            "micro-batch, so with few tokens the expert GEMMs turn memory-bound";
+    r.why =
+        "each expert's GEMM has M = tokens routed to it; its weights are re-read for every "
+        "micro-batch, so with few tokens the expert GEMMs turn memory-bound";
     r.source = "ZAYA1.md §5 (large enough per-expert GEMMs for training throughput); roofline";
     r.status = intensity >= 2 * ridge ? Status::Pass : Status::Warn;
-    if (Te < hw.tile_m) r.value += fmt::format("; fewer than one {}-row tile per expert", hw.tile_m);
+    if (Te < hw.tile_m)
+      r.value += fmt::format("; fewer than one {}-row tile per expert", hw.tile_m);
     r.numbers = {{"tokens_per_expert", Te},
                  {"intensity_flop_per_byte", intensity},
                  {"ridge_flop_per_byte", ridge},
@@ -212,11 +224,12 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
     r.value = fmt::format(
         "at seq {}: attention projections+conv {:.1f}%, attention scores {:.1f}%, MoE {:.1f}%, "
         "LM head {:.1f}%",
-        o.train.seq, 100 * s.attention_proj / tot, 100 * s.attention_core / tot,
-        100 * s.moe / tot, 100 * s.head / tot);
+        o.train.seq, 100 * s.attention_proj / tot, 100 * s.attention_core / tot, 100 * s.moe / tot,
+        100 * s.head / tot);
     r.threshold = "attention scores (S-dependent) ≤ 50% of forward FLOPs";
-    r.why = "past half, step time follows the attention kernel and the sequence length rather "
-            "than the MoE width being sized; consider a sliding window or a shorter context";
+    r.why =
+        "past half, step time follows the attention kernel and the sequence length rather "
+        "than the MoE width being sized; consider a sliding window or a shorter context";
     r.source = "DESIGN.md (6·S·Hq·d attention FLOPs per layer and token)";
     r.status = s.attention_core <= 0.5 * tot ? Status::Pass : Status::Warn;
     r.numbers = {{"seq", o.train.seq},
@@ -243,8 +256,9 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
         kv / 1024.0, c.hidden_size / c.head_dim, mha / 1024.0, double(mha) / double(kv), seqs, ctx);
     r.threshold = fmt::format("at least --decode-batch = {} full-context sequences fit in HBM",
                               o.decode_batch);
-    r.why = "decode streams the whole KV cache every token; CCA keeps 2·Hkv·d per layer where "
-            "standard attention keeps 2·D";
+    r.why =
+        "decode streams the whole KV cache every token; CCA keeps 2·Hkv·d per layer where "
+        "standard attention keeps 2·D";
     r.source = "ZAYA1.md §3.1 (40 KiB per token in bf16, 8× less than 16-head MHA)";
     r.status = seqs >= double(o.decode_batch) ? Status::Pass : Status::Fail;
     r.numbers = {{"kv_bytes_per_token", kv},
@@ -266,11 +280,13 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
         gib(m.weights), gib(m.grads), gib(m.master), optimizer_name(o.train.optimizer),
         gib(m.optimizer), gib(m.activations), gib(m.activations_recompute), gib(full), gib(rec),
         gib(cap));
-    r.threshold = fmt::format("total ≤ {:.0f}% of HBM (pass without recomputation; warn when only "
-                              "recomputation fits; fail when neither fits)",
-                              100 * o.memory_headroom);
-    r.why = "ZeRO-1 shards fp32 master weights and optimizer states over the data-parallel ranks "
-            "but replicates bf16 weights, gradients and activations";
+    r.threshold = fmt::format(
+        "total ≤ {:.0f}% of HBM (pass without recomputation; warn when only "
+        "recomputation fits; fail when neither fits)",
+        100 * o.memory_headroom);
+    r.why =
+        "ZeRO-1 shards fp32 master weights and optimizer states over the data-parallel ranks "
+        "but replicates bf16 weights, gradients and activations";
     r.source = "ZAYA1.md §4 (ZeRO-1, fp32 master and states, Muon + AdamW)";
     if (o.train.recompute)
       r.status = rec <= usable ? Status::Pass : Status::Fail;
@@ -297,12 +313,14 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
     const int in_node = std::min(n, G);
     const double node_bw = hw.intra_node_busbw(in_node), full_node = hw.intra_node_busbw(G);
     const double comm = e.reduce_scatter_s + e.all_gather_s;
-    r.threshold = "data-parallel gradient sync ≤ compute time per step, and on a fully connected "
-                  "node a data-parallel group spans the whole node";
+    r.threshold =
+        "data-parallel gradient sync ≤ compute time per step, and on a fully connected "
+        "node a data-parallel group spans the whole node";
     r.why = hw.topology == Topology::FullyConnected
-                ? fmt::format("each GPU has {} direct links of {:.0f} GB/s: a collective over n GPUs "
-                              "of a node uses n−1 of them, so sub-groups lose bandwidth",
-                              hw.links_per_gpu, hw.link_gbs)
+                ? fmt::format(
+                      "each GPU has {} direct links of {:.0f} GB/s: a collective over n GPUs "
+                      "of a node uses n−1 of them, so sub-groups lose bandwidth",
+                      hw.links_per_gpu, hw.link_gbs)
                 : fmt::format("a switched node gives every GPU its full {:.0f} GB/s to any subset",
                               hw.gpu_fabric_gbs);
     r.source = "ZAYA1.md §5 (MI300X: 7 peer links, (n−1) links per collective; NVSwitch)";
@@ -311,7 +329,8 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
       r.value = "1 rank: no data-parallel collectives";
     } else {
       r.value = fmt::format(
-          "{} ranks: reduce-scatter {:.3f} s at {:.0f} GB/s + all-gather {:.3f} s at {:.0f} GB/s vs "
+          "{} ranks: reduce-scatter {:.3f} s at {:.0f} GB/s + all-gather {:.3f} s at {:.0f} GB/s "
+          "vs "
           "compute {:.3f} s",
           n, e.reduce_scatter_s, e.reduce_scatter_busbw * 1e-9, e.all_gather_s,
           e.all_gather_busbw * 1e-9, e.compute_s);
@@ -322,11 +341,12 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
         r.status = Status::Warn;
       }
     }
-    r.numbers = {{"ranks", n},
-                 {"topology", hw.topology == Topology::FullyConnected ? "fully_connected" : "switch"},
-                 {"intra_node_busbw_gbs", std::isfinite(node_bw) ? json(node_bw * 1e-9) : json(nullptr)},
-                 {"comm_s", std::isfinite(comm) ? json(comm) : json(nullptr)},
-                 {"compute_s", e.compute_s}};
+    r.numbers = {
+        {"ranks", n},
+        {"topology", hw.topology == Topology::FullyConnected ? "fully_connected" : "switch"},
+        {"intra_node_busbw_gbs", std::isfinite(node_bw) ? json(node_bw * 1e-9) : json(nullptr)},
+        {"comm_s", std::isfinite(comm) ? json(comm) : json(nullptr)},
+        {"compute_s", e.compute_s}};
     out.push_back(r);
   }
   return out;

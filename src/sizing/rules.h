@@ -21,19 +21,19 @@ enum class Status { Pass, Warn, Fail };
 const char* status_name(Status s);
 
 struct RuleResult {
-  std::string id;         // "head_dim", "width.hidden", "gemm.knee", ...
+  std::string id;  // "head_dim", "width.hidden", "gemm.knee", ...
   Status status = Status::Pass;
-  std::string value;      // the measured quantity, human-readable
-  std::string threshold;  // what passes
-  std::string why;        // why it matters
-  std::string source;     // where the rule comes from
+  std::string value;                                  // the measured quantity, human-readable
+  std::string threshold;                              // what passes
+  std::string why;                                    // why it matters
+  std::string source;                                 // where the rule comes from
   nlohmann::json numbers = nlohmann::json::object();  // the figures behind the verdict
 };
 
 struct CheckOptions {
   TrainSetup train;
   int64_t decode_batch = 1;
-  int64_t context = 0;  // KV rule's context; 0: max_position_embeddings
+  int64_t context = 0;           // KV rule's context; 0: max_position_embeddings
   double memory_headroom = 0.9;  // usable fraction of HBM (allocator, workspaces, runtime)
 };
 

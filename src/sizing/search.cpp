@@ -20,7 +20,8 @@ double parse_count(const std::string& flag, const std::string& text) {
   std::string t;
   for (char ch : text)
     if (ch != '_' && ch != ',') t += ch;
-  ZAYA_CHECK(!t.empty(), "{}: expected a count like 8.3B, 760M or 4096, found an empty value", flag);
+  ZAYA_CHECK(!t.empty(), "{}: expected a count like 8.3B, 760M or 4096, found an empty value",
+             flag);
   // A trailing letter is a suffix; the rest must be a plain number.
   char suffix = 0;
   if (std::isalpha(static_cast<unsigned char>(t.back()))) {
@@ -182,7 +183,8 @@ std::vector<Candidate> propose(const ZayaConfig& base, const HardwareProfile& hw
           const double I = (o.budget.active - a0) / (double(L) * double(k) * 3.0 * double(D));
           const int64_t Ir = int64_t(std::llround(I / double(o.width_step))) * o.width_step;
           if (Ir < o.width_step) continue;
-          if (double(Ir) < o.width_ratio_min * double(D) || double(Ir) > o.width_ratio_max * double(D))
+          if (double(Ir) < o.width_ratio_min * double(D) ||
+              double(Ir) > o.width_ratio_max * double(D))
             continue;
           c.moe_intermediate_size = Ir;
           const ParamCounts p = count_params(c);
@@ -234,7 +236,8 @@ json candidates_to_json(const std::vector<Candidate>& cs) {
 void write_moe_plot(const std::vector<Candidate>& cs, const std::string& hardware,
                     const std::string& path) {
   PlotSpec spec;
-  spec.title = fmt::format("MoE width sweep on {}: training throughput vs decode latency", hardware);
+  spec.title =
+      fmt::format("MoE width sweep on {}: training throughput vs decode latency", hardware);
   spec.xlabel = "decode latency per token (ms)";
   spec.ylabel = "training tokens/s per GPU";
   std::map<int64_t, PlotSeries> by_k;

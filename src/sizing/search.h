@@ -24,8 +24,8 @@ namespace zaya::sizing {
 double parse_count(const std::string& flag, const std::string& text);
 
 struct Budget {
-  double total = 0;   // parameters without the embedding
-  double active = 0;  // active per token without the embedding
+  double total = 0;         // parameters without the embedding
+  double active = 0;        // active per token without the embedding
   double tolerance = 0.10;  // relative
   void validate() const;
   bool fits(double t, double a) const;
@@ -46,14 +46,14 @@ struct Candidate {
 
 struct SearchOptions {
   Budget budget;
-  CheckOptions check;          // training setup, decode batch
+  CheckOptions check;  // training setup, decode batch
   int64_t decode_context = 4096;
   int64_t prompt = 4096;
   std::vector<int64_t> experts = {4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 256};
   std::vector<int64_t> top_k = {1, 2, 4, 8};
-  int64_t width_step = 128;    // expert widths are multiples of this
+  int64_t width_step = 128;  // expert widths are multiples of this
   int64_t width_max = 16384;
-  std::vector<int64_t> hidden = {1024, 1536, 2048, 2560, 3072, 4096};  // propose only
+  std::vector<int64_t> hidden = {1024, 1536, 2048, 2560, 3072, 4096};      // propose only
   std::vector<int64_t> layers = {16, 20, 24, 28, 32, 36, 40, 48, 56, 64};  // propose only
   // propose only: expert width as a multiple of the hidden size. The cost model alone would shrink
   // D and grow I without bound (the LM head and attention scale with D); published MoEs keep

@@ -65,9 +65,36 @@ knee = [r for r in j["rules"] if r["id"] == "gemm.knee"][0]
 assert knee["numbers"]["knee_gflop"] == 60, knee["numbers"]["knee_gflop"]
 PYEOF
 
-# A config file from a preset round-trips.
 "$ZAYA" size check --preset tiny --hardware a100 --ranks 1 --micro-batch 1 --seq 256 \
   > "$T/tiny.out" 2>&1 || { cat "$T/tiny.out"; fail "tiny on a100"; }
+
+# A config.json written by hand with ZAYA1.md §1's values gives the same counts as the preset.
+cat > "$T/zaya1.json" <<'JSON'
+{"model_type": "zaya", "vocab_size": 262272, "hidden_size": 2048, "num_hidden_layers": 40,
+ "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "moe_intermediate_size": 2048,
+ "num_experts": 16, "num_experts_per_tok": 1, "router_hidden_size": 256, "cca_time0": 2,
+ "cca_time1": 2, "max_position_embeddings": 4096, "tie_word_embeddings": true}
+JSON
+"$ZAYA" size check --config "$T/zaya1.json" --hardware b200 --json "$T/cfg.json" > "$T/cfg.out" 2>&1 \
+  || { cat "$T/cfg.out"; fail "check --config"; }
+python3 - "$T/cfg.json" <<'PYEOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["params"]["total"] == 8303355728 and j["params"]["active"] == 753608528, j["params"]
+kv = [r for r in j["rules"] if r["id"] == "kv_cache"][0]
+assert kv["numbers"]["context"] == 4096, kv["numbers"]
+assert j["hardware"]["key"] == "b200" and j["hardware"]["compute_units"] == 148
+PYEOF
+
+# The built-in profiles, listed and printed.
+"$ZAYA" size hardware > "$T/hw.out"
+[ "$(wc -l < "$T/hw.out")" -eq 6 ] || { cat "$T/hw.out"; fail "expected 6 built-in profiles"; }
+"$ZAYA" size hardware --hardware mi300x > "$T/hw.json"
+python3 -c "
+import json, sys
+h = json.load(open(sys.argv[1]))
+assert h['compute_units'] == 304 and h['topology'] == 'fully_connected' and h['links_per_gpu'] == 7, h
+" "$T/hw.json"
 
 expect_error() {  # expect_error <exit code> <message fragment> <args...>
   local code=$1 msg=$2; shift 2

@@ -80,7 +80,7 @@ TEST(SizingHardware, MeasuredProfileFallsBackToTheBuiltin) {
   EXPECT_EQ(h.key, "h200");
   EXPECT_DOUBLE_EQ(h.peak_bf16_tflops, 790);
   EXPECT_DOUBLE_EQ(h.copy_gbs, 4200);
-  EXPECT_DOUBLE_EQ(h.read_gbs, 4800);  // not measured: the datasheet figure stays
+  EXPECT_DOUBLE_EQ(h.read_gbs, 4800);   // not measured: the datasheet figure stays
   EXPECT_DOUBLE_EQ(h.knee_gflop, 120);  // measured p90 knee replaces the 200 GFLOP default
   EXPECT_DOUBLE_EQ(h.hbm_gib, 141);     // missing: from the built-in H200
   EXPECT_EQ(h.compute_units, 132);
@@ -97,17 +97,20 @@ TEST(SizingHardware, MeasuredProfileErrors) {
   EXPECT_NE(e.find("device 'Acme X1' is not a built-in profile"), std::string::npos) << e;
   EXPECT_NE(e.find("'hbm_capacity_gib' is required"), std::string::npos) << e;
   json n = {{"schema", "zaya.hardware/1"}, {"device", "NVIDIA H100"}, {"copy_bandwidth_gbs", -3}};
-  EXPECT_NE(error_of([&] { hardware_from_json(n, "p.json"); })
-                .find("field 'copy_bandwidth_gbs' must be positive"),
+  EXPECT_NE(error_of([&] {
+              hardware_from_json(n, "p.json");
+            }).find("field 'copy_bandwidth_gbs' must be positive"),
             std::string::npos);
   json g = {{"schema", "zaya.hardware/1"},
             {"device", "NVIDIA H100"},
             {"gemm_efficiency", {{{"m", 0}, {"n", 1}, {"k", 1}, {"tflops", 1}}}}};
-  EXPECT_NE(error_of([&] { hardware_from_json(g, "p.json"); }).find("gemm_efficiency[0]: field 'm'"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { hardware_from_json(g, "p.json"); }).find("gemm_efficiency[0]: field 'm'"),
+      std::string::npos);
   // A complete profile of an unknown device is accepted.
-  json ok = {{"schema", "zaya.hardware/1"}, {"device", "Acme X1"}, {"sm_count", 10},
-             {"hbm_capacity_gib", 16}, {"copy_bandwidth_gbs", 500}, {"peak_tflops", {{"bf16", 50}}}};
+  json ok = {
+      {"schema", "zaya.hardware/1"}, {"device", "Acme X1"},       {"sm_count", 10},
+      {"hbm_capacity_gib", 16},      {"copy_bandwidth_gbs", 500}, {"peak_tflops", {{"bf16", 50}}}};
   const HardwareProfile h = hardware_from_json(ok, "p.json");
   EXPECT_EQ(h.compute_units, 10);
   EXPECT_DOUBLE_EQ(h.read_gbs, 500);
@@ -120,8 +123,8 @@ TEST(SizingHardware, GemmTableInterpolatesInLogWork) {
   h.gemm.push_back({500, 1000, 1000, "bf16", 100, 0});
   h.gemm.push_back({50000, 1000, 1000, "bf16", 700, 0});
   h.gemm.push_back({50000, 1000, 1000, "fp8", 1500, 0});  // other dtypes are ignored
-  EXPECT_NEAR(h.gemm_flops_per_s(10), 400e12, 1e3);  // log-midpoint
-  EXPECT_NEAR(h.gemm_flops_per_s(0.01), 100e12, 1e3);  // clamped
+  EXPECT_NEAR(h.gemm_flops_per_s(10), 400e12, 1e3);       // log-midpoint
+  EXPECT_NEAR(h.gemm_flops_per_s(0.01), 100e12, 1e3);     // clamped
   EXPECT_NEAR(h.gemm_flops_per_s(1e6), 700e12, 1e3);
 }
 
@@ -138,7 +141,8 @@ TEST(SizingHardware, MeasuredCollectivesBySideOfTheNode) {
 }
 
 TEST(SizingHardware, FixtureProfileLoads) {
-  const HardwareProfile h = load_hardware(std::string(ZAYA_SOURCE_DIR) + "/tests/sizing/h200_measured.json");
+  const HardwareProfile h =
+      load_hardware(std::string(ZAYA_SOURCE_DIR) + "/tests/sizing/h200_measured.json");
   EXPECT_EQ(h.key, "h200");
   EXPECT_DOUBLE_EQ(h.peak_bf16_tflops, 790);
   EXPECT_DOUBLE_EQ(h.knee_gflop, 60);

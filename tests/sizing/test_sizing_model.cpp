@@ -21,7 +21,8 @@ namespace {
 //   router 256·2048 + 256 + 256 (states scale) + 256 (norm) + 2·(65,536 + 256) + 17·256 = 660,992
 //   experts 16 · 3 · 2048 · 2048 = 201,326,592
 constexpr int64_t kLayer = 5242880 + 332802 + 20480 + 660992 + 201326592;  // 207,583,746
-constexpr int64_t kTotal = 40 * kLayer + 3 * 2048 - 256;  // model vectors; layer 0 has no states scale
+constexpr int64_t kTotal =
+    40 * kLayer + 3 * 2048 - 256;  // model vectors; layer 0 has no states scale
 constexpr int64_t kActive = kTotal - 40LL * 15 * 3 * 2048 * 2048;
 constexpr int64_t kEmbedding = 262272LL * 2048;
 
@@ -75,7 +76,8 @@ TEST(SizingModel, ForwardOpsSumToTheModelFlops) {
   EXPECT_NEAR(3 * f / double(T), train_flops_per_token(c, 4096), 1e-6 * f);
   // Top-2 doubles the expert term.
   c.num_experts_per_tok = 2;
-  const double delta = train_flops_per_token(c, 4096) - train_flops_per_token(ZayaConfig::preset("zaya1-base"), 4096);
+  const double delta = train_flops_per_token(c, 4096) -
+                       train_flops_per_token(ZayaConfig::preset("zaya1-base"), 4096);
   EXPECT_DOUBLE_EQ(delta, 6.0 * 40 * 3 * 2048 * 2048);
 }
 
@@ -94,7 +96,7 @@ TEST(SizingModel, SlidingWindowKeys) {
 
 TEST(SizingModel, KvCacheCcaVersusMha) {
   const ZayaConfig c = ZayaConfig::preset("zaya1-base");
-  EXPECT_EQ(kv_bytes_per_token(c), 40 * 1024);       // ZAYA1.md §3.1: 40 KiB per token
+  EXPECT_EQ(kv_bytes_per_token(c), 40 * 1024);          // ZAYA1.md §3.1: 40 KiB per token
   EXPECT_EQ(mha_kv_bytes_per_token(c), 8 * 40 * 1024);  // 8× less than 16-head MHA
 }
 

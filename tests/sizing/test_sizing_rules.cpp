@@ -49,7 +49,8 @@ TEST(SizingRules, Alignment) {
 }
 
 TEST(SizingRules, Zaya1BaseAlignmentPasses) {
-  const auto rs = check_rules(ZayaConfig::preset("zaya1-base"), builtin_hardware("mi300x"), opts(4, 8));
+  const auto rs =
+      check_rules(ZayaConfig::preset("zaya1-base"), builtin_hardware("mi300x"), opts(4, 8));
   for (const char* id : {"head_dim", "width.hidden", "width.attention_q", "width.attention_kv",
                          "width.expert", "width.router", "vocab"})
     EXPECT_EQ(rule(rs, id).status, Status::Pass) << id;
@@ -74,7 +75,8 @@ TEST(SizingRules, HeadDimAndVocabThresholds) {
 TEST(SizingRules, KneeUsesPerExpertWork) {
   // 4 × 4096 tokens, 16 experts, top-1: 1024 tokens per expert; gate_up = 2·1024·4096·2048 =
   // 17.18 GFLOP, down = 8.59 GFLOP, both under the 200 GFLOP default knee.
-  const auto rs = check_rules(ZayaConfig::preset("zaya1-base"), builtin_hardware("h200"), opts(4, 8));
+  const auto rs =
+      check_rules(ZayaConfig::preset("zaya1-base"), builtin_hardware("h200"), opts(4, 8));
   const RuleResult& r = rule(rs, "gemm.knee");
   EXPECT_EQ(r.status, Status::Warn);
   EXPECT_DOUBLE_EQ(r.numbers["knee_gflop"].get<double>(), 200);
@@ -165,9 +167,11 @@ TEST(SizingRules, MemoryUnderZero1) {
   const ZayaConfig c = ZayaConfig::preset("zaya1-base");
   const double P = 8840488784.0, M = 40.0 * (5242880 + 659712 + 201326592);
   const double gib = 1073741824.0;
-  // MI300X, 8 ranks, 16K tokens, Muon: 2P + 4P + 4P/8 + 4(M + 2(P−M))/8 + 16384·(40·68784 + 536840).
+  // MI300X, 8 ranks, 16K tokens, Muon: 2P + 4P + 4P/8 + 4(M + 2(P−M))/8 + 16384·(40·68784 +
+  // 536840).
   auto r = rule(check_rules(c, builtin_hardware("mi300x"), opts(4, 8)), "memory");
-  const double want = 6 * P + 4 * P / 8 + 4 * (M + 2 * (P - M)) / 8 + 16384.0 * (40 * 68784.0 + 536840);
+  const double want =
+      6 * P + 4 * P / 8 + 4 * (M + 2 * (P - M)) / 8 + 16384.0 * (40 * 68784.0 + 536840);
   EXPECT_NEAR(r.numbers["total_bytes"].get<double>(), want, 1);
   EXPECT_LT(want, 0.9 * 192 * gib);
   EXPECT_EQ(r.status, Status::Pass);

@@ -48,10 +48,13 @@ TEST(SizingSearch, ParseCount) {
   EXPECT_DOUBLE_EQ(parse_count("--total", "4k"), 4000);
   EXPECT_DOUBLE_EQ(parse_count("--total", "1.2T"), 1.2e12);
   EXPECT_DOUBLE_EQ(parse_count("--total", "1,000,000"), 1e6);
-  EXPECT_NE(error_of([] { parse_count("--total", "8.3X"); }).find("--total: '8.3X' has an unknown suffix"),
+  EXPECT_NE(error_of([] {
+              parse_count("--total", "8.3X");
+            }).find("--total: '8.3X' has an unknown suffix"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_count("--active", "abc"); }).find("--active: 'abc' is not a number"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { parse_count("--active", "abc"); }).find("--active: 'abc' is not a number"),
+      std::string::npos);
   EXPECT_NE(error_of([] { parse_count("--active", "-5M"); }).find("must be positive"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse_count("--active", "1.5.3"); }).find("is not a number"),
@@ -99,9 +102,10 @@ TEST(SizingSearch, MoeSweepOnZaya1Budget) {
     // The budget is judged on ZayaConfig's own count (top-1 there counts one expert, so scale).
     ZayaConfig k1 = c.config;
     const double total = double(k1.params_total(false));
-    const double one_expert = 3.0 * double(k1.moe_intermediate_size * k1.hidden_size) *
-                              double(k1.num_hidden_layers);
-    const double active = double(k1.params_active(false)) + (double(k1.num_experts_per_tok) - 1) * one_expert;
+    const double one_expert =
+        3.0 * double(k1.moe_intermediate_size * k1.hidden_size) * double(k1.num_hidden_layers);
+    const double active =
+        double(k1.params_active(false)) + (double(k1.num_experts_per_tok) - 1) * one_expert;
     EXPECT_EQ(c.within_budget, o.budget.fits(total, active)) << c.label();
     EXPECT_TRUE(c.within_budget) << c.label();
     if (c.reference) ++refs, ref = &c;
@@ -149,7 +153,8 @@ TEST(SizingSearch, ReferenceOutsideTheBudgetIsStillShown) {
 }
 
 TEST(SizingSearch, ParetoSvg) {
-  const auto cs = moe_sweep(ZayaConfig::preset("zaya1-base"), builtin_hardware("mi300x"), zaya1_budget());
+  const auto cs =
+      moe_sweep(ZayaConfig::preset("zaya1-base"), builtin_hardware("mi300x"), zaya1_budget());
   const auto path = std::filesystem::temp_directory_path() / "zaya_size_moe_test.svg";
   write_moe_plot(cs, "AMD Instinct MI300X", path.string());
   std::ifstream in(path);

@@ -553,11 +553,59 @@ RunConfig RunConfig::defaults(const std::vector<std::string>& overrides) {
   return finish(toml::table{}, "<defaults>", overrides);
 }
 
+// toml++ prints doubles with 17 significant digits (0.9 → 0.90000000000000002): exact but hard to
+// read. Rewrite each float token outside strings as the shortest text that parses back to the same
+// double (fmt's "{}"), keeping a '.' or exponent so TOML still reads it as a float.
+static std::string shorten_floats(const std::string& in) {
+  std::string out;
+  out.reserve(in.size());
+  size_t i = 0;
+  while (i < in.size()) {
+    const char ch = in[i];
+    if (ch == '\'' || ch == '"') {  // copy a string literal verbatim ("..." may hold \" escapes)
+      size_t j = i + 1;
+      while (j < in.size() && in[j] != ch) j += (ch == '"' && in[j] == '\\') ? 2 : 1;
+      out.append(in, i, j + 1 - i);
+      i = j + 1;
+      continue;
+    }
+    const bool starts_number =
+        std::isdigit((unsigned char)ch) ||
+        ((ch == '-' || ch == '+') && i + 1 < in.size() && std::isdigit((unsigned char)in[i + 1]));
+    const bool after_word = i > 0 && (std::isalnum((unsigned char)in[i - 1]) || in[i - 1] == '_');
+    if (starts_number && !after_word) {
+      size_t j = i + 1;
+      while (j < in.size() &&
+             (std::isalnum((unsigned char)in[j]) || in[j] == '.' || in[j] == '_' ||
+              ((in[j] == '-' || in[j] == '+') && (in[j - 1] == 'e' || in[j - 1] == 'E'))))
+        j++;
+      std::string tok = in.substr(i, j - i);
+      const bool is_float = tok.find_first_of(".eE") != std::string::npos &&
+                            tok.find('_') == std::string::npos &&
+                            tok.find(':') == std::string::npos;
+      char* end = nullptr;
+      const double v = is_float ? std::strtod(tok.c_str(), &end) : 0.0;
+      if (is_float && end == tok.c_str() + tok.size() && std::isfinite(v)) {
+        std::string s = fmt::format("{}", v);
+        if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+        out += s;
+      } else {
+        out += tok;
+      }
+      i = j;
+      continue;
+    }
+    out += ch;
+    i++;
+  }
+  return out;
+}
+
 std::string RunConfig::to_toml() const {
   std::ostringstream ss;
   ss << toml::toml_formatter(to_table(*this));
   ss << "\n";
-  return ss.str();
+  return shorten_floats(ss.str());
 }
 
 OptimizerSettings OptimSection::optimizer_settings() const {

@@ -122,7 +122,8 @@ int bench_comm(int argc, char** argv) {
   if (!out.profile.empty()) {
     nlohmann::json coll = nlohmann::json::array();
     for (const auto& r : rows) {
-      if (r.inplace) continue;
+      // A one-rank group moves nothing over a link (busbw 0); the profile keeps positive rates.
+      if (r.inplace || !(r.busbw_gbs > 0)) continue;
       coll.push_back({{"op", r.op},
                       {"ranks", r.ranks},
                       {"bytes", r.bytes},

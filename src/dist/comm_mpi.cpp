@@ -6,13 +6,13 @@
 // in-place form leaves it at the start of the buffer, so that case pays one extra memmove.
 #include "dist/comm_mpi.h"
 
-#include "core/error.h"
-
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
+
+#include "core/error.h"
 
 namespace zaya::detail {
 

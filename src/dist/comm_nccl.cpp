@@ -37,8 +37,8 @@ ncclDataType_t nccl_type(DType t) {
     case DType::U8: return ncclUint8;
     case DType::I8: return ncclInt8;
     default:
-      throw ::zaya::Error(std::string("NCCL communicator: dtype ") +
-                          std::string(dtype_name(t)) + " is not supported");
+      throw ::zaya::Error(std::string("NCCL communicator: dtype ") + std::string(dtype_name(t)) +
+                          " is not supported");
   }
 }
 
@@ -79,8 +79,7 @@ class NcclCommunicator : public Communicator {
   void all_reduce(const void* send, void* recv, size_t count, DType t, RedOp op) override {
     ZAYA_NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_));
   }
-  void reduce_scatter(const void* send, void* recv, size_t recvcount, DType t,
-                      RedOp op) override {
+  void reduce_scatter(const void* send, void* recv, size_t recvcount, DType t, RedOp op) override {
     ZAYA_NCCL_CHECK(
         ncclReduceScatter(send, recv, recvcount, nccl_type(t), nccl_op(op), comm_, stream_));
   }
@@ -97,8 +96,8 @@ class NcclCommunicator : public Communicator {
     for (int p = 0; p < size(); ++p) {
       ZAYA_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + size_t(p) * bytes, count,
                                nccl_type(t), p, comm_, stream_));
-      ZAYA_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + size_t(p) * bytes, count, nccl_type(t),
-                               p, comm_, stream_));
+      ZAYA_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + size_t(p) * bytes, count, nccl_type(t), p,
+                               comm_, stream_));
     }
     ZAYA_NCCL_CHECK(ncclGroupEnd());
   }

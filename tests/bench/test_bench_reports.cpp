@@ -39,7 +39,8 @@ std::vector<CommRow> sample_rows() {
 }
 
 TEST(CommReport, JsonHasOneRecordPerRow) {
-  const auto j = nlohmann::json::parse(comm_rows_json(sample_rows(), "mpi", 4, {"a", "a", "b", "b"}));
+  const auto j =
+      nlohmann::json::parse(comm_rows_json(sample_rows(), "mpi", 4, {"a", "a", "b", "b"}));
   EXPECT_EQ(j["schema"], "zaya.bench.comm/1");
   EXPECT_EQ(j["world_size"], 4);
   ASSERT_EQ(j["results"].size(), 2u);
@@ -62,8 +63,8 @@ TEST(CommReport, CsvAndTable) {
   std::getline(in, header);
   EXPECT_EQ(header.rfind("name,group,ranks,", 0), 0u);
   std::getline(in, line);
-  EXPECT_EQ(line.rfind("all_reduce,world,4,mpi,1024,256,float,sum,0,10.0000,0.102400,0.153600,0", 0),
-            0u)
+  EXPECT_EQ(
+      line.rfind("all_reduce,world,4,mpi,1024,256,float,sum,0,10.0000,0.102400,0.153600,0", 0), 0u)
       << line;
   const std::string row = comm_table_row(sample_rows()[1]);
   EXPECT_NE(row.find("broadcast"), std::string::npos);
@@ -99,7 +100,8 @@ TEST(GemmShapes, RangesAndModelShapes) {
                                   R * D + 2 * R * R + (E + 1) * R) *
                                T +
                            double(3 * I * D) * double(T / E) * double(E);
-  const double want = 6.0 * (per_layer * double(cfg.num_hidden_layers) + double(cfg.vocab_size * D) * T);
+  const double want =
+      6.0 * (per_layer * double(cfg.num_hidden_layers) + double(cfg.vocab_size * D) * T);
   double got = 0;
   for (const auto& s : shapes) got += s.gflop() * 1e9 * double(s.count);
   EXPECT_NEAR(got / want, 1.0, 1e-12);
@@ -117,11 +119,11 @@ TEST(GemmShapes, RangesAndModelShapes) {
 
 TEST(GemmShapes, KneeAndWaves) {
   std::vector<GemmResult> rs(3);
-  rs[0].shape = {"square", 256, 256, 256};      // 0.034 GFLOP
+  rs[0].shape = {"square", 256, 256, 256};  // 0.034 GFLOP
   rs[0].tflops = 100;
-  rs[1].shape = {"square", 1024, 1024, 1024};   // 2.1 GFLOP
+  rs[1].shape = {"square", 1024, 1024, 1024};  // 2.1 GFLOP
   rs[1].tflops = 850;
-  rs[2].shape = {"square", 4096, 4096, 4096};   // 137 GFLOP
+  rs[2].shape = {"square", 4096, 4096, 4096};  // 137 GFLOP
   rs[2].tflops = 920;
   EXPECT_NEAR(knee_gflop(rs, 1000, 0.8), rs[1].shape.gflop(), 1e-12);
   EXPECT_NEAR(knee_gflop(rs, 1000, 0.9), rs[2].shape.gflop(), 1e-12);
@@ -152,14 +154,24 @@ TEST(MemReport, TestsBytesAndWriters) {
 
 TEST(HardwareProfile, MergeReplacesByKeyAndKeepsTheRest) {
   nlohmann::json p;
-  merge_profile(p, {{"device", "X"}, {"peak_tflops", {{"bf16", 900}}},
-                    {"collectives", {{{"op", "all_reduce"}, {"ranks", 2}, {"bytes", 8},
-                                      {"backend", "mpi"}, {"busbw_gbs", 1.0}}}}});
-  merge_profile(p, {{"peak_tflops", {{"fp8", 1800}}},
-                    {"collectives", {{{"op", "all_reduce"}, {"ranks", 2}, {"bytes", 8},
-                                      {"backend", "mpi"}, {"busbw_gbs", 2.0}},
-                                     {{"op", "all_reduce"}, {"ranks", 4}, {"bytes", 8},
-                                      {"backend", "mpi"}, {"busbw_gbs", 3.0}}}}});
+  merge_profile(p, {{"device", "X"},
+                    {"peak_tflops", {{"bf16", 900}}},
+                    {"collectives",
+                     {{{"op", "all_reduce"},
+                       {"ranks", 2},
+                       {"bytes", 8},
+                       {"backend", "mpi"},
+                       {"busbw_gbs", 1.0}}}}});
+  merge_profile(
+      p,
+      {{"peak_tflops", {{"fp8", 1800}}},
+       {"collectives",
+        {{{"op", "all_reduce"}, {"ranks", 2}, {"bytes", 8}, {"backend", "mpi"}, {"busbw_gbs", 2.0}},
+         {{"op", "all_reduce"},
+          {"ranks", 4},
+          {"bytes", 8},
+          {"backend", "mpi"},
+          {"busbw_gbs", 3.0}}}}});
   EXPECT_EQ(p["schema"], kHardwareSchema);
   EXPECT_EQ(p["device"], "X");
   EXPECT_EQ(p["peak_tflops"]["bf16"], 900);

@@ -466,7 +466,9 @@ void apply_override(toml::table& root, const std::string& arg) {
       if (!next_like || (!last && !next_like->is_table() && !is_list))
         fail("unknown override key '{}'; {}", path, suggestions(path));
       auto* t = node->as_table();
-      ZAYA_ASSERT(t);
+      if (!t)
+        fail("override --{}: '{}' is {} in the config, expected a table", path,
+             fmt::join(segs.begin(), segs.begin() + long(i), "."), type_name(*node));
       if (last) {
         set_typed(*t, s, *next_like, text, path);
         return;

@@ -253,6 +253,8 @@ TEST(RunConfig, BadOverridesAreExplained) {
   EXPECT_TRUE(contains(msg, "section")) << msg;
   msg = error_of([] { RunConfig::defaults({"--optim.lr.x=3"}); });
   EXPECT_TRUE(contains(msg, "optim.lr")) << msg;
+  msg = error_of([] { RunConfig::from_toml("optim = [1]\n", "x", {"--optim.lr=1"}); });
+  EXPECT_TRUE(contains(msg, "expected a table")) << msg;
   EXPECT_TRUE(is_config_override("--optim.lr=3"));
   EXPECT_FALSE(is_config_override("--steps=3"));
   EXPECT_FALSE(is_config_override("configs/tiny.toml"));

@@ -725,6 +725,7 @@ Cases make_cases() {
   add_linear(cs, s++, 5, 13, 7, DType::F32, false, false);
   add_linear(cs, s++, 6, 8, 4, DType::F32, true, true);
   add_linear(cs, s++, 2, 11, 9, DType::F32, true, false);
+  add_linear(cs, s++, 3, 10, 5, DType::F32, false, true);
   add_linear(cs, s++, 1, 9, 11, DType::BF16, true, true);
   add_linear(cs, s++, 9, 16, 6, DType::BF16, true, false);
   add_linear(cs, s++, 3, 17, 5, DType::F16, false, true);

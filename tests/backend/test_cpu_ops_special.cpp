@@ -134,6 +134,15 @@ TEST(CpuOpsSpecial, CrossEntropyIgnoresNegativeTargets) {
       EXPECT_EQ(dl[n * V + v], tgt[n] < 0 ? 0.0f : dl_kept[m * V + v]) << n << "," << v;
     if (tgt[n] >= 0) m++;
   }
+  // A target outside the vocabulary is an error naming it and its position.
+  std::vector<int32_t> bad = tgt;
+  bad[4] = int32_t(V);
+  try {
+    cpu::cross_entropy(nullptr, logits.data(), bad.data(), N, V);
+    ADD_FAILURE() << "target id V accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("id 9 at position 4"), std::string::npos) << e.what();
+  }
   // All ignored: loss 0 and a zero gradient (no division by a zero count).
   const std::vector<int32_t> none(sz(N), -1);
   Buf dl0(sz(N * V), kNaN);

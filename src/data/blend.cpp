@@ -51,7 +51,7 @@ void Blender::restore(const std::vector<int64_t>& counts) {
   total_ = t;
 }
 
-std::vector<BlendEntry> parse_blend(const std::string& spec) {
+std::vector<WeightedPrefix> parse_blend(const std::string& spec) {
   std::string s = spec;
   std::replace(s.begin(), s.end(), ',', ' ');
   std::istringstream in(s);
@@ -63,7 +63,7 @@ std::vector<BlendEntry> parse_blend(const std::string& spec) {
     *v = std::strtod(w.c_str(), &end);
     return end && *end == '\0' && end != w.c_str();
   };
-  std::vector<BlendEntry> out;
+  std::vector<WeightedPrefix> out;
   double v;
   if (!as_number(words[0], &v)) {
     for (const auto& w : words) {

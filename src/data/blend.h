@@ -37,10 +37,10 @@ class Blender {
 
 // A blend written as Megatron's --data-path: "w1 prefix1 w2 prefix2 ..." or bare prefixes
 // (equal weights). Entries are split on whitespace or commas.
-struct BlendEntry {
+struct WeightedPrefix {
   double weight = 1.0;
   std::string prefix;
 };
-std::vector<BlendEntry> parse_blend(const std::string& spec);
+std::vector<WeightedPrefix> parse_blend(const std::string& spec);
 
 }  // namespace zaya

@@ -58,8 +58,8 @@ run gemm "$Z" bench gemm --dtype bf16,fp8 --knee --knee-max 16384 --waves 1024:8
   --svg "$W/gemm.svg" --profile "$P"
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 if command -v mpirun >/dev/null && [ "$ngpu" -ge 1 ]; then
-  run comm_nccl mpirun -np "$ngpu" --oversubscribe "$Z" bench comm --backend nccl -b 8 -e 1G \
-    -f 4 --ops all --dtype bfloat16,float --inplace both -n 20 -w 5 --sweep-ranks \
+  run comm_nccl mpirun -np "$ngpu" --oversubscribe "$Z" bench comm --backend nccl -b 8 -e 256M \
+    -f 4 --ops all --dtype bfloat16 --inplace both -n 20 -w 5 --sweep-ranks \
     --json "$W/comm_nccl.json" --csv "$W/comm_nccl.csv" --svg "$W/comm_nccl.svg" --profile "$P"
 else
   note "comm: skipped (no mpirun or no GPU)"

@@ -1,6 +1,7 @@
 // Hardware profile merging (see profile.h).
 #include "bench/profile.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -74,6 +75,68 @@ void merge_profile_file(const std::string& path, const nlohmann::json& update) {
   }
   merge_profile(profile, update);
   write_text_file_atomic(path, profile.dump(1) + "\n");
+}
+
+nlohmann::json profile_from_gemm(const std::vector<GemmResult>& rs, const DeviceInfo& dev,
+                                 double pb, double pf) {
+  std::vector<GemmResult> bf16_sq, bf16_all;
+  for (const auto& r : rs) {
+    if (r.dtype != "bf16" || (r.method != "lt" && r.method != "lt-batched")) continue;
+    bf16_all.push_back(r);
+    if (r.shape.name == "square") bf16_sq.push_back(r);
+  }
+  const auto& kn = bf16_sq.empty() ? bf16_all : bf16_sq;
+  nlohmann::json eff = nlohmann::json::array();
+  for (const auto& r : rs) {
+    if (r.method != "lt" && r.method != "lt-batched") continue;
+    eff.push_back({{"m", r.shape.m},
+                   {"n", r.shape.n},
+                   {"k", r.shape.k},
+                   {"dtype", r.dtype},
+                   {"groups", r.shape.groups},
+                   {"method", r.method},
+                   {"name", r.shape.name},
+                   {"tflops", r.tflops},
+                   {"fraction", r.fraction}});
+  }
+  auto num_or_null = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
+  return {{"device", dev.name},
+          {"sm_count", dev.sm_count},
+          {"hbm_capacity_gib", double(dev.global_bytes) / double(1 << 30)},
+          {"peak_tflops", {{"bf16", num_or_null(pb)}, {"fp8", num_or_null(pf)}}},
+          {"knee_gflop",
+           {{"p80", num_or_null(knee_gflop(kn, pb, 0.8))},
+            {"p90", num_or_null(knee_gflop(kn, pb, 0.9))}}},
+          {"gemm_efficiency", eff}};
+}
+
+nlohmann::json profile_from_mem(const std::vector<MemResult>& rs, const DeviceInfo& dev) {
+  const uint64_t hbm = uint64_t(std::max<int64_t>(dev.l2_bytes, 1 << 20)) * 4;  // past L2
+  auto num_or_null = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
+  return {{"device", dev.name},
+          {"sm_count", dev.sm_count},
+          {"hbm_capacity_gib", double(dev.global_bytes) / double(1 << 30)},
+          {"copy_bandwidth_gbs", num_or_null(std::max(mem_best_gbs(rs, "copy", hbm),
+                                                      mem_best_gbs(rs, "memcpy_d2d", hbm)))},
+          {"read_bandwidth_gbs", num_or_null(mem_best_gbs(rs, "read", hbm))},
+          {"h2d_pinned_gbs", num_or_null(mem_best_gbs(rs, "h2d_pinned", 0))},
+          {"d2h_pinned_gbs", num_or_null(mem_best_gbs(rs, "d2h_pinned", 0))}};
+}
+
+nlohmann::json profile_from_comm(const std::vector<CommRow>& rows) {
+  nlohmann::json coll = nlohmann::json::array();
+  for (const auto& r : rows) {
+    // A one-rank group moves nothing over a link (busbw 0); the profile keeps positive rates.
+    if (r.inplace || !(r.busbw_gbs > 0)) continue;
+    coll.push_back({{"op", r.op},
+                    {"ranks", r.ranks},
+                    {"bytes", r.bytes},
+                    {"busbw_gbs", r.busbw_gbs},
+                    {"backend", r.backend},
+                    {"dtype", r.dtype},
+                    {"group", r.group}});
+  }
+  return {{"collectives", coll}};
 }
 
 void check_output_path(const std::string& flag, const std::string& path) {

@@ -10,6 +10,11 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
+
+#include "bench/comm_bench.h"
+#include "bench/gemm_bench.h"
+#include "bench/mem_bench.h"
 
 namespace zaya::bench {
 
@@ -22,6 +27,16 @@ void merge_profile(nlohmann::json& profile, const nlohmann::json& update);
 // Reads `path` (an empty profile when it does not exist), merges, writes atomically. Throws
 // zaya::Error when the file exists but is not a zaya.hardware/1 JSON document.
 void merge_profile_file(const std::string& path, const nlohmann::json& update);
+
+// The profile fields each benchmark contributes (see docs/BENCHMARKS.md for the table):
+// gemm: device, sm_count, hbm_capacity_gib, peak_tflops (the peaks used; null when unknown),
+// knee_gflop from the bf16 square sweep (else all bf16 single GEMMs; null when never reached),
+// gemm_efficiency (single and batched cuBLASLt rows). mem: device, sm_count, hbm_capacity_gib,
+// copy/read bandwidth past 4x L2, pinned host copies. comm: out-of-place rows with busbw > 0.
+nlohmann::json profile_from_gemm(const std::vector<GemmResult>& rs, const DeviceInfo& dev,
+                                 double peak_bf16, double peak_fp8);
+nlohmann::json profile_from_mem(const std::vector<MemResult>& rs, const DeviceInfo& dev);
+nlohmann::json profile_from_comm(const std::vector<CommRow>& rows);
 
 // Throws zaya::Error naming `flag` when `path` cannot be written: its folder does not exist.
 // Called before a benchmark runs so a typo does not cost the whole run.

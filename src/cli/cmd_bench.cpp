@@ -120,19 +120,7 @@ int bench_comm(int argc, char** argv) {
   if (!out.csv.empty()) write_text_file_atomic(out.csv, comm_rows_csv(rows));
   if (!out.svg.empty()) write_text_file_atomic(out.svg, comm_rows_svg(rows));
   if (!out.profile.empty()) {
-    nlohmann::json coll = nlohmann::json::array();
-    for (const auto& r : rows) {
-      // A one-rank group moves nothing over a link (busbw 0); the profile keeps positive rates.
-      if (r.inplace || !(r.busbw_gbs > 0)) continue;
-      coll.push_back({{"op", r.op},
-                      {"ranks", r.ranks},
-                      {"bytes", r.bytes},
-                      {"busbw_gbs", r.busbw_gbs},
-                      {"backend", r.backend},
-                      {"dtype", r.dtype},
-                      {"group", r.group}});
-    }
-    merge_profile_file(out.profile, {{"collectives", coll}});
+    merge_profile_file(out.profile, profile_from_comm(rows));
   }
   fmt::print("# {} rows, {} wrong element(s)\n", rows.size(), wrong);
   if (wrong > 0) {
@@ -291,51 +279,6 @@ std::string gemm_svg(const std::vector<GemmResult>& rs, const std::string& devic
   return render_svg(p);
 }
 
-nlohmann::json gemm_profile(const std::vector<GemmResult>& rs, const DeviceInfo& dev, double pb,
-                            double pf) {
-  std::vector<GemmResult> bf16_sq, bf16_all;
-  for (const auto& r : rs) {
-    if (r.dtype != "bf16" || (r.method != "lt" && r.method != "lt-batched")) continue;
-    bf16_all.push_back(r);
-    if (r.shape.name == "square") bf16_sq.push_back(r);
-  }
-  const auto& kn = bf16_sq.empty() ? bf16_all : bf16_sq;
-  nlohmann::json eff = nlohmann::json::array();
-  for (const auto& r : rs) {
-    if (r.method != "lt" && r.method != "lt-batched") continue;
-    eff.push_back({{"m", r.shape.m},
-                   {"n", r.shape.n},
-                   {"k", r.shape.k},
-                   {"dtype", r.dtype},
-                   {"groups", r.shape.groups},
-                   {"method", r.method},
-                   {"name", r.shape.name},
-                   {"tflops", r.tflops},
-                   {"fraction", r.fraction}});
-  }
-  auto num_or_null = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
-  return {{"device", dev.name},
-          {"sm_count", dev.sm_count},
-          {"hbm_capacity_gib", double(dev.global_bytes) / double(1 << 30)},
-          {"peak_tflops", {{"bf16", num_or_null(pb)}, {"fp8", num_or_null(pf)}}},
-          {"knee_gflop",
-           {{"p80", num_or_null(knee_gflop(kn, pb, 0.8))},
-            {"p90", num_or_null(knee_gflop(kn, pb, 0.9))}}},
-          {"gemm_efficiency", eff}};
-}
-
-nlohmann::json mem_profile(const std::vector<MemResult>& rs, const DeviceInfo& dev) {
-  const uint64_t hbm = uint64_t(std::max<int64_t>(dev.l2_bytes, 1 << 20)) * 4;  // past L2
-  auto num_or_null = [](double v) { return v > 0 ? nlohmann::json(v) : nlohmann::json(); };
-  return {{"device", dev.name},
-          {"sm_count", dev.sm_count},
-          {"hbm_capacity_gib", double(dev.global_bytes) / double(1 << 30)},
-          {"copy_bandwidth_gbs", num_or_null(std::max(mem_best_gbs(rs, "copy", hbm),
-                                                      mem_best_gbs(rs, "memcpy_d2d", hbm)))},
-          {"read_bandwidth_gbs", num_or_null(mem_best_gbs(rs, "read", hbm))},
-          {"h2d_pinned_gbs", num_or_null(mem_best_gbs(rs, "h2d_pinned", 0))},
-          {"d2h_pinned_gbs", num_or_null(mem_best_gbs(rs, "d2h_pinned", 0))}};
-}
 #endif
 
 int bench_gemm_cli(int argc, char** argv) {
@@ -366,7 +309,7 @@ int bench_gemm_cli(int argc, char** argv) {
     fmt::print("{}\n", gemm_table_row(r));
     wrong += r.wrong;
   }
-  const auto prof = gemm_profile(rs, dev, pb, pf);
+  const auto prof = profile_from_gemm(rs, dev, pb, pf);
   fmt::print("# knee (bf16): 80% of peak at {} GFLOP, 90% at {} GFLOP\n",
              prof["knee_gflop"]["p80"].dump(), prof["knee_gflop"]["p90"].dump());
   if (!out.json.empty()) write_text_file_atomic(out.json, gemm_results_json(rs, dev, pb, pf));
@@ -446,7 +389,7 @@ int bench_mem_cli(int argc, char** argv) {
   if (!out.json.empty()) write_text_file_atomic(out.json, mem_results_json(rs, dev, peak));
   if (!out.csv.empty()) write_text_file_atomic(out.csv, mem_results_csv(rs));
   if (!out.svg.empty()) write_text_file_atomic(out.svg, mem_results_svg(rs, dev.name));
-  if (!out.profile.empty()) merge_profile_file(out.profile, mem_profile(rs, dev));
+  if (!out.profile.empty()) merge_profile_file(out.profile, profile_from_mem(rs, dev));
   if (wrong > 0) {
     std::fprintf(stderr, "zaya bench mem: error: %lld wrong word(s) after copies\n",
                  static_cast<long long>(wrong));
@@ -492,8 +435,8 @@ int bench_profile_cli(int argc, char** argv) {
   fmt::print("{}\n", gemm_table_header());
   for (const auto& r : grs) fmt::print("{}\n", gemm_table_row(r));
   nlohmann::json prof = nlohmann::json::object();
-  merge_profile(prof, mem_profile(mrs, dev));
-  merge_profile(prof, gemm_profile(grs, dev, pb, pf));
+  merge_profile(prof, profile_from_mem(mrs, dev));
+  merge_profile(prof, profile_from_gemm(grs, dev, pb, pf));
   write_text_file_atomic(outp, prof.dump(1) + "\n");
   fmt::print("# wrote {}\n", outp);
   return 0;

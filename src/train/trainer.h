@@ -1,0 +1,39 @@
+// The training loop: phases (sequence length, RoPE theta, data blend, batch ramp), gradient
+// accumulation, clipping, Muon + AdamW, the balancing-bias update, NaN/Inf guard, periodic held-out
+// evaluation, progress and a JSONL metrics file, and resumable checkpoints (model in the
+// `transformers` layout, optimizer and balancing state, trainer state with the data cursor, and a
+// checksummed manifest written last; each checkpoint directory is committed atomically).
+//
+// One process, CPU reference backend. The checkpoint layout leaves room for one file per rank.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "train/run_config.h"
+
+namespace zaya {
+
+struct TrainOptions {
+  RunConfig config;
+  std::string out_dir = "runs/tiny-brown";
+  std::string resume;  // "" (fresh, refuses a directory holding checkpoints), "auto", or a path
+  bool quiet = false;  // no per-step progress lines
+};
+
+struct TrainResult {
+  int64_t steps = 0, tokens = 0;
+  double first_loss = 0, last_loss = 0, eval_loss = 0;
+  double unigram_entropy = 0;  // nats per token of the training data (0 when not computed)
+  double seconds = 0;
+  int64_t skipped_steps = 0;
+  std::string final_checkpoint, model_dir;
+};
+
+TrainResult train(const TrainOptions& opts);
+
+// The newest checkpoint under `ckpt_root` whose manifest verifies; each one skipped is reported
+// (with the reason) through `skipped`. Returns "" when there is none.
+std::string find_resumable_checkpoint(const std::string& ckpt_root,
+                                      std::vector<std::string>* skipped = nullptr);
+
+}  // namespace zaya

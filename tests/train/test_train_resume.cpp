@@ -1,0 +1,152 @@
+// The training loop end to end on a small model: N steps straight equal N/2 steps, a checkpoint,
+// and N/2 resumed steps, bit for bit (losses and weights), across a phase change (sequence length
+// and RoPE theta) with a two-dataset blend and gradient accumulation; `--resume auto` skips a
+// checkpoint whose checksum fails and says why.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "data/indexed_dataset.h"
+#include "io/manifest.h"
+#include "model/zaya.h"
+#include "train/trainer.h"
+
+using namespace zaya;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string setup_dir() {
+  const std::string d = (fs::temp_directory_path() / "zaya_train_resume").string();
+  fs::remove_all(d);
+  fs::create_directories(d);
+  ZayaConfig c = ZayaConfig::preset("tiny");
+  c.hidden_size = 32;
+  c.num_hidden_layers = 2;
+  c.head_dim = 8;
+  c.moe_intermediate_size = 16;
+  c.num_experts = 3;
+  c.router_hidden_size = 8;
+  std::ofstream(d + "/config.json") << c.to_json().dump();
+  // Two datasets with different token statistics, so the blend matters.
+  for (auto [name, lo, hi] : {std::tuple{"a", 32, 127}, std::tuple{"b", 97, 123}}) {
+    IndexedDatasetWriter w(d + "/" + name, TokenDType::UInt16);
+    Rng r(name[0]);
+    for (int doc = 0; doc < 40; doc++) {
+      std::vector<int32_t> t(static_cast<size_t>(20 + doc % 17));
+      for (auto& x : t) x = lo + int32_t(r.next_u32() % uint32_t(hi - lo));
+      t.push_back(258);
+      w.add_document(t);
+    }
+    w.finish();
+  }
+  return d;
+}
+
+std::string run_toml(const std::string& d) {
+  return "[model]\nconfig = \"" + d + "/config.json\"\n"
+         "[optim]\nlr = 3e-3\nmin_lr = 3e-4\n"
+         "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\ntotal_steps = 6\n"
+         "[data]\ntokenizer = \"bytes\"\n"
+         "[[data.blend]]\nprefix = \"" + d + "/a\"\nweight = 0.7\n"
+         "[[data.blend]]\nprefix = \"" + d + "/b\"\nweight = 0.3\n"
+         "[eval]\nevery = 3\nbatches = 1\n"
+         "[checkpoint]\nevery = 3\nkeep_last = 5\ndir = \"checkpoints\"\n"
+         "[train]\nseed = 7\nmicro_batch = 2\ngrad_accum = 2\nsteps = 6\nseq_len = 16\nlog_every = 1\n"
+         "[[phase]]\nname = \"short\"\nsteps = 4\nseq_len = 16\n"
+         "[[phase]]\nname = \"long\"\nseq_len = 24\nrope_theta = 100000.0\n";
+}
+
+std::vector<std::string> losses(const std::string& out) {
+  std::vector<std::string> v;
+  std::ifstream in(out + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    v.push_back(std::to_string(j["step"].get<int64_t>()) + ":" + j["loss"].dump());
+  }
+  return v;
+}
+
+TrainResult run(const std::string& d, const std::string& out, const std::vector<std::string>& ov,
+                const std::string& resume = "") {
+  TrainOptions o;
+  o.config = RunConfig::from_toml(run_toml(d), "test.toml", ov);
+  o.out_dir = out;
+  o.resume = resume;
+  o.quiet = true;
+  return train(o);
+}
+
+}  // namespace
+
+TEST(TrainResume, SplitRunIsBitExactAcrossPhaseChangeAndBlend) {
+  const std::string d = setup_dir();
+  TrainResult a = run(d, d + "/straight", {});
+  EXPECT_EQ(a.steps, 6);
+  TrainResult b1 = run(d, d + "/split", {"--train.steps=3"});
+  EXPECT_EQ(b1.steps, 3);
+  TrainResult b2 = run(d, d + "/split", {}, "auto");
+  EXPECT_EQ(b2.steps, 6);
+  auto la = losses(d + "/straight"), lb = losses(d + "/split");
+  ASSERT_EQ(la.size(), 6u);
+  EXPECT_EQ(la, lb);
+  ZayaModel ma = ZayaModel::load(d + "/straight/model"), mb = ZayaModel::load(d + "/split/model");
+  auto ta = ma.named_tensors(), tb = mb.named_tensors();
+  ASSERT_EQ(ta.size(), tb.size());
+  for (size_t i = 0; i < ta.size(); i++)
+    EXPECT_EQ(0, std::memcmp(ta[i].second.raw(), tb[i].second.raw(), ta[i].second.nbytes()))
+        << ta[i].first;
+  // Training did something: the weights moved and the balancing biases were updated.
+  ZayaModel init = ZayaModel::init(ma.cfg, 7);
+  EXPECT_NE(0, std::memcmp(init.layers[0].wq.raw(), ma.layers[0].wq.raw(), ma.layers[0].wq.nbytes()));
+  EXPECT_NE(ma.layers[0].balancing_bias.f32()[0], 0.0f);
+}
+
+TEST(TrainResume, AutoResumeSkipsACorruptCheckpoint) {
+  const std::string d = setup_dir();
+  run(d, d + "/r", {});
+  const std::string root = d + "/r/checkpoints";
+  ASSERT_TRUE(verify_manifest(root + "/step-00000006").ok);
+  // Flip one byte of the newest checkpoint's weights.
+  const std::string f = root + "/step-00000006/model/model.safetensors";
+  {
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(-5, std::ios::end);
+    char c;
+    io.read(&c, 1);
+    io.seekp(-5, std::ios::end);
+    c ^= 0x40;
+    io.write(&c, 1);
+  }
+  std::vector<std::string> skipped;
+  EXPECT_EQ(find_resumable_checkpoint(root, &skipped), root + "/step-00000003");
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_NE(skipped[0].find("model/model.safetensors"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[0].find("checksum"), std::string::npos) << skipped[0];
+  // An explicit resume from the corrupt one is refused with the reason.
+  try {
+    run(d, d + "/r", {}, root + "/step-00000006");
+    FAIL() << "resumed from a corrupt checkpoint";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+  }
+  // A fresh run into a directory with checkpoints is refused (nothing is overwritten).
+  EXPECT_THROW(run(d, d + "/r", {}), Error);
+  EXPECT_TRUE(verify_manifest(root + "/step-00000003").ok);
+}
+
+TEST(TrainResume, UnwritableOutputIsAnError) {
+  const std::string d = setup_dir();
+  std::ofstream(d + "/plainfile") << "x";
+  try {
+    run(d, d + "/plainfile/out", {});
+    FAIL() << "trained into a path under a regular file";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("plainfile"), std::string::npos) << e.what();
+  }
+}

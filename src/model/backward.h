@@ -34,7 +34,8 @@ struct StepStats {
 // ACCUMULATES (+=) loss_scale * d(mean loss)/d(param) into grads (loss_scale = 1/micro_batches for
 // gradient accumulation). Balancing biases get no gradient (the choice is discrete). Every weight
 // must be fp32 (training keeps fp32 master weights); anything else is refused with an error.
-// Deterministic: the result does not depend on the thread count.
+// Deterministic: the result does not depend on the thread count. Scratch memory (about one step's
+// activations) is kept by the calling thread between calls, so repeated steps do not reallocate.
 StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t* targets,
                            int64_t B, int64_t S, ModelGrads& grads, float loss_scale = 1.0f);
 

@@ -15,25 +15,9 @@
 #include "data/indexed_dataset.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "io/atomic.h"
 
 namespace {
-
-void write_text_atomically(const std::string& path, const std::string& s) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) zaya::fail("{}: cannot create", tmp);
-    const bool ok = std::fwrite(s.data(), 1, s.size(), f) == s.size();
-    if (std::fclose(f) != 0 || !ok) {
-      std::remove(tmp.c_str());
-      zaya::fail("{}: write failed", tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    zaya::fail("{}: cannot rename to {}", tmp, path);
-  }
-}
 
 void print_dataset_summary(const zaya::IndexedDataset& ds) {
   const int64_t max_id = ds.max_token_id();
@@ -91,7 +75,7 @@ int run_brown(const std::string& dir, const std::string& out) {
         words++;
   }
   if (!jsonl) s += "\n";
-  write_text_atomically(out, s);
+  zaya::write_file_atomic(out, s);
   fmt::print("wrote {}: {} documents, {} words, {} bytes\n", out, docs.size(), words, s.size());
   return 0;
 }

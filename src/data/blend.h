@@ -2,7 +2,7 @@
 // (megatron/core/datasets/helpers.cpp, build_blending_indices): sample g goes to the dataset whose
 // realised count lags its target weight·max(g, 1) the most, ties to the lowest index. No random
 // numbers are involved, so the choice depends only on the weights and the counts so far, and after
-// g samples every |count_i - w_i·g| stays below about one sample.
+// g samples every |count_i - w_i·g| stays within about one sample.
 //
 // Deliberately not here: Megatron's "exhaustive" variant (sample each dataset to exhaustion) and
 // per-split weights; the loader applies one blend to one split.

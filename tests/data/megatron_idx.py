@@ -6,9 +6,11 @@ Written from the format as Megatron-LM's megatron/core/datasets/indexed_dataset.
 writer are checked against a second implementation rather than against themselves. Also holds a
 transcription of Megatron's build_blending_indices (helpers.cpp) for the blend test.
 
-  megatron_idx.py write PREFIX SEED DTYPE_CODE NUM_DOCS   writes PREFIX.bin/.idx, prints JSON
-  megatron_idx.py read PREFIX                              prints the dataset as JSON
-  megatron_idx.py blend W1,W2,... N                        prints Megatron's dataset choices
+  megatron_idx.py write PREFIX SEED CODES NUM_DOCS   for each dtype code in the comma-separated
+                                                     CODES writes PREFIX_<code>.bin/.idx; prints
+                                                     {code: dataset} as JSON
+  megatron_idx.py read PREFIX...                      prints the datasets as a JSON list
+  megatron_idx.py blend "W1,W2,...;W1,..." N          prints Megatron's choices for each blend
 """
 import json
 import struct
@@ -103,12 +105,15 @@ def blend(weights, size):
 
 
 def main(argv):
+    # Several datasets per call: python start-up dominates these tests' run time.
     if argv[1] == "write":
-        json.dump(write(argv[2], int(argv[3]), int(argv[4]), int(argv[5])), sys.stdout)
+        json.dump({c: write("%s_%s" % (argv[2], c), int(argv[3]) + int(c), int(c), int(argv[5]))
+                   for c in argv[4].split(",")}, sys.stdout)
     elif argv[1] == "read":
-        json.dump(read(argv[2]), sys.stdout)
+        json.dump([read(p) for p in argv[2:]], sys.stdout)
     elif argv[1] == "blend":
-        json.dump(blend([float(w) for w in argv[2].split(",")], int(argv[3])), sys.stdout)
+        json.dump([blend([float(w) for w in spec.split(",")], int(argv[3]))
+                   for spec in argv[2].split(";")], sys.stdout)
     else:
         raise SystemExit("unknown command " + argv[1])
 

@@ -22,7 +22,8 @@ class Pool {
   void resize(int n) {
     stop();
     stopping_ = false;
-    for (int i = 1; i < n; i++) workers_.emplace_back([this, i] { loop(i); });
+    // New workers start at the current generation so they never re-run a finished job.
+    for (int i = 1; i < n; i++) workers_.emplace_back([this, i, g = generation_] { loop(i, g); });
   }
 
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
@@ -57,8 +58,7 @@ class Pool {
   int64_t chunk_begin(int p) const { return n_ * p / parts_; }
   int64_t chunk_end(int p) const { return n_ * (p + 1) / parts_; }
 
-  void loop(int id) {
-    uint64_t seen = 0;
+  void loop(int id, uint64_t seen) {
     for (;;) {
       std::unique_lock<std::mutex> lk(m_);
       cv_.wait(lk, [&] { return stopping_ || generation_ != seen; });

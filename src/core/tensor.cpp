@@ -287,6 +287,7 @@ void Tensor::copy_from(const Tensor& src) {
 
 void Tensor::fill(float v) {
   ZAYA_CHECK(is_contiguous(), "fill: non-contiguous tensor");
+  ZAYA_CHECK(!read_only(), "fill: the tensor is read-only (a memory-mapped checkpoint)");
   std::vector<float> tmp(size_t(numel()), v);
   convert_from_f32(raw(), dtype_, tmp.data(), numel());
 }

@@ -300,7 +300,7 @@ TEST(CpuOpsSpecial, QkNormClampsZeroHead) {
 // (src/core/parallel.cpp: new workers start with seen = 0 != generation_ and re-run the previous
 // job through a dangling fn_ pointer; ASan reports stack-use-after-scope, and inside zaya_tests it
 // crashes). Enable once Pool::resize() starts the new workers at the current generation.
-TEST(CpuOpsSpecial, DISABLED_ResultsDoNotDependOnThreadCount) {
+TEST(CpuOpsSpecial, ResultsDoNotDependOnThreadCount) {
   const int saved = num_threads();
   const int64_t N = 24, K = 40, O = 33, V = 17, B = 2, S = 16, Hq = 4, Hkv = 2, d = 8, C = 24;
   Rng r(23);

@@ -20,8 +20,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// One directory per test: ctest runs the tests of this file in parallel processes.
 std::string setup_dir() {
-  const std::string d = (fs::temp_directory_path() / "zaya_train_resume").string();
+  const std::string d =
+      (fs::temp_directory_path() /
+       ("zaya_train_resume_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
+          .string();
   fs::remove_all(d);
   fs::create_directories(d);
   ZayaConfig c = ZayaConfig::preset("tiny");

@@ -8,10 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS=(cmake ninja-build g++ nlohmann-json3-dev libfmt-dev libcli11-dev libtomlplusplus-dev
-      libxxhash-dev libgtest-dev libopenmpi-dev openmpi-bin npm python3 pkg-config)
+PKGS=(nlohmann-json3-dev libfmt-dev libcli11-dev libtomlplusplus-dev libxxhash-dev libgtest-dev
+      libopenmpi-dev openmpi-bin pkg-config)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# Tools may come from elsewhere than Debian (e.g. Node.js from its own packages): check commands.
+for c in cmake:cmake ninja:ninja-build g++:g++ npm:npm python3:python3; do
+  command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
+done
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo

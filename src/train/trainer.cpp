@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "core/plot.h"
 #include "data/corpus.h"
 #include "data/indexed_dataset.h"
 #include "data/loader.h"
@@ -304,7 +305,7 @@ TrainResult train(const TrainOptions& opts) {
                   phase.index, phase.name, phase.seq_len, phase.rope_theta, phase.batch_size);
       loader_phase = int64_t(phase.index);
       st.phase = loader_phase;
-      if (first && st.step == 0) {
+      if (first) {
         const PackedSource& src = loader->source(0);
         res.unigram_entropy = unigram_entropy_nats(src.dataset(), src.doc_begin(), src.doc_end());
       }
@@ -392,6 +393,34 @@ TrainResult train(const TrainOptions& opts) {
   model.save(res.model_dir, DType::F32);
   if (tok->name() == "bytes") write_file_atomic(res.model_dir + "/tokenizer.txt", "bytes\n");
   else fs::copy_file(rc.data.tokenizer, res.model_dir + "/tokenizer.json", fs::copy_options::overwrite_existing);
+  // The loss curve as a picture, from the whole metrics file (resumed runs included).
+  {
+    PlotSpec ps;
+    ps.title = "zaya train: loss";
+    ps.xlabel = "step";
+    ps.ylabel = "cross-entropy (nats/token)";
+    PlotSeries tr{"train", {}, {}}, ev{"held-out", {}, {}}, uni{"unigram entropy of the data", {}, {}};
+    std::ifstream in(metrics_path);
+    std::string line;
+    while (std::getline(in, line)) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.contains("loss")) continue;
+      tr.x.push_back(j["step"].get<double>());
+      tr.y.push_back(j["loss"].get<double>());
+      if (j.contains("eval_loss")) {
+        ev.x.push_back(j["step"].get<double>());
+        ev.y.push_back(j["eval_loss"].get<double>());
+      }
+    }
+    ps.series.push_back(tr);
+    if (!ev.x.empty()) ps.series.push_back(ev);
+    if (res.unigram_entropy > 0 && !tr.x.empty()) {
+      uni.x = {tr.x.front(), tr.x.back()};
+      uni.y = {res.unigram_entropy, res.unigram_entropy};
+      ps.series.push_back(uni);
+    }
+    if (!tr.x.empty()) write_svg(opts.out_dir + "/loss.svg", ps);
+  }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   return res;
 }

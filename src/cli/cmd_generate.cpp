@@ -46,7 +46,8 @@ void check_ids(const std::vector<int32_t>& ids, int64_t vocab, const std::string
 std::unique_ptr<Tokenizer> model_tokenizer(const std::string& flag, const std::string& dir,
                                            const ZayaConfig& cfg) {
   if (!flag.empty()) return Tokenizer::load(flag);
-  if (std::filesystem::exists(dir + "/tokenizer.json")) return Tokenizer::load(dir + "/tokenizer.json");
+  if (std::filesystem::exists(dir + "/tokenizer.json"))
+    return Tokenizer::load(dir + "/tokenizer.json");
   if (std::filesystem::exists(dir + "/tokenizer.txt")) {
     std::ifstream in(dir + "/tokenizer.txt");
     std::string spec;
@@ -68,7 +69,8 @@ int run_generate(int argc, char** argv) {
   auto* i = app.add_option("--ids", ids_text, "prompt as token ids, e.g. \"1 2 3\"");
   p->excludes(i);
   app.add_option("--tokenizer", tokenizer, "tokenizer.json or 'bytes' (default: the model's)");
-  app.add_option("--max-new-tokens,-n", max_new, "tokens to generate")->check(CLI::NonNegativeNumber);
+  app.add_option("--max-new-tokens,-n", max_new, "tokens to generate")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--greedy", greedy, "always take the most likely token");
   app.add_option("--temperature", opt.temperature, "sampling temperature");
   app.add_option("--top-k", opt.top_k, "keep the k most likely tokens (0: all)");
@@ -78,7 +80,8 @@ int run_generate(int argc, char** argv) {
   app.parse(argc, argv);
   ZAYA_CHECK(!prompt.empty() || !ids_text.empty(), "give --prompt TEXT or --ids \"1 2 3\"");
   opt.greedy = greedy;
-  ZAYA_CHECK(opt.temperature > 0 || greedy, "--temperature must be positive, got {}", opt.temperature);
+  ZAYA_CHECK(opt.temperature > 0 || greedy, "--temperature must be positive, got {}",
+             opt.temperature);
 
   ZayaModel m = ZayaModel::load(model);
   std::unique_ptr<Tokenizer> tok;
@@ -88,13 +91,15 @@ int run_generate(int argc, char** argv) {
   } else {
     tok = model_tokenizer(tokenizer, model, m.cfg);
     ids = tok->encode(prompt, false);
-    if (tok->bos_id() >= 0 && tok->bos_id() < m.cfg.vocab_size) ids.insert(ids.begin(), tok->bos_id());
+    if (tok->bos_id() >= 0 && tok->bos_id() < m.cfg.vocab_size)
+      ids.insert(ids.begin(), tok->bos_id());
   }
   ZAYA_CHECK(!ids.empty(), "the prompt has no tokens");
   check_ids(ids, m.cfg.vocab_size, "prompt");
   if (!print_ids && !tok) tok = model_tokenizer(tokenizer, model, m.cfg);
   const int32_t stop = int32_t(m.cfg.eos_token_id);
-  if (!print_ids) std::fputs(prompt.empty() ? tok->decode(ids, true).c_str() : prompt.c_str(), stdout);
+  if (!print_ids)
+    std::fputs(prompt.empty() ? tok->decode(ids, true).c_str() : prompt.c_str(), stdout);
   std::vector<int32_t> pending;
   std::string shown;
   auto out = generate(m, ids, max_new, opt, stop, [&](int32_t t) {

@@ -16,8 +16,10 @@ static int run_train(int argc, char** argv) {
   std::vector<std::string> overrides;
   std::vector<char*> rest;
   for (int i = 0; i < argc; i++) {
-    if (i > 0 && is_config_override(argv[i])) overrides.push_back(argv[i]);
-    else rest.push_back(argv[i]);
+    if (i > 0 && is_config_override(argv[i]))
+      overrides.push_back(argv[i]);
+    else
+      rest.push_back(argv[i]);
   }
   CLI::App app{"Train a ZAYA1-style model (CPU reference backend)", "zaya train"};
   std::string config, out = "runs/tiny-brown", resume, device = "cpu";
@@ -26,7 +28,8 @@ static int run_train(int argc, char** argv) {
   app.add_option("--config", config, "TOML run config (default: the built-in tiny/Brown run)");
   app.add_option("--steps", steps, "optimizer steps (overrides train.steps)");
   app.add_option("--out", out, "output directory (checkpoints, metrics.jsonl, model/)");
-  app.add_option("--resume", resume, "'auto' (newest valid checkpoint in --out) or a checkpoint path");
+  app.add_option("--resume", resume,
+                 "'auto' (newest valid checkpoint in --out) or a checkpoint path");
   app.add_option("--device", device, "cpu (the CUDA backend is not built yet)");
   app.add_flag("--quiet", quiet, "no per-step progress");
   app.parse(int(rest.size()), rest.data());
@@ -47,13 +50,15 @@ static int run_train(int argc, char** argv) {
   TrainResult r = train(o);
   fmt::print(
       "{{\"steps\": {}, \"tokens\": {}, \"first_loss\": {:.6f}, \"last_loss\": {:.6f}, "
-      "\"eval_loss\": {:.6f}, \"unigram_entropy\": {:.6f}, \"seconds\": {:.1f}, \"skipped_steps\": {}, "
+      "\"eval_loss\": {:.6f}, \"unigram_entropy\": {:.6f}, \"seconds\": {:.1f}, \"skipped_steps\": "
+      "{}, "
       "\"checkpoint\": \"{}\", \"model\": \"{}\"}}\n",
       r.steps, r.tokens, r.first_loss, r.last_loss, r.eval_loss, r.unigram_entropy, r.seconds,
       r.skipped_steps, r.final_checkpoint, r.model_dir);
   return 0;
 }
 
-ZAYA_COMMAND("train", "train a model (default: tiny preset on the built-in Brown corpus)", run_train);
+ZAYA_COMMAND("train", "train a model (default: tiny preset on the built-in Brown corpus)",
+             run_train);
 
 }  // namespace zaya::cli

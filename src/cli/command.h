@@ -1,5 +1,5 @@
-// The `zaya` subcommands. Each command file registers itself with ZAYA_COMMAND; main() dispatches on
-// the first argument. Commands are thin: parse flags, call into libzaya, print.
+// The `zaya` subcommands. Each command file registers itself with ZAYA_COMMAND; main() dispatches
+// on the first argument. Commands are thin: parse flags, call into libzaya, print.
 #pragma once
 #include <functional>
 #include <string>
@@ -21,6 +21,6 @@ const std::vector<Command>& commands();
 
 #define ZAYA_CLI_CAT2(a, b) a##b
 #define ZAYA_CLI_CAT(a, b) ZAYA_CLI_CAT2(a, b)
-#define ZAYA_COMMAND(name, summary, fn)                   \
+#define ZAYA_COMMAND(name, summary, fn)                     \
   static const bool ZAYA_CLI_CAT(zaya_cmd_reg_, __LINE__) = \
       ::zaya::cli::register_command({name, summary, fn})

@@ -18,7 +18,9 @@ bool register_command(Command c) {
   registry().push_back(std::move(c));
   return true;
 }
-const std::vector<Command>& commands() { return registry(); }
+const std::vector<Command>& commands() {
+  return registry();
+}
 
 }  // namespace zaya::cli
 
@@ -26,14 +28,15 @@ static void usage() {
   auto cmds = zaya::cli::commands();
   std::sort(cmds.begin(), cmds.end(), [](auto& a, auto& b) { return a.name < b.name; });
   std::printf("zaya: pretrain ZAYA1-style mixture-of-experts models and characterize clusters\n\n");
-  std::printf("usage: zaya COMMAND [options]   (zaya COMMAND --help for its options)\n\ncommands:\n");
+  std::printf(
+      "usage: zaya COMMAND [options]   (zaya COMMAND --help for its options)\n\ncommands:\n");
   for (auto& c : cmds) std::printf("  %-10s %s\n", c.name.c_str(), c.summary.c_str());
 }
 
 int main(int argc, char** argv) {
   const char* name = argc > 1 ? argv[1] : "train";  // the main job is the default
-  if (argc > 1 && (!std::strcmp(name, "--help") || !std::strcmp(name, "-h") ||
-                   !std::strcmp(name, "help"))) {
+  if (argc > 1 &&
+      (!std::strcmp(name, "--help") || !std::strcmp(name, "-h") || !std::strcmp(name, "help"))) {
     usage();
     return 0;
   }

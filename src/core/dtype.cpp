@@ -18,8 +18,12 @@ constexpr Info kInfo[] = {
 };
 }  // namespace
 
-size_t dtype_size(DType t) { return kInfo[int(t)].size; }
-std::string_view dtype_name(DType t) { return kInfo[int(t)].name; }
+size_t dtype_size(DType t) {
+  return kInfo[int(t)].size;
+}
+std::string_view dtype_name(DType t) {
+  return kInfo[int(t)].name;
+}
 bool dtype_from_name(std::string_view s, DType* out) {
   for (const auto& i : kInfo)
     if (s == i.name) {
@@ -51,7 +55,7 @@ uint16_t f32_to_f16(float f) {
   uint32_t a = u & 0x7fffffff;
   if (a > 0x7f800000) return uint16_t(sign | 0x7e00);
   if (a >= 0x477ff000) return uint16_t(sign | 0x7c00);  // overflow (incl. inf) after rounding
-  if (a < 0x38800000) {                                // subnormal or zero in half
+  if (a < 0x38800000) {                                 // subnormal or zero in half
     float af;
     std::memcpy(&af, &a, 4);
     // scale so the half subnormal unit (2^-24) becomes 1, round to nearest even

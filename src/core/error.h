@@ -1,7 +1,7 @@
-// Errors with context. Every failure the user can cause (bad file, bad field, bad value) is reported
-// by throwing zaya::Error with a message that names the thing and what was expected; the CLI prints
-// it and exits non-zero. ZAYA_CHECK is for conditions that depend on input; ZAYA_ASSERT for
-// internal invariants (it adds file:line, since such a failure is a bug in zaya itself).
+// Errors with context. Every failure the user can cause (bad file, bad field, bad value) is
+// reported by throwing zaya::Error with a message that names the thing and what was expected; the
+// CLI prints it and exits non-zero. ZAYA_CHECK is for conditions that depend on input; ZAYA_ASSERT
+// for internal invariants (it adds file:line, since such a failure is a bug in zaya itself).
 #pragma once
 #include <fmt/format.h>
 
@@ -22,14 +22,14 @@ template <typename... Args>
 
 }  // namespace zaya
 
-#define ZAYA_CHECK(cond, ...)                \
-  do {                                       \
-    if (!(cond)) ::zaya::fail(__VA_ARGS__);  \
+#define ZAYA_CHECK(cond, ...)               \
+  do {                                      \
+    if (!(cond)) ::zaya::fail(__VA_ARGS__); \
   } while (0)
 
-#define ZAYA_ASSERT(cond)                                                                      \
-  do {                                                                                         \
-    if (!(cond))                                                                               \
-      throw ::zaya::Error(fmt::format("internal error: {} failed at {}:{}", #cond, __FILE__, \
-                                      __LINE__));                                              \
+#define ZAYA_ASSERT(cond)                                                                \
+  do {                                                                                   \
+    if (!(cond))                                                                         \
+      throw ::zaya::Error(                                                               \
+          fmt::format("internal error: {} failed at {}:{}", #cond, __FILE__, __LINE__)); \
   } while (0)

@@ -13,7 +13,11 @@ static LogLevel g_level = [] {
   return LogLevel::Info;
 }();
 
-LogLevel log_level() { return g_level; }
-void set_log_level(LogLevel l) { g_level = l; }
+LogLevel log_level() {
+  return g_level;
+}
+void set_log_level(LogLevel l) {
+  g_level = l;
+}
 
 }  // namespace zaya

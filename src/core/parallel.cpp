@@ -27,7 +27,8 @@ class Pool {
   }
 
   void run(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
-    int parts = int(std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk))));
+    int parts =
+        int(std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk))));
     if (parts <= 1 || busy_) {  // nested calls run inline
       fn(0, n);
       return;
@@ -115,8 +116,12 @@ Pool& pool() {
 
 }  // namespace
 
-int num_threads() { return pool().size(); }
-void set_num_threads(int n) { pool().resize(std::max(1, n)); }
+int num_threads() {
+  return pool().size();
+}
+void set_num_threads(int n) {
+  pool().resize(std::max(1, n));
+}
 
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
   if (n <= 0) return;

@@ -23,7 +23,9 @@ uint32_t Rng::next_u32() {
   return r[o & 3];
 }
 
-float Rng::uniform() { return float(next_u32() >> 8) * (1.0f / 16777216.0f); }
+float Rng::uniform() {
+  return float(next_u32() >> 8) * (1.0f / 16777216.0f);
+}
 
 double Rng::uniform_double() {
   uint64_t a = next_u32() >> 5, b = next_u32() >> 6;

@@ -89,7 +89,9 @@ Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& shape) {
   return t;
 }
 
-bool Tensor::is_contiguous() const { return strides_ == contiguous_strides(shape_); }
+bool Tensor::is_contiguous() const {
+  return strides_ == contiguous_strides(shape_);
+}
 
 void* Tensor::raw() const {
   ZAYA_ASSERT(storage_);
@@ -237,7 +239,8 @@ void Tensor::copy_from(const Tensor& src) {
         case DType::I64: return reinterpret_cast<const int64_t*>(p)[i];
         case DType::U16: return reinterpret_cast<const uint16_t*>(p)[i];
         case DType::I16: return reinterpret_cast<const int16_t*>(p)[i];
-        case DType::U8: case DType::BOOL: return reinterpret_cast<const uint8_t*>(p)[i];
+        case DType::U8:
+        case DType::BOOL: return reinterpret_cast<const uint8_t*>(p)[i];
         case DType::I8: return reinterpret_cast<const int8_t*>(p)[i];
         default: fail("cannot convert {} to {}", dtype_name(src.dtype_), dtype_name(dtype_));
       }

@@ -82,14 +82,14 @@ class Tensor {
   const uint16_t* u16() const;
 
   // Views (share storage).
-  Tensor view(const Shape& shape) const;     // contiguous only; one -1 allowed
+  Tensor view(const Shape& shape) const;  // contiguous only; one -1 allowed
   Tensor slice(int dim, int64_t begin, int64_t end) const;
   Tensor select(int dim, int64_t index) const;  // drops the dimension
 
   // Copies.
-  Tensor clone() const;                // contiguous copy, same dtype
-  Tensor to(DType dtype) const;        // contiguous copy converted (float types, int types)
-  void copy_from(const Tensor& src);   // same shape; converts dtype
+  Tensor clone() const;               // contiguous copy, same dtype
+  Tensor to(DType dtype) const;       // contiguous copy converted (float types, int types)
+  void copy_from(const Tensor& src);  // same shape; converts dtype
   void fill(float v);
   // Element i of a contiguous float tensor as float (any float dtype).
   float get(int64_t i) const;

@@ -1,6 +1,6 @@
 // Tokenizers: the Hugging Face tokenizer.json BPE (as used by Gemma-3: Replace normalizer, Split
-// pre-tokenizer, merges, byte fallback, added/special tokens, Replace+ByteFallback+Fuse decoder) and a
-// byte-level tokenizer for small models (ids 0..255 are bytes, then <pad>, <bos>, <eos>).
+// pre-tokenizer, merges, byte fallback, added/special tokens, Replace+ByteFallback+Fuse decoder)
+// and a byte-level tokenizer for small models (ids 0..255 are bytes, then <pad>, <bos>, <eos>).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,8 +18,8 @@ class Tokenizer {
   virtual std::vector<int32_t> encode(std::string_view text, bool add_special = false) const = 0;
   virtual std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const = 0;
   virtual int64_t vocab_size() const = 0;  // largest id + 1
-  virtual int32_t bos_id() const = 0;       // -1 when none
-  virtual int32_t eos_id() const = 0;       // -1 when none
+  virtual int32_t bos_id() const = 0;      // -1 when none
+  virtual int32_t eos_id() const = 0;      // -1 when none
   virtual std::string name() const = 0;
 
   // "bytes" gives the byte tokenizer; anything else is a path to a tokenizer.json (or a directory

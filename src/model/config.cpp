@@ -67,20 +67,22 @@ void ZayaConfig::validate(const std::string& where) const {
   ZAYA_CHECK(num_attention_heads % num_key_value_heads == 0,
              "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", where,
              num_attention_heads, num_key_value_heads);
-  ZAYA_CHECK((num_key_value_heads * head_dim) % 2 == 0,
-             "{}: num_key_value_heads*head_dim ({}) must be even (values are split into current and "
-             "delayed halves)",
-             where, num_key_value_heads * head_dim);
-  ZAYA_CHECK(num_experts_per_tok == 1, "{}: num_experts_per_tok must be 1 (top-1 routing), found {}",
-             where, num_experts_per_tok);
+  ZAYA_CHECK(
+      (num_key_value_heads * head_dim) % 2 == 0,
+      "{}: num_key_value_heads*head_dim ({}) must be even (values are split into current and "
+      "delayed halves)",
+      where, num_key_value_heads * head_dim);
+  ZAYA_CHECK(num_experts_per_tok == 1,
+             "{}: num_experts_per_tok must be 1 (top-1 routing), found {}", where,
+             num_experts_per_tok);
   for (auto* r : {&rope_hybrid, &rope_sliding}) {
     ZAYA_CHECK(r->theta > 0, "{}: rope_theta must be positive, found {}", where, r->theta);
     ZAYA_CHECK(r->partial_rotary_factor > 0 && r->partial_rotary_factor <= 1,
                "{}: partial_rotary_factor must be in (0, 1], found {}", where,
                r->partial_rotary_factor);
     int64_t rd = int64_t(double(head_dim) * r->partial_rotary_factor);
-    ZAYA_CHECK(rd % 2 == 0 && rd > 0, "{}: rotary dim head_dim*partial_rotary_factor = {} must be even",
-               where, rd);
+    ZAYA_CHECK(rd % 2 == 0 && rd > 0,
+               "{}: rotary dim head_dim*partial_rotary_factor = {} must be even", where, rd);
   }
   ZAYA_CHECK(rms_norm_eps > 0, "{}: rms_norm_eps must be positive, found {}", where, rms_norm_eps);
   if (!layer_types.empty()) {
@@ -91,16 +93,20 @@ void ZayaConfig::validate(const std::string& where) const {
       ZAYA_CHECK(t == "hybrid" || t == "hybrid_sliding",
                  "{}: layer_types entry '{}' is not 'hybrid' or 'hybrid_sliding'", where, t);
       if (t == "hybrid_sliding")
-        ZAYA_CHECK(sliding_window > 0, "{}: a hybrid_sliding layer needs sliding_window > 0", where);
+        ZAYA_CHECK(sliding_window > 0, "{}: a hybrid_sliding layer needs sliding_window > 0",
+                   where);
     }
   }
-  for (auto [name, v] : {std::pair{"pad_token_id", pad_token_id}, {"bos_token_id", bos_token_id},
+  for (auto [name, v] : {std::pair{"pad_token_id", pad_token_id},
+                         {"bos_token_id", bos_token_id},
                          {"eos_token_id", eos_token_id}})
     ZAYA_CHECK(v >= 0 && v < vocab_size, "{}: {} = {} is outside the vocabulary of {}", where, name,
                v, vocab_size);
 }
 
-std::vector<std::string> ZayaConfig::preset_names() { return {"tiny", "zaya1-base", "zaya1-8b"}; }
+std::vector<std::string> ZayaConfig::preset_names() {
+  return {"tiny", "zaya1-base", "zaya1-8b"};
+}
 
 ZayaConfig ZayaConfig::preset(const std::string& name) {
   ZayaConfig c;  // defaults are ZAYA1-base
@@ -201,7 +207,8 @@ ZayaConfig ZayaConfig::from_json(const json& j, const std::string& where) {
              "{}: attention_bias and lm_head_bias must be false (ZAYA1 has no such biases)", where);
   std::string act = "silu";
   get(j, "hidden_act", &act, where);
-  ZAYA_CHECK(act == "silu", "{}: hidden_act is \"{}\", expected \"silu\" (SwiGLU experts)", where, act);
+  ZAYA_CHECK(act == "silu", "{}: hidden_act is \"{}\", expected \"silu\" (SwiGLU experts)", where,
+             act);
   // rope_parameters: either per layer type {"hybrid": {...}, "hybrid_sliding": {...}} or flat.
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
     const json& rp = j["rope_parameters"];

@@ -16,15 +16,15 @@ struct RopeSettings {
 
 struct ZayaConfig {
   int64_t vocab_size = 262272;
-  int64_t hidden_size = 2048;         // D
-  int64_t num_hidden_layers = 40;     // L
-  int64_t num_attention_heads = 8;    // Hq
-  int64_t num_key_value_heads = 2;    // Hkv
-  int64_t head_dim = 128;             // d
+  int64_t hidden_size = 2048;            // D
+  int64_t num_hidden_layers = 40;        // L
+  int64_t num_attention_heads = 8;       // Hq
+  int64_t num_key_value_heads = 2;       // Hkv
+  int64_t head_dim = 128;                // d
   int64_t moe_intermediate_size = 2048;  // I
-  int64_t num_experts = 16;           // E
-  int64_t num_experts_per_tok = 1;    // top-k (only 1 is supported)
-  int64_t router_hidden_size = 256;   // R
+  int64_t num_experts = 16;              // E
+  int64_t num_experts_per_tok = 1;       // top-k (only 1 is supported)
+  int64_t router_hidden_size = 256;      // R
   int64_t cca_time0 = 2;
   int64_t cca_time1 = 2;
   double rms_norm_eps = 1e-5;
@@ -58,7 +58,7 @@ struct ZayaConfig {
   // Parses config.json content; `where` names the file in errors.
   static ZayaConfig from_json(const nlohmann::json& j, const std::string& where);
   static ZayaConfig load(const std::string& path);  // a config.json file or a directory holding one
-  nlohmann::json to_json() const;                    // the `transformers` config.json
+  nlohmann::json to_json() const;                   // the `transformers` config.json
 };
 
 }  // namespace zaya

@@ -14,8 +14,8 @@ namespace zaya {
 struct SamplingOptions {
   bool greedy = false;
   float temperature = 1.0f;
-  int64_t top_k = 0;    // 0: no top-k truncation
-  float top_p = 1.0f;   // 1: no nucleus truncation
+  int64_t top_k = 0;   // 0: no top-k truncation
+  float top_p = 1.0f;  // 1: no nucleus truncation
   uint64_t seed = 0;
 };
 

@@ -90,22 +90,38 @@ std::map<std::string, Shape> expected_shapes(const ZayaConfig& c) {
       return name.size() >= x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0;
     };
     Shape sh{D};
-    if (ends("embed_tokens.weight")) sh = {c.vocab_size, D};
-    else if (ends("q_proj.weight")) sh = {Hq * d, D};
-    else if (ends("k_proj.weight")) sh = {Hkv * d, D};
-    else if (ends("v_proj_current.weight") || ends("v_proj_delayed.weight")) sh = {Hkv * d / 2, D};
-    else if (ends("conv_qk_depthwise.weight")) sh = {C, 1, c.cca_time0};
-    else if (ends("conv_qk_grouped.weight")) sh = {C, d, c.cca_time1};
-    else if (ends("conv_qk_depthwise.bias") || ends("conv_qk_grouped.bias")) sh = {C};
-    else if (ends("qk_norm.temp")) sh = {Hkv};
-    else if (ends("o_proj.weight")) sh = {D, Hq * d};
-    else if (ends("gate.down_proj.weight")) sh = {R, D};
-    else if (ends("fc1.weight") || ends("fc2.weight")) sh = {R, R};
-    else if (ends("out_proj.weight")) sh = {E + 1, R};
-    else if (ends("balancing_biases")) sh = {E + 1};
-    else if (ends("gate_up_proj")) sh = {E, 2 * I, D};
-    else if (ends("experts.down_proj")) sh = {E, D, I};
-    else if (name.find("mlp.gate.") != std::string::npos) sh = {R};
+    if (ends("embed_tokens.weight"))
+      sh = {c.vocab_size, D};
+    else if (ends("q_proj.weight"))
+      sh = {Hq * d, D};
+    else if (ends("k_proj.weight"))
+      sh = {Hkv * d, D};
+    else if (ends("v_proj_current.weight") || ends("v_proj_delayed.weight"))
+      sh = {Hkv * d / 2, D};
+    else if (ends("conv_qk_depthwise.weight"))
+      sh = {C, 1, c.cca_time0};
+    else if (ends("conv_qk_grouped.weight"))
+      sh = {C, d, c.cca_time1};
+    else if (ends("conv_qk_depthwise.bias") || ends("conv_qk_grouped.bias"))
+      sh = {C};
+    else if (ends("qk_norm.temp"))
+      sh = {Hkv};
+    else if (ends("o_proj.weight"))
+      sh = {D, Hq * d};
+    else if (ends("gate.down_proj.weight"))
+      sh = {R, D};
+    else if (ends("fc1.weight") || ends("fc2.weight"))
+      sh = {R, R};
+    else if (ends("out_proj.weight"))
+      sh = {E + 1, R};
+    else if (ends("balancing_biases"))
+      sh = {E + 1};
+    else if (ends("gate_up_proj"))
+      sh = {E, 2 * I, D};
+    else if (ends("experts.down_proj"))
+      sh = {E, D, I};
+    else if (name.find("mlp.gate.") != std::string::npos)
+      sh = {R};
     s[name] = sh;
   });
   return s;
@@ -132,8 +148,10 @@ ZayaModel ZayaModel::init(const ZayaConfig& cfg, uint64_t seed, float init_std) 
       t = filled(sh, 0.0f);
       t.f32()[sh[0] - 1] = -1.0f;
     } else if (ends("conv_qk")) {
-      if (ends(".bias")) t = filled(sh, 0.0f);
-      else t = randn(sh, rng, 1.0f / std::sqrt(float(sh[1] * sh[2])));
+      if (ends(".bias"))
+        t = filled(sh, 0.0f);
+      else
+        t = randn(sh, rng, 1.0f / std::sqrt(float(sh[1] * sh[2])));
     } else if (ends("temp") || ends("_scale") || ends("norm.weight") || ends("layernorm")) {
       t = filled(sh, 1.0f);
     } else if (ends("bias")) {
@@ -156,7 +174,9 @@ std::vector<std::pair<std::string, Tensor>> ZayaModel::named_tensors() const {
 std::string original_to_hf_name(const std::string& name, int64_t num_stages) {
   static const std::regex layer_re(R"(^model\.layers\.(\d+)\.(.+)$)");
   std::smatch m;
-  auto res_set = [](const std::string& rest) { return rest.substr(std::string("res_scale.").size()); };
+  auto res_set = [](const std::string& rest) {
+    return rest.substr(std::string("res_scale.").size());
+  };
   if (!std::regex_match(name, m, layer_re)) {
     if (name == "model.final_norm.weight") return "model.norm.weight";
     if (name.rfind("model.res_scale.", 0) == 0)
@@ -226,9 +246,11 @@ ZayaConfig config_for_original(const nlohmann::json& j, const std::string& where
     k["moe_intermediate_size"] = f / 2;
   if (int64_t r = first_nonzero("zaya_mlp_expansion"); r && !j.contains("router_hidden_size"))
     k["router_hidden_size"] = r;
-  if (int64_t e = first_nonzero("zaya_layers"); e && !j.contains("num_experts")) k["num_experts"] = e;
+  if (int64_t e = first_nonzero("zaya_layers"); e && !j.contains("num_experts"))
+    k["num_experts"] = e;
   if (!j.contains("head_dim") && j.contains("kv_channels")) k["head_dim"] = j["kv_channels"];
-  if (!j.contains("rms_norm_eps") && j.contains("norm_epsilon")) k["rms_norm_eps"] = j["norm_epsilon"];
+  if (!j.contains("rms_norm_eps") && j.contains("norm_epsilon"))
+    k["rms_norm_eps"] = j["norm_epsilon"];
   k.erase("layer_types");
   k["zaya_skip_output"] = j.value("zaya_skip_output", std::string("scaled_input"));
   return ZayaConfig::from_json(k, where);
@@ -263,8 +285,10 @@ ZayaModel ZayaModel::load(const std::string& dir) {
       std::smatch mm;
       if (std::regex_search(n, mm, re)) stages = std::max<int64_t>(stages, std::stoll(mm[1]) + 1);
     }
-    ZAYA_CHECK(stages % 2 == 0 && stages > 0, "{}: original layout with {} stages (expected an even "
-               "number of alternating attention/MoE stages)", dir, stages);
+    ZAYA_CHECK(stages % 2 == 0 && stages > 0,
+               "{}: original layout with {} stages (expected an even "
+               "number of alternating attention/MoE stages)",
+               dir, stages);
     m.cfg = config_for_original(j, cfg_path, stages);
     static const std::regex ex(
         R"(^model\.layers\.(\d+)\.zaya_block\.experts\.local_experts\.(\d+)\.linear_fc([12])\.weight$)");
@@ -272,8 +296,9 @@ ZayaModel ZayaModel::load(const std::string& dir) {
     for (auto& n : store->names()) {
       std::smatch mm;
       if (std::regex_match(n, mm, ex)) {
-        const std::string target = "model.layers." + std::to_string(std::stoll(mm[1]) / 2) +
-                                   (mm[3] == "1" ? ".mlp.experts.gate_up_proj" : ".mlp.experts.down_proj");
+        const std::string target =
+            "model.layers." + std::to_string(std::stoll(mm[1]) / 2) +
+            (mm[3] == "1" ? ".mlp.experts.gate_up_proj" : ".mlp.experts.down_proj");
         experts[target].emplace_back(std::stoll(mm[2]), store->get(n));
         continue;
       }
@@ -361,8 +386,8 @@ void ZayaModel::attention_forward(int64_t li, const float* x, float* out, int64_
                                   InferenceCache* cache) const {
   const LayerWeights& L = layers[size_t(li)];
   const int64_t D = cfg.hidden_size, d = cfg.head_dim, Hq = cfg.num_attention_heads,
-                Hkv = cfg.num_key_value_heads, C = cfg.conv_channels(), N = B * S,
-                QD = Hq * d, KD = Hkv * d, VH = KD / 2;
+                Hkv = cfg.num_key_value_heads, C = cfg.conv_channels(), N = B * S, QD = Hq * d,
+                KD = Hkv * d, VH = KD / 2;
   const int64_t t0 = cfg.cca_time0, t1 = cfg.cca_time1, P = (t0 - 1) + (t1 - 1);
   const int64_t past = cache ? cache->length : 0;
   std::vector<float> qk0(size_t(N * C)), q0(size_t(N * QD)), k0(size_t(N * KD));
@@ -384,8 +409,8 @@ void ZayaModel::attention_forward(int64_t li, const float* x, float* out, int64_
     for (int64_t b = 0; b < B; b++)
       for (int64_t p = 0; p < P; p++) {
         const int64_t i = S + p;  // index into the padded sequence [hist(P) | x(S)]
-        const float* src = i >= P ? qk0.data() + (b * S + i - P) * C
-                                  : lc->conv_hist.data() + (b * P + i) * C;
+        const float* src =
+            i >= P ? qk0.data() + (b * S + i - P) * C : lc->conv_hist.data() + (b * P + i) * C;
         std::copy_n(src, C, nh.data() + (b * P + p) * C);
       }
     lc->conv_hist.swap(nh);
@@ -428,8 +453,8 @@ void ZayaModel::attention_forward(int64_t li, const float* x, float* out, int64_
         std::copy_n(k.data() + (b * S + t) * KD, KD, lc->k.data() + dst);
         std::copy_n(v.data() + (b * S + t) * KD, KD, lc->v.data() + dst);
       }
-    cpu::attention(att.data(), nullptr, q.data(), lc->k.data(), lc->v.data(), B, S,
-                   cache->capacity, past, Hq, Hkv, d, window);
+    cpu::attention(att.data(), nullptr, q.data(), lc->k.data(), lc->v.data(), B, S, cache->capacity,
+                   past, Hq, Hkv, d, window);
   } else {
     cpu::attention(att.data(), nullptr, q.data(), k.data(), v.data(), B, S, S, 0, Hq, Hkv, d,
                    window);
@@ -488,8 +513,8 @@ void ZayaModel::moe_forward(int64_t li, const float* x, float* out, std::vector<
 
 Tensor ZayaModel::forward(const std::vector<int32_t>& ids, int64_t B, int64_t S, bool all_logits,
                           InferenceCache* cache, RoutingRecord* routing) const {
-  ZAYA_CHECK(int64_t(ids.size()) == B * S, "forward: {} ids for batch {} x sequence {}",
-             ids.size(), B, S);
+  ZAYA_CHECK(int64_t(ids.size()) == B * S, "forward: {} ids for batch {} x sequence {}", ids.size(),
+             B, S);
   ZAYA_CHECK(!cache || cache->batch == B, "forward: cache batch {} != {}", cache ? cache->batch : 0,
              B);
   const int64_t D = cfg.hidden_size, N = B * S, V = cfg.vocab_size;
@@ -506,7 +531,8 @@ Tensor ZayaModel::forward(const std::vector<int32_t>& ids, int64_t B, int64_t S,
     cpu::residual_scale(h.data(), a.data(), h.data(), L.post_attn.hs.f32(), L.post_attn.hb.f32(),
                         L.post_attn.rs.f32(), L.post_attn.rb.f32(), N, D);
     cpu::rmsnorm(x.data(), nullptr, h.data(), L.ln_post.f32(), eps, N, D);
-    moe_forward(li, x.data(), a.data(), rstate, N, routing ? &routing->choice[size_t(li)] : nullptr);
+    moe_forward(li, x.data(), a.data(), rstate, N,
+                routing ? &routing->choice[size_t(li)] : nullptr);
     cpu::residual_scale(h.data(), a.data(), h.data(), L.post_mlp.hs.f32(), L.post_mlp.hb.f32(),
                         L.post_mlp.rs.f32(), L.post_mlp.rb.f32(), N, D);
   }

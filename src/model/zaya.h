@@ -1,5 +1,5 @@
-// The ZAYA1 model (ZAYA1.md §3): weights under their Hugging Face names, the forward pass on the CPU
-// reference ops, incremental decoding with the CCA state, and loading/saving checkpoints in the
+// The ZAYA1 model (ZAYA1.md §3): weights under their Hugging Face names, the forward pass on the
+// CPU reference ops, incremental decoding with the CCA state, and loading/saving checkpoints in the
 // `transformers` layout (and loading the original alternating-stage release layout).
 //
 // Weights stay in their stored dtype (bf16 for released checkpoints, memory-mapped, no copy); the
@@ -26,21 +26,21 @@ struct ResidualScaleWeights {
 };
 
 struct LayerWeights {
-  Tensor ln_in, ln_post;                         // [D]
-  Tensor wq, wk, wv_cur, wv_del, wo;             // [Hq*d,D] [Hkv*d,D] [Hkv*d/2,D] x2 [D,Hq*d]
+  Tensor ln_in, ln_post;                            // [D]
+  Tensor wq, wk, wv_cur, wv_del, wo;                // [Hq*d,D] [Hkv*d,D] [Hkv*d/2,D] x2 [D,Hq*d]
   Tensor conv_dw_w, conv_dw_b, conv_g_w, conv_g_b;  // [C,1,t0] [C] [C,d,t1] [C]
-  Tensor temp;                                   // [Hkv]
+  Tensor temp;                                      // [Hkv]
   ResidualScaleWeights post_attn, post_mlp;
-  Tensor r_down_w, r_down_b, r_states_scale;     // [R,D] [R] [R] (no states scale in layer 0)
+  Tensor r_down_w, r_down_b, r_states_scale;  // [R,D] [R] [R] (no states scale in layer 0)
   Tensor r_norm, r_fc1_w, r_fc1_b, r_fc2_w, r_fc2_b, r_out_w;  // [R] [R,R] [R] [R,R] [R] [E+1,R]
-  Tensor balancing_bias;                         // [E+1], fp32 buffer
-  Tensor experts_gate_up, experts_down;          // [E,2I,D] [E,D,I]
+  Tensor balancing_bias;                                       // [E+1], fp32 buffer
+  Tensor experts_gate_up, experts_down;                        // [E,2I,D] [E,D,I]
 };
 
 // Per-layer state for incremental decoding.
 struct LayerCache {
-  std::vector<float> k, v;     // [B, capacity, Hkv, d] post-norm, post-temperature, post-RoPE
-  std::vector<float> conv_hist;  // [B, P, C] the last P pre-convolution [q0 | k0] columns
+  std::vector<float> k, v;        // [B, capacity, Hkv, d] post-norm, post-temperature, post-RoPE
+  std::vector<float> conv_hist;   // [B, P, C] the last P pre-convolution [q0 | k0] columns
   std::vector<float> v_del_last;  // [B, Hkv*d/2]: Wv_del x of the last token
 };
 
@@ -57,9 +57,9 @@ struct RoutingRecord {
 class ZayaModel {
  public:
   ZayaConfig cfg;
-  Tensor embed;                  // [V, D] (tied LM head)
+  Tensor embed;                    // [V, D] (tied LM head)
   Tensor input_scale, input_bias;  // [D]
-  Tensor final_norm;             // [D]
+  Tensor final_norm;               // [D]
   std::vector<LayerWeights> layers;
 
   // Random initialisation for training (fp32): normal(0, init_std) matrices, ones for norms and

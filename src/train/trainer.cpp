@@ -63,7 +63,8 @@ std::string builtin_corpus(const RunConfig& cfg, const std::string& out_dir, con
   return prefix;
 }
 
-std::vector<DataSource> sources_for(const std::vector<BlendEntry>& blend, const std::string& builtin) {
+std::vector<DataSource> sources_for(const std::vector<BlendEntry>& blend,
+                                    const std::string& builtin) {
   std::vector<DataSource> s;
   for (auto& b : blend) s.push_back({b.prefix, b.weight});
   if (s.empty()) s.push_back({builtin, 1.0});
@@ -80,7 +81,9 @@ std::vector<ParamRef> param_refs(const ZayaModel& m, ModelGrads& g) {
   return refs;
 }
 
-std::string step_dir_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+std::string step_dir_name(int64_t step) {
+  return fmt::format("step-{:08d}", step);
+}
 
 std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
@@ -139,15 +142,17 @@ TrainResult train(const TrainOptions& opts) {
     std::vector<std::string> skipped;
     resume_from = find_resumable_checkpoint(ckpt_root, &skipped);
     for (auto& s : skipped) ZAYA_WARN("resume: skipping {}", s);
-    if (resume_from.empty()) ZAYA_INFO("resume auto: no valid checkpoint in {}, starting fresh", ckpt_root);
+    if (resume_from.empty())
+      ZAYA_INFO("resume auto: no valid checkpoint in {}, starting fresh", ckpt_root);
   } else if (!opts.resume.empty()) {
     ManifestCheck c = verify_manifest(opts.resume);
     ZAYA_CHECK(c.ok, "cannot resume from {}: {}", opts.resume, c.reason);
     resume_from = opts.resume;
   } else if (!find_resumable_checkpoint(ckpt_root).empty()) {
-    fail("{} already holds checkpoints: pass --resume auto to continue that run, or choose another "
-         "--out",
-         ckpt_root);
+    fail(
+        "{} already holds checkpoints: pass --resume auto to continue that run, or choose another "
+        "--out",
+        ckpt_root);
   }
   ZayaModel model;
   if (!resume_from.empty()) {
@@ -156,13 +161,38 @@ TrainResult train(const TrainOptions& opts) {
     auto own = [](Tensor& t) { t = t.to(DType::F32); };
     own(model.embed), own(model.input_scale), own(model.input_bias), own(model.final_norm);
     for (auto& L : model.layers)
-      for (Tensor* t : {&L.ln_in, &L.ln_post, &L.wq, &L.wk, &L.wv_cur, &L.wv_del, &L.wo,
-                        &L.conv_dw_w, &L.conv_dw_b, &L.conv_g_w, &L.conv_g_b, &L.temp,
-                        &L.post_attn.hs, &L.post_attn.hb, &L.post_attn.rs, &L.post_attn.rb,
-                        &L.post_mlp.hs, &L.post_mlp.hb, &L.post_mlp.rs, &L.post_mlp.rb,
-                        &L.r_down_w, &L.r_down_b, &L.r_states_scale, &L.r_norm, &L.r_fc1_w,
-                        &L.r_fc1_b, &L.r_fc2_w, &L.r_fc2_b, &L.r_out_w, &L.balancing_bias,
-                        &L.experts_gate_up, &L.experts_down})
+      for (Tensor* t : {&L.ln_in,
+                        &L.ln_post,
+                        &L.wq,
+                        &L.wk,
+                        &L.wv_cur,
+                        &L.wv_del,
+                        &L.wo,
+                        &L.conv_dw_w,
+                        &L.conv_dw_b,
+                        &L.conv_g_w,
+                        &L.conv_g_b,
+                        &L.temp,
+                        &L.post_attn.hs,
+                        &L.post_attn.hb,
+                        &L.post_attn.rs,
+                        &L.post_attn.rb,
+                        &L.post_mlp.hs,
+                        &L.post_mlp.hb,
+                        &L.post_mlp.rs,
+                        &L.post_mlp.rb,
+                        &L.r_down_w,
+                        &L.r_down_b,
+                        &L.r_states_scale,
+                        &L.r_norm,
+                        &L.r_fc1_w,
+                        &L.r_fc1_b,
+                        &L.r_fc2_w,
+                        &L.r_fc2_b,
+                        &L.r_out_w,
+                        &L.balancing_bias,
+                        &L.experts_gate_up,
+                        &L.experts_down})
         if (t->defined()) own(*t);
     json tj = json::parse(read_file(resume_from + "/trainer.json"));
     st.step = tj.at("step");
@@ -301,8 +331,8 @@ TrainResult train(const TrainOptions& opts) {
       if (int64_t(phase.index) == st.phase && !st.cursor.is_null())
         loader->restore(DataCursor::from_json(st.cursor));
       if (loader_phase >= 0 || st.phase != int64_t(phase.index))
-        ZAYA_INFO("phase {} '{}': seq_len {}, rope theta {}, {} sequences per step",
-                  phase.index, phase.name, phase.seq_len, phase.rope_theta, phase.batch_size);
+        ZAYA_INFO("phase {} '{}': seq_len {}, rope theta {}, {} sequences per step", phase.index,
+                  phase.name, phase.seq_len, phase.rope_theta, phase.batch_size);
       loader_phase = int64_t(phase.index);
       st.phase = loader_phase;
       if (first) {
@@ -325,11 +355,12 @@ TrainResult train(const TrainOptions& opts) {
           ids[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t)];
           tgt[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t + 1)];
         }
-      StepStats ss = forward_backward(model, ids.data(), tgt.data(), mb, S, grads,
-                                      1.0f / float(micro));
+      StepStats ss =
+          forward_backward(model, ids.data(), tgt.data(), mb, S, grads, 1.0f / float(micro));
       loss += ss.loss / double(micro);
       ntok += ss.tokens;
-      if (counts.empty()) counts = ss.routed;
+      if (counts.empty())
+        counts = ss.routed;
       else
         for (size_t l = 0; l < counts.size(); l++)
           for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] += ss.routed[l][e];
@@ -340,7 +371,8 @@ TrainResult train(const TrainOptions& opts) {
     st.step++;
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       st.skipped++;
-      ZAYA_WARN("step {}: non-finite loss {} or grad norm {}: update skipped", st.step, loss, gnorm);
+      ZAYA_WARN("step {}: non-finite loss {} or grad norm {}: update skipped", st.step, loss,
+                gnorm);
       if (++st.nonfinite_streak >= kMaxNonFinite)
         fail("stopping: {} consecutive steps with non-finite loss or gradients (last at step {})",
              st.nonfinite_streak, st.step);
@@ -357,13 +389,21 @@ TrainResult train(const TrainOptions& opts) {
       skip += l.back();
       for (auto c : l) routed_total += c;
     }
-    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
+    const double el =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
     const double tps = double(st.tokens - tokens_at_loop) / std::max(el, 1e-9);
     const double eta = el / double(st.step - start_step) * double(total_steps - st.step);
-    json mj = {{"step", st.step},     {"loss", loss},          {"lr", lr},
-               {"grad_norm", gnorm},  {"tokens", st.tokens},   {"tokens_per_s", tps},
-               {"phase", phase.name}, {"seq_len", S},          {"skip_fraction", double(skip) / double(std::max<int64_t>(1, routed_total))}};
-    const bool do_eval = rc.eval.every > 0 && (st.step % rc.eval.every == 0 || st.step == total_steps);
+    json mj = {{"step", st.step},
+               {"loss", loss},
+               {"lr", lr},
+               {"grad_norm", gnorm},
+               {"tokens", st.tokens},
+               {"tokens_per_s", tps},
+               {"phase", phase.name},
+               {"seq_len", S},
+               {"skip_fraction", double(skip) / double(std::max<int64_t>(1, routed_total))}};
+    const bool do_eval =
+        rc.eval.every > 0 && (st.step % rc.eval.every == 0 || st.step == total_steps);
     if (do_eval) {
       res.eval_loss = evaluate();
       mj["eval_loss"] = res.eval_loss;
@@ -372,10 +412,12 @@ TrainResult train(const TrainOptions& opts) {
     metrics.flush();
     if (!opts.quiet && (st.step % std::max<int64_t>(1, rc.train.log_every) == 0 || do_eval ||
                         st.step == start_step + 1))
-      fmt::print(stderr, "step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | ETA {}\n",
-                 st.step, total_steps, loss,
-                 do_eval ? fmt::format(" | eval {:.4f}", res.eval_loss) : std::string(), lr, gnorm,
-                 tps, fmt_duration(eta));
+      fmt::print(
+          stderr,
+          "step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | ETA {}\n",
+          st.step, total_steps, loss,
+          do_eval ? fmt::format(" | eval {:.4f}", res.eval_loss) : std::string(), lr, gnorm, tps,
+          fmt_duration(eta));
     if (rc.checkpoint.every > 0 && st.step % rc.checkpoint.every == 0 && st.step < total_steps)
       save_checkpoint(false);
   }
@@ -391,15 +433,19 @@ TrainResult train(const TrainOptions& opts) {
   // The trained model, ready for `zaya generate --model`.
   res.model_dir = opts.out_dir + "/model";
   model.save(res.model_dir, DType::F32);
-  if (tok->name() == "bytes") write_file_atomic(res.model_dir + "/tokenizer.txt", "bytes\n");
-  else fs::copy_file(rc.data.tokenizer, res.model_dir + "/tokenizer.json", fs::copy_options::overwrite_existing);
+  if (tok->name() == "bytes")
+    write_file_atomic(res.model_dir + "/tokenizer.txt", "bytes\n");
+  else
+    fs::copy_file(rc.data.tokenizer, res.model_dir + "/tokenizer.json",
+                  fs::copy_options::overwrite_existing);
   // The loss curve as a picture, from the whole metrics file (resumed runs included).
   {
     PlotSpec ps;
     ps.title = "zaya train: loss";
     ps.xlabel = "step";
     ps.ylabel = "cross-entropy (nats/token)";
-    PlotSeries tr{"train", {}, {}}, ev{"held-out", {}, {}}, uni{"unigram entropy of the data", {}, {}};
+    PlotSeries tr{"train", {}, {}}, ev{"held-out", {}, {}},
+        uni{"unigram entropy of the data", {}, {}};
     std::ifstream in(metrics_path);
     std::string line;
     while (std::getline(in, line)) {

@@ -14,7 +14,8 @@ TEST(DType, Bf16RoundsToNearestEven) {
   EXPECT_EQ(bf16_to_f32(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8))), 1.0f + std::ldexp(1.0f, -6));
   EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
   for (float v : {0.0f, -2.5f, 3.140625f, 1e30f, -1e-30f})
-    EXPECT_EQ(bf16_to_f32(f32_to_bf16(v)), v == 1e30f || v == -1e-30f ? bf16_to_f32(f32_to_bf16(v)) : v);
+    EXPECT_EQ(bf16_to_f32(f32_to_bf16(v)),
+              v == 1e30f || v == -1e-30f ? bf16_to_f32(f32_to_bf16(v)) : v);
 }
 
 TEST(DType, F16RoundTripAndRounding) {
@@ -73,9 +74,10 @@ TEST(Parallel, CoversRangeExactlyOnceAndPropagatesErrors) {
     for (int64_t i = b; i < e; i++) hits[size_t(i)]++;
   });
   for (int h : hits) ASSERT_EQ(h, 1);
-  EXPECT_THROW(parallel_for(100, [](int64_t b, int64_t) {
-                 if (b == 0) throw Error("boom");
-               }),
+  EXPECT_THROW(parallel_for(100,
+                            [](int64_t b, int64_t) {
+                              if (b == 0) throw Error("boom");
+                            }),
                Error);
 }
 

@@ -2,11 +2,11 @@
 // original alternating-stage release layout, and the errors a user sees for bad checkpoints.
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <filesystem>
-#include <cstring>
-#include <fstream>
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
@@ -208,9 +208,11 @@ TEST(ModelIO, BadCheckpointsGiveClearErrors) {
   {
     auto t = m.named_tensors();
     t.erase(std::remove_if(t.begin(), t.end(),
-                           [](auto& p) { return p.first.find("layers.1.self_attn.qk_norm.temp") !=
-                                                    std::string::npos ||
-                                                p.first == "model.norm.weight"; }),
+                           [](auto& p) {
+                             return p.first.find("layers.1.self_attn.qk_norm.temp") !=
+                                        std::string::npos ||
+                                    p.first == "model.norm.weight";
+                           }),
             t.end());
     const std::string d2 = tmpdir("missing");
     fs::create_directories(d2);
@@ -240,7 +242,8 @@ TEST(ModelIO, BadCheckpointsGiveClearErrors) {
     const std::string d4 = tmpdir("cfg");
     fs::create_directories(d4);
     fs::copy_file(d + "/model.safetensors", d4 + "/model.safetensors");
-    EXPECT_NE(error_of([&] { ZayaModel::load(d4); }).find("missing config.json"), std::string::npos);
+    EXPECT_NE(error_of([&] { ZayaModel::load(d4); }).find("missing config.json"),
+              std::string::npos);
     write_text(d4 + "/config.json", "{\"model_type\": \"zaya\", ");
     EXPECT_NE(error_of([&] { ZayaModel::load(d4); }).find("malformed JSON"), std::string::npos);
     nlohmann::json c = m.cfg.to_json();

@@ -5,8 +5,8 @@
 
 #include <cmath>
 #include <fstream>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "io/safetensors.h"
 #include "model/generate.h"
@@ -92,8 +92,10 @@ TEST_P(Parity, SkipClassIsExercised) {
   for (auto& layer : rec.choice)
     for (int32_t c : layer) {
       total++;
-      if (c == m.cfg.num_experts) skip++;
-      else experts.insert(c);
+      if (c == m.cfg.num_experts)
+        skip++;
+      else
+        experts.insert(c);
     }
   const double frac = double(skip) / double(total);
   EXPECT_NEAR(frac, e.meta["skip_fraction"].get<double>(), 1e-12);

@@ -24,7 +24,8 @@ namespace {
 std::string setup_dir() {
   const std::string d =
       (fs::temp_directory_path() /
-       ("zaya_train_resume_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
+       ("zaya_train_resume_" +
+        std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
           .string();
   fs::remove_all(d);
   fs::create_directories(d);
@@ -52,15 +53,21 @@ std::string setup_dir() {
 }
 
 std::string run_toml(const std::string& d) {
-  return "[model]\nconfig = \"" + d + "/config.json\"\n"
+  return "[model]\nconfig = \"" + d +
+         "/config.json\"\n"
          "[optim]\nlr = 3e-3\nmin_lr = 3e-4\n"
          "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\ntotal_steps = 6\n"
          "[data]\ntokenizer = \"bytes\"\n"
-         "[[data.blend]]\nprefix = \"" + d + "/a\"\nweight = 0.7\n"
-         "[[data.blend]]\nprefix = \"" + d + "/b\"\nweight = 0.3\n"
+         "[[data.blend]]\nprefix = \"" +
+         d +
+         "/a\"\nweight = 0.7\n"
+         "[[data.blend]]\nprefix = \"" +
+         d +
+         "/b\"\nweight = 0.3\n"
          "[eval]\nevery = 3\nbatches = 1\n"
          "[checkpoint]\nevery = 3\nkeep_last = 5\ndir = \"checkpoints\"\n"
-         "[train]\nseed = 7\nmicro_batch = 2\ngrad_accum = 2\nsteps = 6\nseq_len = 16\nlog_every = 1\n"
+         "[train]\nseed = 7\nmicro_batch = 2\ngrad_accum = 2\nsteps = 6\nseq_len = 16\nlog_every = "
+         "1\n"
          "[[phase]]\nname = \"short\"\nsteps = 4\nseq_len = 16\n"
          "[[phase]]\nname = \"long\"\nseq_len = 24\nrope_theta = 100000.0\n";
 }
@@ -107,7 +114,8 @@ TEST(TrainResume, SplitRunIsBitExactAcrossPhaseChangeAndBlend) {
         << ta[i].first;
   // Training did something: the weights moved and the balancing biases were updated.
   ZayaModel init = ZayaModel::init(ma.cfg, 7);
-  EXPECT_NE(0, std::memcmp(init.layers[0].wq.raw(), ma.layers[0].wq.raw(), ma.layers[0].wq.nbytes()));
+  EXPECT_NE(0,
+            std::memcmp(init.layers[0].wq.raw(), ma.layers[0].wq.raw(), ma.layers[0].wq.nbytes()));
   EXPECT_NE(ma.layers[0].balancing_bias.f32()[0], 0.0f);
 }
 

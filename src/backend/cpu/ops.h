@@ -1,11 +1,12 @@
 // The CPU reference ops: fp32, plain loops, multi-threaded with parallel_for over independent rows
-// so results do not depend on the thread count. Each op is the specification its CUDA counterpart is
-// tested against. Signatures: outputs first, then inputs, then sizes. Backward functions sit next to
-// their forward in the same file; their comments say which gradients are accumulated (+=) and which
-// are overwritten.
+// so results do not depend on the thread count. Each op is the specification its CUDA counterpart
+// is tested against. Signatures: outputs first, then inputs, then sizes. Backward functions sit
+// next to their forward in the same file; their comments say which gradients are accumulated (+=)
+// and which are overwritten.
 //
 // Legend: N tokens (B*S), B batch, S sequence, D hidden, K/O linear in/out widths, C conv channels,
-// Hq/Hkv query/key-value heads, d head dim, r rotary dim, E routed experts (E+1 router classes), V vocab.
+// Hq/Hkv query/key-value heads, d head dim, r rotary dim, E routed experts (E+1 router classes), V
+// vocab.
 #pragma once
 #include <cstdint>
 
@@ -14,8 +15,8 @@
 namespace zaya::cpu {
 
 // ---- dense algebra ------------------------------------------------------------------------------
-// C[M,N] (=|+=) A[M,K] · B[N,K]^T (+ bias[N]). B may be F32, BF16 or F16 (weights stay in their stored
-// dtype and are widened row by row). This is nn.Linear: y = x W^T + b.
+// C[M,N] (=|+=) A[M,K] · B[N,K]^T (+ bias[N]). B may be F32, BF16 or F16 (weights stay in their
+// stored dtype and are widened row by row). This is nn.Linear: y = x W^T + b.
 void linear(float* y_NO, const float* x_NK, const Tensor& w_OK, const float* bias_O, int64_t N,
             int64_t K, int64_t O, bool accumulate = false);
 // dx[N,K] (=|+=) dy[N,O] · W[O,K]
@@ -25,8 +26,9 @@ void linear_backward_input(float* dx_NK, const float* dy_NO, const Tensor& w_OK,
 void linear_backward_weight(float* dw_OK, float* db_O, const float* dy_NO, const float* x_NK,
                             int64_t N, int64_t K, int64_t O);
 
-// ---- embedding, norms, elementwise ----------------------------------------------------------------
-// y[n,:] = table[ids[n],:]. Ids are checked against V (error names the id and position).
+// ---- embedding, norms, elementwise
+// ---------------------------------------------------------------- y[n,:] = table[ids[n],:]. Ids
+// are checked against V (error names the id and position).
 void embedding(float* y_ND, const int32_t* ids_N, const Tensor& table_VD, int64_t N, int64_t D);
 // dtable[ids[n],:] += dy[n,:] (serial over n per row block: deterministic)
 void embedding_backward(float* dtable_VD, const float* dy_ND, const int32_t* ids_N, int64_t N,
@@ -46,8 +48,9 @@ void residual_scale_backward(float* da_ND, float* dh_ND, float* dhs_D, float* dh
                              const float* h_ND, const float* hs_D, const float* hb_D,
                              const float* rs_D, const float* rb_D, int64_t N, int64_t D);
 // y = (x + b) ⊙ s (the model's input affine)
-void affine(float* y_ND, const float* x_ND, const float* s_D, const float* b_D, int64_t N, int64_t D);
-void gelu(float* y, const float* x, int64_t n);  // exact erf GELU
+void affine(float* y_ND, const float* x_ND, const float* s_D, const float* b_D, int64_t N,
+            int64_t D);
+void gelu(float* y, const float* x, int64_t n);                             // exact erf GELU
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);  // dx (=)
 // SwiGLU on the packed gate|up rows: y[n,i] = silu(gu[n,i]) * gu[n,I+i]
 void swiglu(float* y_NI, const float* gu_N2I, int64_t N, int64_t I);
@@ -57,18 +60,19 @@ void swiglu_backward(float* dgu_N2I, const float* dy_NI, const float* gu_N2I, in
 // ---- loss ---------------------------------------------------------------------------------------
 // Mean cross-entropy of logits[n] against targets[n] over n with targets[n] >= 0 (negative targets
 // are ignored). Returns the mean; when dlogits is non-null writes d(mean loss)/dlogits (=).
-double cross_entropy(float* dlogits_NV, const float* logits_NV, const int32_t* targets_N,
-                     int64_t N, int64_t V);
+double cross_entropy(float* dlogits_NV, const float* logits_NV, const int32_t* targets_N, int64_t N,
+                     int64_t V);
 
-// ---- CCA attention pieces ------------------------------------------------------------------------
-// Mean skip (before the convolutions): mq[h] = (q0[h] + k0[h div G]) / 2; mk[g] = mean over the G
-// query heads h of group g of mq[h]. Inputs/outputs are rows of N tokens.
+// ---- CCA attention pieces
+// ------------------------------------------------------------------------ Mean skip (before the
+// convolutions): mq[h] = (q0[h] + k0[h div G]) / 2; mk[g] = mean over the G query heads h of group
+// g of mq[h]. Inputs/outputs are rows of N tokens.
 void cca_mean_skip(float* mq_NHd, float* mk_NGd, const float* q0_NHd, const float* k0_NGd,
                    int64_t N, int64_t Hq, int64_t Hkv, int64_t d);
 // The two causal convolutions of CCA over time on packed channels c = [q0 | k0] (C channels):
 // left pad P=(t0-1)+(t1-1) steps (taken from hist_BPC when non-null: the P previous raw inputs of
-// each sequence, else zeros), depthwise conv (kernel t0, bias), then grouped conv (groups = C/d, d in
-// and d out per group, kernel t1, bias). Both are cross-correlations like PyTorch's Conv1d.
+// each sequence, else zeros), depthwise conv (kernel t0, bias), then grouped conv (groups = C/d, d
+// in and d out per group, kernel t1, bias). Both are cross-correlations like PyTorch's Conv1d.
 // mid_B(S+P-t0+1)C receives the depthwise output when non-null (for backward).
 void cca_conv(float* y_BSC, float* mid, const float* x_BSC, const float* hist_BPC,
               const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
@@ -76,8 +80,8 @@ void cca_conv(float* y_BSC, float* mid, const float* x_BSC, const float* hist_BP
 // dx (=), dwdw, dbdw, dwg, dbg (+=). Requires mid from the forward (hist must be null: training).
 void cca_conv_backward(float* dx_BSC, float* dwdw, float* dbdw, float* dwg, float* dbg,
                        const float* dy_BSC, const float* x_BSC, const float* mid,
-                       const float* wdw_Ct0, const float* wg_Cdt1, int64_t B, int64_t S,
-                       int64_t C, int64_t d, int64_t t0, int64_t t1);
+                       const float* wdw_Ct0, const float* wg_Cdt1, int64_t B, int64_t S, int64_t C,
+                       int64_t d, int64_t t0, int64_t t1);
 // Per head of d values: x ← sqrt(d) · x / max(‖x‖, eps) · (temp[h] if temp else 1). Saves the
 // clamped norm per head in norm_NH when non-null.
 void qk_norm(float* y_NHd, float* norm_NH, const float* x_NHd, const float* temp_H, int64_t N,
@@ -96,16 +100,17 @@ void rope_backward(float* dx_NHd, const int64_t* pos_N, double theta, int64_t N,
 // restricts each query t to keys t-window+1..t. lse_BHS (log-sum-exp of the scaled scores) is saved
 // when non-null for backward.
 void attention(float* o_BSHd, float* lse_BHS, const float* q_BSHd, const float* k_BSGd,
-               const float* v_BSGd, int64_t B, int64_t Sq, int64_t Sk, int64_t q_start,
-               int64_t Hq, int64_t Hkv, int64_t d, int64_t window);
+               const float* v_BSGd, int64_t B, int64_t Sq, int64_t Sk, int64_t q_start, int64_t Hq,
+               int64_t Hkv, int64_t d, int64_t window);
 // dq (=), dk (=), dv (=). Recomputes probabilities from lse (flash-attention style, no S×S buffer).
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* o,
-                        const float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window);
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window);
 
-// ---- router ----------------------------------------------------------------------------------------
-// softmax over E+1 classes in fp32 (probs), choice = argmax(p + balancing_bias) with ties to the
-// lowest index, gate = p[choice].
+// ---- router
+// ---------------------------------------------------------------------------------------- softmax
+// over E+1 classes in fp32 (probs), choice = argmax(p + balancing_bias) with ties to the lowest
+// index, gate = p[choice].
 void router_select(float* probs_NE1, int32_t* choice_N, float* gate_N, const float* logits_NE1,
                    const float* balancing_bias_E1, int64_t N, int64_t E1);
 

@@ -1,7 +1,8 @@
 // CPU reference for the pieces of CCA attention (ZAYA1.md §3.1): mean skip, the two causal
 // convolutions, QK-norm with temperature, partial NeoX RoPE, causal GQA attention (with an optional
-// sliding window), and their backward passes. Attention never materialises an S×S matrix: each query
-// row keeps its scores in a scratch row, and backward recomputes them from the saved log-sum-exp.
+// sliding window), and their backward passes. Attention never materialises an S×S matrix: each
+// query row keeps its scores in a scratch row, and backward recomputes them from the saved
+// log-sum-exp.
 #include <cfloat>
 #include <cmath>
 #include <vector>
@@ -61,7 +62,8 @@ void cca_conv(float* y, float* mid, const float* x, const float* hist, const flo
           const int64_t c = c0 + co;
           float s = bg[c];
           for (int64_t ci = 0; ci < d; ci++)
-            for (int64_t j = 0; j < t1; j++) s += wg[(c * d + ci) * t1 + j] * u[size_t((t + j) * d + ci)];
+            for (int64_t j = 0; j < t1; j++)
+              s += wg[(c * d + ci) * t1 + j] * u[size_t((t + j) * d + ci)];
           y[(b * S + t) * C + c] = s;
         }
     }
@@ -238,8 +240,8 @@ void attention(float* o, float* lse, const float* q, const float* k, const float
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* o,
-                        const float* lse, const float* q, const float* k, const float* v,
-                        int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window) {
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window) {
   const int64_t G = Hq / Hkv;
   const float scale = 1.0f / std::sqrt(float(d));
   // One task per (batch, KV head): it owns dk/dv of that head and dq of its G query heads.

@@ -1,0 +1,497 @@
+// GemmContext (backend/cuda/gemm.h): row-major GEMMs on cuBLASLt, with a per-problem plan cache and
+// a one-time autotune of cuBLASLt's heuristic candidates.
+//
+// Row-major on column-major: a row-major X[r,c] with row stride ld is, read column-major, X^T with
+// leading dimension ld. So C[M,N] = op(A)·op(B) is computed as the column-major
+//   C^T[N,M] = op(B)^T[N,K] · op(A)^T[K,M]
+// i.e. cuBLASLt's "A" is our B and its "B" is our A, with the transposes carried over unchanged
+// (B not transposed: B^T is exactly the column-major view of B, so OP_N; with trans_b, OP_T). The
+// bias epilogue adds a vector along the rows of the column-major D, which are our columns N.
+//
+// Plans: the first call with a given key (M, N, K, leading dims, transposes, types, bias, beta = 0
+// or not, and each pointer's alignment up to 256 bytes, which decides which kernels are legal)
+// creates the matmul descriptor and layouts and asks the heuristic for up to kCandidates
+// algorithms, excluding split-K schemes that reduce in the output buffer (INPLACE) or in the
+// output type (OUTPUT_TYPE, which would round partial sums to bf16); only "no split" and split-K
+// reduced in fp32 in the workspace remain, both deterministic. The plan is cached: later calls do
+// one hash lookup and one cublasLtMatmul.
+//
+// Autotune (on unless ZAYA_GEMM_AUTOTUNE=0): the first time a *tuning key* is seen — the plan key
+// with M, N and K rounded up to powers of two — every candidate runs once as warm-up and
+// kTimedRuns times between CUDA events on the caller's stream and operands, and the fastest is
+// kept (the heuristic's first choice stays unless another is more than 3% faster, so noise does
+// not flip the choice between runs). Calls with beta != 0 are timed into a scratch output so C is
+// not modified. Later exact shapes in the same bucket (the expert GEMMs' rows change every step)
+// reuse the bucket's winner when cuBLASLt accepts it for them (cublasLtMatmulAlgoCheck) instead of
+// timing again; without that, every new expert row count would synchronise the stream. Within one
+// context a key always runs the same algorithm, so results are bit-reproducible; across processes
+// the timed choice can differ, and ZAYA_GEMM_AUTOTUNE=0 (the heuristic's first choice, a function
+// of shape, device and library version only) makes runs bit-identical. No tuning happens while the
+// stream is being captured into a CUDA graph.
+//
+// Bias: an fp32 bias[N] through CUBLASLT_EPILOGUE_BIAS with CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE =
+// CUDA_R_32F. cuBLASLt documents bias elements of the output type for non-fp8 GEMMs, so for bf16
+// outputs the heuristic may find no fp32-bias kernel; the plan then runs without the epilogue and
+// detail::add_bias_rows (convert.cu) adds the bias afterwards, which rounds to bf16 twice (at most
+// one more bf16 ulp than the epilogue would give).
+//
+// Grouped GEMMs: one cuBLASLt matmul per non-empty group, from the row counts on the host. A
+// device-side grouped kernel (one launch for all experts, rows read on the device, as CUTLASS's
+// grouped GEMM does) is future work; it would remove the host synchronisation of sort_by_expert
+// and the per-group launch overhead, which matter for many small experts.
+//
+// Not thread-safe, and not for concurrent streams: a context has one workspace, and plans' bias
+// pointers are set per call. Use one context per stream (or order the streams).
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/gemm.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace zaya::cuda {
+
+namespace detail {
+// convert.cu: C[m, n] += bias[n] for an M×N row-major block (fp32 or bf16 C).
+void add_bias_rows(void* C, int64_t ldc, bool c_bf16, const float* bias_N, int64_t M, int64_t N,
+                   cudaStream_t st);
+}  // namespace detail
+
+namespace {
+
+constexpr int kCandidates = 8;
+constexpr int kTimedRuns = 5;
+// A candidate replaces the heuristic's first choice only when it takes less than this fraction of
+// the first choice's time.
+constexpr double kSwitchFraction = 0.97;
+
+size_t elem_bytes(GemmType t) {
+  return t == GemmType::BF16 ? 2 : 4;
+}
+cudaDataType_t cuda_type(GemmType t) {
+  return t == GemmType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+const char* type_name(GemmType t) {
+  return t == GemmType::BF16 ? "bf16" : "fp32";
+}
+
+// The largest power of two up to 256 that divides the address (cuBLASLt's alignment preferences
+// default to 256 and exclude kernels that need more than the operands have).
+uint32_t alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a == 0) return 256;
+  return uint32_t(std::min<uintptr_t>(256, a & (~a + 1)));
+}
+
+int64_t pow2_ceil(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+struct Key {
+  int64_t M, N, K, lda, ldb, ldc;
+  bool trans_a, trans_b, bias, beta_zero;
+  GemmType ab, c;
+  uint32_t align_a, align_b, align_c, align_bias;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    for (int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) mix(uint64_t(v));
+    mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.bias) << 2 |
+        uint64_t(k.beta_zero) << 3 | uint64_t(k.ab) << 4 | uint64_t(k.c) << 6);
+    mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_c) << 32 |
+        uint64_t(k.align_bias) << 48);
+    return size_t(h);
+  }
+};
+
+Key tuning_key(Key k) {
+  k.M = pow2_ceil(k.M);
+  k.N = pow2_ceil(k.N);
+  k.K = pow2_ceil(k.K);
+  return k;
+}
+
+bool same_algo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(a.data, b.data, sizeof(a.data)) == 0;
+}
+
+// One cached problem: cuBLASLt's descriptors and the chosen algorithm.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t lay_a = nullptr;  // cuBLASLt's A: our B
+  cublasLtMatrixLayout_t lay_b = nullptr;  // cuBLASLt's B: our A
+  cublasLtMatrixLayout_t lay_c = nullptr;  // C and D (same layout)
+  cublasLtMatmulAlgo_t algo{};
+  bool bias_epilogue = false;  // false with a bias: added by detail::add_bias_rows instead
+
+  Plan() = default;
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    if (lay_a) cublasLtMatrixLayoutDestroy(lay_a);
+    if (lay_b) cublasLtMatrixLayoutDestroy(lay_b);
+    if (lay_c) cublasLtMatrixLayoutDestroy(lay_c);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+// The operands of one call.
+struct Call {
+  const void* A;
+  const void* B;
+  void* C;
+  const float* bias;
+  float alpha, beta;
+  cudaStream_t st;
+};
+
+std::unique_ptr<Plan> make_plan(const Key& k, const float* bias, bool bias_epilogue) {
+  auto p = std::make_unique<Plan>();
+  ZAYA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = k.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  ZAYA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  ZAYA_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  if (bias_epilogue) {
+    const uint32_t epi = CUBLASLT_EPILOGUE_BIAS;
+    const int32_t bias_type = CUDA_R_32F;
+    ZAYA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    ZAYA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                                     &bias_type, sizeof(bias_type)));
+    // The heuristic reads the pointer's alignment, so it is set before the heuristic runs.
+    const void* bp = bias;
+    ZAYA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &bp, sizeof(bp)));
+    p->bias_epilogue = true;
+  }
+  const cudaDataType_t ab = cuda_type(k.ab);
+  // Column-major shapes: op(B)^T is [N,K]; B stored [K,N] row-major is a column-major [N,K] (OP_N),
+  // B stored [N,K] (trans_b) is a column-major [K,N] (OP_T). Likewise for A with [K,M].
+  ZAYA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_a, ab, uint64_t(k.trans_b ? k.K : k.N),
+                                               uint64_t(k.trans_b ? k.N : k.K), k.ldb));
+  ZAYA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lay_b, ab, uint64_t(k.trans_a ? k.M : k.K),
+                                               uint64_t(k.trans_a ? k.K : k.M), k.lda));
+  ZAYA_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&p->lay_c, cuda_type(k.c), uint64_t(k.N), uint64_t(k.M), k.ldc));
+  return p;
+}
+
+// Destroys a preference object on every path out of the heuristic query.
+struct PrefGuard {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~PrefGuard() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  }
+};
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    ZAYA_CUDA_CHECK(cudaEventCreate(&start));
+    ZAYA_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+  ~EventPair() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+  }
+};
+
+// Scratch output for timing calls with beta != 0 (stream-ordered, freed on every path out).
+struct ScratchGuard {
+  void* p = nullptr;
+  cudaStream_t st = nullptr;
+  ~ScratchGuard() {
+    if (p) cudaFreeAsync(p, st);
+  }
+};
+
+void check_dims(const char* fn, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                int64_t lda, int64_t ldb, int64_t ldc) {
+  ZAYA_CHECK(M > 0, "{}: M = {} must be positive (M = {}, N = {}, K = {})", fn, M, M, N, K);
+  ZAYA_CHECK(N > 0, "{}: N = {} must be positive (M = {}, N = {}, K = {})", fn, N, M, N, K);
+  ZAYA_CHECK(K > 0, "{}: K = {} must be positive (M = {}, N = {}, K = {})", fn, K, M, N, K);
+  if (trans_a)
+    ZAYA_CHECK(lda >= M, "{}: lda = {} is smaller than M = {} (trans_a: A is stored [K,M])", fn,
+               lda, M);
+  else
+    ZAYA_CHECK(lda >= K, "{}: lda = {} is smaller than K = {} (A is stored [M,K])", fn, lda, K);
+  if (trans_b)
+    ZAYA_CHECK(ldb >= K, "{}: ldb = {} is smaller than K = {} (trans_b: B is stored [N,K])", fn,
+               ldb, K);
+  else
+    ZAYA_CHECK(ldb >= N, "{}: ldb = {} is smaller than N = {} (B is stored [K,N])", fn, ldb, N);
+  ZAYA_CHECK(ldc >= N, "{}: ldc = {} is smaller than N = {} (C is [M,N])", fn, ldc, N);
+}
+
+}  // namespace
+
+struct GemmContext::Impl {
+  cublasLtHandle_t lt = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  bool autotune = true;
+  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
+  std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> tuned;  // by tuning_key
+
+  ~Impl() {
+    plans.clear();  // descriptors before the handle
+    if (ws) cudaFree(ws);
+    if (lt) cublasLtDestroy(lt);
+  }
+
+  cublasStatus_t matmul(const Plan& p, const Call& c, const cublasLtMatmulAlgo_t& algo,
+                        void* D) const {
+    return cublasLtMatmul(lt, p.desc, &c.alpha, c.B, p.lay_a, c.A, p.lay_b, &c.beta, c.C, p.lay_c,
+                          D, p.lay_c, &algo, ws, ws_bytes, c.st);
+  }
+
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates(const Plan& p, const Key& k) const {
+    PrefGuard g;
+    ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&g.pref));
+    const uint64_t ws_max = ws_bytes;
+    ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        g.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_max, sizeof(ws_max)));
+    // NONE (0) always passes the mask; COMPUTE_TYPE is split-K reduced in fp32 in a separate,
+    // fixed-order pass. INPLACE and OUTPUT_TYPE are excluded (see the file comment).
+    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        g.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes, sizeof(schemes)));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.align_c}};
+    for (const auto& [attr, v] : aligns)
+      ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(g.pref, attr, &v, sizeof(v)));
+    std::vector<cublasLtMatmulHeuristicResult_t> res(kCandidates);
+    int returned = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        lt, p.desc, p.lay_a, p.lay_b, p.lay_c, p.lay_c, g.pref, kCandidates, res.data(), &returned);
+    // NOT_SUPPORTED means no algorithm fits; anything else is a real error.
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) return {};
+    ZAYA_CUBLAS_CHECK(st);
+    res.resize(size_t(std::max(returned, 0)));
+    std::erase_if(res, [&](const cublasLtMatmulHeuristicResult_t& r) {
+      return r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws_bytes;
+    });
+    return res;
+  }
+
+  // Times each candidate on the call's operands; returns the index of the one to keep.
+  size_t time_candidates(const Plan& p, const Key& k,
+                         const std::vector<cublasLtMatmulHeuristicResult_t>& cands,
+                         const Call& call) const {
+    void* D = call.C;
+    ScratchGuard scratch{nullptr, call.st};
+    if (!k.beta_zero) {
+      const size_t bytes = size_t((k.M - 1) * k.ldc + k.N) * elem_bytes(k.c);
+      if (cudaMallocAsync(&scratch.p, bytes, call.st) != cudaSuccess) {
+        (void)cudaGetLastError();  // out of memory: keep the heuristic's choice
+        scratch.p = nullptr;
+        return 0;
+      }
+      D = scratch.p;
+    }
+    EventPair ev;
+    constexpr float kFailed = std::numeric_limits<float>::infinity();
+    std::vector<float> ms(cands.size(), kFailed);
+    for (size_t i = 0; i < cands.size(); ++i) {
+      // The warm-up also probes that the candidate runs on these operands.
+      if (matmul(p, call, cands[i].algo, D) != CUBLAS_STATUS_SUCCESS) continue;
+      ZAYA_CUDA_CHECK(cudaEventRecord(ev.start, call.st));
+      bool ok = true;
+      for (int r = 0; r < kTimedRuns && ok; ++r)
+        ok = matmul(p, call, cands[i].algo, D) == CUBLAS_STATUS_SUCCESS;
+      ZAYA_CUDA_CHECK(cudaEventRecord(ev.stop, call.st));
+      ZAYA_CUDA_CHECK(cudaEventSynchronize(ev.stop));
+      float t = 0;
+      ZAYA_CUDA_CHECK(cudaEventElapsedTime(&t, ev.start, ev.stop));
+      if (ok) ms[i] = t / kTimedRuns;
+    }
+    size_t best = size_t(std::min_element(ms.begin(), ms.end()) - ms.begin());
+    if (ms[0] != kFailed && ms[best] > kSwitchFraction * ms[0]) best = 0;
+    zaya::log(
+        LogLevel::Debug,
+        "gemm autotune M={} N={} K={} ta={} tb={} {}->{}: candidate {} of {} ({:.2f} us; first "
+        "{:.2f} us)",
+        k.M, k.N, k.K, k.trans_a, k.trans_b, type_name(k.ab), type_name(k.c), best, cands.size(),
+        double(ms[best]) * 1e3, double(ms[0]) * 1e3);
+    return best;
+  }
+
+  cublasLtMatmulAlgo_t choose(const Plan& p, const Key& k,
+                              const std::vector<cublasLtMatmulHeuristicResult_t>& cands,
+                              const Call& call) {
+    if (!autotune) return cands[0].algo;
+    const Key tk = tuning_key(k);
+    if (const auto t = tuned.find(tk); t != tuned.end()) {
+      // A bucket-mate was timed: reuse its winner if it is legal for this exact problem.
+      for (const auto& c : cands)
+        if (same_algo(c.algo, t->second)) return c.algo;
+      cublasLtMatmulHeuristicResult_t r{};
+      if (cublasLtMatmulAlgoCheck(lt, p.desc, p.lay_a, p.lay_b, p.lay_c, p.lay_c, &t->second, &r) ==
+              CUBLAS_STATUS_SUCCESS &&
+          r.workspaceSize <= ws_bytes)
+        return t->second;
+      return cands[0].algo;
+    }
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    ZAYA_CUDA_CHECK(cudaStreamIsCapturing(call.st, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return cands[0].algo;  // cannot time in a graph
+    const size_t best = cands.size() > 1 ? time_candidates(p, k, cands, call) : 0;
+    tuned.emplace(tk, cands[best].algo);
+    return cands[best].algo;
+  }
+
+  Plan& plan_for(const Key& k, const Call& call) {
+    if (const auto it = plans.find(k); it != plans.end()) return *it->second;
+    std::unique_ptr<Plan> p = make_plan(k, call.bias, k.bias);
+    std::vector<cublasLtMatmulHeuristicResult_t> cands = candidates(*p, k);
+    if (cands.empty() && k.bias) {  // no fp32-bias epilogue for this problem: bias kernel instead
+      p = make_plan(k, nullptr, false);
+      cands = candidates(*p, k);
+    }
+    if (cands.empty())
+      fail(
+          "gemm: cuBLASLt has no algorithm for M = {}, N = {}, K = {}, lda = {}, ldb = {}, "
+          "ldc = {}, trans_a = {}, trans_b = {}, {} x {} -> {} (pointer alignments A {}, B {}, "
+          "C {}) within a {}-byte workspace",
+          k.M, k.N, k.K, k.lda, k.ldb, k.ldc, k.trans_a, k.trans_b, type_name(k.ab),
+          type_name(k.ab), type_name(k.c), k.align_a, k.align_b, k.align_c, ws_bytes);
+    p->algo = choose(*p, k, cands, call);
+    return *plans.emplace(k, std::move(p)).first->second;
+  }
+};
+
+GemmContext::GemmContext(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  ZAYA_CUBLAS_CHECK(cublasLtCreate(&impl_->lt));
+  if (workspace_bytes > 0) ZAYA_CUDA_CHECK(cudaMalloc(&impl_->ws, workspace_bytes));
+  impl_->ws_bytes = workspace_bytes;
+  const char* env = std::getenv("ZAYA_GEMM_AUTOTUNE");
+  impl_->autotune = !(env && std::string_view(env) == "0");
+}
+
+GemmContext::~GemmContext() = default;
+
+void GemmContext::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
+                       int64_t ldc, GemmType ab_type, GemmType c_type, const float* bias,
+                       cudaStream_t st) {
+  check_dims("gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  ZAYA_CHECK(A && B && C, "gemm: null operand pointer (A = {}, B = {}, C = {})", A, B,
+             static_cast<const void*>(C));
+  ZAYA_CHECK(
+      !(ab_type == GemmType::F32 && c_type == GemmType::BF16),
+      "gemm: fp32 operands need an fp32 output (c_type bf16 is not supported with fp32 A/B)");
+  ZAYA_CHECK(!bias || beta == 0.f, "gemm: a bias needs beta = 0 (got beta = {})", beta);
+  const Key k{.M = M,
+              .N = N,
+              .K = K,
+              .lda = lda,
+              .ldb = ldb,
+              .ldc = ldc,
+              .trans_a = trans_a,
+              .trans_b = trans_b,
+              .bias = bias != nullptr,
+              .beta_zero = beta == 0.f,
+              .ab = ab_type,
+              .c = c_type,
+              .align_a = alignment(A),
+              .align_b = alignment(B),
+              .align_c = alignment(C),
+              .align_bias = bias ? alignment(bias) : 256u};
+  const Call call{A, B, C, bias, alpha, beta, st};
+  Plan& p = impl_->plan_for(k, call);
+  if (p.bias_epilogue) {
+    const void* bp = bias;
+    ZAYA_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
+  }
+  ZAYA_CUBLAS_CHECK(impl_->matmul(p, call, p.algo, C));
+  if (bias && !p.bias_epilogue)
+    detail::add_bias_rows(C, ldc, c_type == GemmType::BF16, bias, M, N, st);
+}
+
+void GemmContext::grouped_gemm(bool trans_b, const int32_t* rows_host, int64_t G, int64_t N,
+                               int64_t K, float alpha, const void* A, int64_t lda, const void* B,
+                               int64_t ldb, int64_t b_stride, float beta, void* C, int64_t ldc,
+                               GemmType c_type, cudaStream_t st) {
+  ZAYA_CHECK(G >= 0, "grouped_gemm: G = {} must not be negative", G);
+  ZAYA_CHECK(b_stride >= 0, "grouped_gemm: b_stride = {} must not be negative", b_stride);
+  // Checked once here (with M = 1) so bad dimensions fail even when every group is empty.
+  check_dims("grouped_gemm", false, trans_b, 1, N, K, lda, ldb, ldc);
+  if (G == 0) return;
+  ZAYA_CHECK(rows_host, "grouped_gemm: rows_host is null with G = {}", G);
+  const size_t c_es = elem_bytes(c_type), ab_es = elem_bytes(GemmType::BF16);
+  int64_t off = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t rows = rows_host[g];
+    ZAYA_CHECK(rows >= 0, "grouped_gemm: rows_host[{}] = {} is negative", g, rows);
+    if (rows > 0)
+      gemm(false, trans_b, rows, N, K, alpha,
+           static_cast<const char*>(A) + size_t(off * lda) * ab_es, lda,
+           static_cast<const char*>(B) + size_t(g * b_stride) * ab_es, ldb, beta,
+           static_cast<char*>(C) + size_t(off * ldc) * c_es, ldc, GemmType::BF16, c_type, nullptr,
+           st);
+    off += rows;
+  }
+}
+
+void GemmContext::grouped_wgrad(const int32_t* rows_host, int64_t G, int64_t M_out, int64_t K,
+                                float alpha, const void* dY, int64_t ld_dy, const void* X,
+                                int64_t ld_x, float beta, void* dW, int64_t w_stride,
+                                GemmType c_type, cudaStream_t st) {
+  ZAYA_CHECK(G >= 0, "grouped_wgrad: G = {} must not be negative", G);
+  ZAYA_CHECK(M_out > 0, "grouped_wgrad: M_out = {} must be positive (K = {})", M_out, K);
+  ZAYA_CHECK(K > 0, "grouped_wgrad: K = {} must be positive (M_out = {})", K, M_out);
+  ZAYA_CHECK(ld_dy >= M_out, "grouped_wgrad: ld_dy = {} is smaller than M_out = {}", ld_dy, M_out);
+  ZAYA_CHECK(ld_x >= K, "grouped_wgrad: ld_x = {} is smaller than K = {}", ld_x, K);
+  ZAYA_CHECK(G <= 1 || w_stride >= M_out * K,
+             "grouped_wgrad: w_stride = {} is smaller than one gradient, M_out·K = {}", w_stride,
+             M_out * K);
+  if (G == 0) return;
+  ZAYA_CHECK(rows_host, "grouped_wgrad: rows_host is null with G = {}", G);
+  const size_t c_es = elem_bytes(c_type), ab_es = elem_bytes(GemmType::BF16);
+  int64_t off = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t rows = rows_host[g];
+    ZAYA_CHECK(rows >= 0, "grouped_wgrad: rows_host[{}] = {} is negative", g, rows);
+    char* dW_g = static_cast<char*>(dW) + size_t(g * w_stride) * c_es;
+    if (rows > 0) {
+      // dW_g[M_out,K] = alpha · dY_g^T · X_g + beta · dW_g: op(A) = A^T with A = dY_g [rows,M_out].
+      gemm(true, false, M_out, K, rows, alpha,
+           static_cast<const char*>(dY) + size_t(off * ld_dy) * ab_es, ld_dy,
+           static_cast<const char*>(X) + size_t(off * ld_x) * ab_es, ld_x, beta, dW_g, K,
+           GemmType::BF16, c_type, nullptr, st);
+    } else if (beta == 0.f) {
+      // An empty sum: the gradient is zero (the header's contract), not left stale.
+      ZAYA_CUDA_CHECK(cudaMemsetAsync(dW_g, 0, size_t(M_out * K) * c_es, st));
+    } else {
+      ZAYA_CHECK(beta == 1.f,
+                 "grouped_wgrad: group {} is empty and beta = {}; only beta 0 (zero the "
+                 "gradient) or 1 (leave it) are defined for empty groups",
+                 g, beta);
+    }
+    off += rows;
+  }
+}
+
+}  // namespace zaya::cuda

@@ -1,0 +1,746 @@
+// Fused causal GQA flash attention for the CUDA backend (backend/cuda/ops.h: attention_fwd,
+// attention_bwd, attention_bwd_workspace_bytes); the specification is cpu::attention and
+// cpu::attention_backward.
+//
+// FlashAttention-2 structure on mma.sync.m16n8k16 (bf16 in, fp32 accumulate), ldmatrix for shared →
+// register fragments, cp.async double buffering of the streamed tiles:
+//   forward   one block of 4 warps per (64-query tile, batch·query head); each warp owns 16 query
+//             rows, streams 64-key K/V tiles, keeps the online softmax (base 2, scores pre-scaled
+//             by scale·log2e) and the O accumulator in registers. Key tiles above the causal
+//             diagonal or left of the sliding window are never visited; only tiles that straddle a
+//             boundary (diagonal, window edge, sequence end) pay for the mask.
+//   backward  (1) D_i = rowsum(dO ⊙ O) into workspace; (2) dK/dV: one block per (64-key tile,
+//             batch·kv head), each warp owns 16 keys and loops over the G query heads of its group
+//             and the query tiles that can see its keys, recomputing P from lse; dK/dV live in
+//             registers for the whole loop, so nothing is atomically accumulated; (3) dQ: one block
+//             per (64-query tile, batch·query head) looping over key tiles (recomputes S and dP a
+//             second time). Every output element is written by exactly one thread after a fixed
+//             reduction order, so the backward is bit-reproducible.
+// Probabilities and dS are rounded to bf16 before their matmuls (as in FlashAttention-2); all sums
+// are fp32. Shared-memory rows are padded by 16 bytes, which makes every ldmatrix and cp.async row
+// access hit 8 distinct 16-byte bank groups without a swizzle.
+//
+// Deliberately not here: dropout, ALiBi/softcap, non-causal attention, head dims other than 32/64/
+// 128, strided (non-contiguous) q/k/v rows, and a dedicated decode kernel (decode S=1 runs the
+// general forward: correct, with 63 of 64 rows idle).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "backend/cuda/ops.h"
+#include "core/cuda_check.h"
+
+namespace zaya::cuda {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps in every kernel
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- PTX wrappers
+// ---------------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy; when !valid nothing is read and the destination is zero-filled (rows past the
+// end of a sequence must be zeros, not stale data: 0·NaN would poison the accumulators).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+// c += a·b, a 16×16 row-major, b 16×8 column-major, bf16 → fp32.
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats → bf16x2 with `lo` in the low half (the lower column index of a fragment pair).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// ---- fragment helpers (all per warp; lane = threadIdx.x & 31)
+// ------------------------------------ The C fragment of m16n8 holds rows lane/4 and lane/4+8,
+// columns 2·(lane%4)+{0,1}. Two adjacent C fragments (columns 16k..16k+15) are exactly the A
+// fragment of k-step k, which is how P and dS feed the next matmul without a trip through shared
+// memory.
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4],
+                                       const float (&c1)[4]) {
+  a[0] = pack_bf16(c0[0], c0[1]);
+  a[1] = pack_bf16(c0[2], c0[3]);
+  a[2] = pack_bf16(c1[0], c1[1]);
+  a[3] = pack_bf16(c1[2], c1[3]);
+}
+// A fragment (16 rows × 16 columns at (row0, col0)) of a row-major smem tile with stride LD.
+template <int LD>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* s, int row0, int col0,
+                                       int lane) {
+  ldmatrix_x4(a, s + (row0 + (lane & 15)) * LD + col0 + (lane >> 4) * 8);
+}
+// B fragments of two n8 tiles for the product X·Yᵀ where Y is a row-major smem tile (rows = n):
+// rows n0..n0+15, k columns k0..k0+15. b[0],b[1] → n-tile n0, b[2],b[3] → n-tile n0+8.
+template <int LD>
+__device__ __forceinline__ void load_b_nt(uint32_t (&b)[4], const bf16* s, int n0, int k0,
+                                          int lane) {
+  ldmatrix_x4(b, s + (n0 + (lane & 7) + (lane >> 4) * 8) * LD + k0 + ((lane >> 3) & 1) * 8);
+}
+// B fragments of two n8 tiles for X·Y where Y is a row-major smem tile (rows = k): k rows
+// k0..k0+15, n columns n0..n0+15. b[0],b[1] → n-tile n0, b[2],b[3] → n-tile n0+8.
+template <int LD>
+__device__ __forceinline__ void load_b_nn(uint32_t (&b)[4], const bf16* s, int k0, int n0,
+                                          int lane) {
+  ldmatrix_x4_trans(b, s + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + n0 + (lane >> 4) * 8);
+}
+
+// ROWS×D bf16 rows from global (row stride gstride elements) into smem (stride D+8); rows at or
+// past `nvalid` are zero-filled. `safe` is any valid global address (never dereferenced for them).
+template <int ROWS, int D>
+__device__ __forceinline__ void load_rows(bf16* s, const bf16* g, int64_t gstride, int nvalid,
+                                          const bf16* safe, int tid) {
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+#pragma unroll
+  for (int c = tid; c < ROWS * kChunks; c += kThreads) {
+    const int r = c / kChunks, ch = c % kChunks;
+    const bool ok = r < nvalid;
+    cp_async16(s + r * (D + 8) + ch * 8, ok ? g + r * gstride + ch * 8 : safe, ok);
+  }
+}
+
+// Keys visible to query position qp: lo(qp) <= key <= qp.
+__device__ __forceinline__ bool key_visible(int key, int qp, int window) {
+  return key <= qp && (window <= 0 || key > qp - window);
+}
+
+// ---- forward
+// --------------------------------------------------------------------------------------
+constexpr int kFwdBM = 64, kFwdBN = 64;
+
+template <int D>
+constexpr int fwd_smem_bytes() {
+  return (kFwdBM + 4 * kFwdBN) * (D + 8) * int(sizeof(bf16));
+}
+
+// grid (ceil(S/64), B·Hq). Block x processes query tile gridDim.x-1-x: the longest causal rows
+// start first, which evens out the tail of the launch.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attn_fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse, const bf16* __restrict__ q,
+                    const bf16* __restrict__ k, const bf16* __restrict__ v, int S, int Sk,
+                    int q_start, int Hq, int Hkv, int window, float scale_log2) {
+  constexpr int BM = kFwdBM, BN = kFwdBN, LD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BM×LD
+  bf16* sK = sQ + BM * LD;                       // 2 stages × BN×LD
+  bf16* sV = sK + 2 * BN * LD;                   // 2 stages × BN×LD
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;
+  const int b = blockIdx.y / Hq, h = blockIdx.y % Hq, g = h / (Hq / Hkv);
+  const int64_t q_rs = int64_t(Hq) * D, kv_rs = int64_t(Hkv) * D;
+
+  const int qp_first = q_start + m0, qp_last = q_start + min(m0 + BM, S) - 1;
+  const int key_lo = window > 0 ? max(0, qp_first - window + 1) : 0;
+  const int t_lo = key_lo / BN, t_hi = qp_last / BN;  // qp_last < Sk by contract
+
+  const bf16* qg = q + (int64_t(b) * S + m0) * q_rs + int64_t(h) * D;
+  const bf16* kg = k + int64_t(b) * Sk * kv_rs + int64_t(g) * D;
+  const bf16* vg = v + int64_t(b) * Sk * kv_rs + int64_t(g) * D;
+
+  load_rows<BM, D>(sQ, qg, q_rs, S - m0, q, tid);
+  load_rows<BN, D>(sK, kg + int64_t(t_lo) * BN * kv_rs, kv_rs, Sk - t_lo * BN, k, tid);
+  load_rows<BN, D>(sV, vg + int64_t(t_lo) * BN * kv_rs, kv_rs, Sk - t_lo * BN, v, tid);
+  cp_async_commit();
+
+  const int row0 = warp * 16 + (lane >> 2);  // this thread's rows: row0 and row0+8
+  const int qp[2] = {q_start + m0 + row0, q_start + m0 + row0 + 8};
+  float acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  uint32_t qf[D / 16][4];
+
+  for (int t = t_lo; t <= t_hi; t++) {
+    const int stage = (t - t_lo) & 1;
+    if (t < t_hi) {
+      const int n1 = (t + 1) * BN;
+      load_rows<BN, D>(sK + (stage ^ 1) * BN * LD, kg + int64_t(n1) * kv_rs, kv_rs, Sk - n1, k,
+                       tid);
+      load_rows<BN, D>(sV + (stage ^ 1) * BN * LD, vg + int64_t(n1) * kv_rs, kv_rs, Sk - n1, v,
+                       tid);
+    }
+    cp_async_commit();  // possibly empty: keeps wait_group<1> meaning "tile t has landed"
+    cp_async_wait<1>();
+    __syncthreads();
+    if (t == t_lo) {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) load_a<LD>(qf[kk], sQ, warp * 16, kk * 16, lane);
+    }
+    const bf16* sKs = sK + stage * BN * LD;
+    const bf16* sVs = sV + stage * BN * LD;
+
+    // S = Q·Kᵀ for this warp's 16 rows × BN keys.
+    float s[BN / 8][4];
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+      for (int nn = 0; nn < BN / 16; nn++) {
+        uint32_t kb[4];
+        load_b_nt<LD>(kb, sKs, nn * 16, kk * 16, lane);
+        mma16816(s[2 * nn], qf[kk], kb[0], kb[1]);
+        mma16816(s[2 * nn + 1], qf[kk], kb[2], kb[3]);
+      }
+    }
+
+    const int n0 = t * BN;
+    const bool need_mask =
+        n0 + BN - 1 > qp_first || (window > 0 && n0 <= qp_last - window) || n0 + BN > Sk;
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        s[i][e] *= scale_log2;
+        if (need_mask) {
+          const int key = n0 + i * 8 + (lane & 3) * 2 + (e & 1);
+          if (!key_visible(key, qp[e >> 1], window)) s[i][e] = -INFINITY;
+        }
+      }
+
+      // Online softmax in base 2. A row can be fully masked in one tile (window edge); its running
+      // max stays -inf and the exp base falls back to 0 so no inf-inf appears.
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float mx = m_run[r];
+#pragma unroll
+      for (int i = 0; i < BN / 8; i++) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float base = mx == -INFINITY ? 0.f : mx;
+      const float alpha = exp2f(m_run[r] - base);
+      m_run[r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < BN / 8; i++) {
+        s[i][2 * r] = exp2f(s[i][2 * r] - base);
+        s[i][2 * r + 1] = exp2f(s[i][2 * r + 1] - base);
+        sum += s[i][2 * r] + s[i][2 * r + 1];
+      }
+      l_run[r] = l_run[r] * alpha + sum;  // per-thread partial; the quad is summed at the end
+#pragma unroll
+      for (int i = 0; i < D / 8; i++) {
+        acc[i][2 * r] *= alpha;
+        acc[i][2 * r + 1] *= alpha;
+      }
+    }
+
+    // O += P·V
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t pa[4];
+      c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int dn = 0; dn < D / 16; dn++) {
+        uint32_t vb[4];
+        load_b_nn<LD>(vb, sVs, kk * 16, dn * 16, lane);
+        mma16816(acc[2 * dn], pa, vb[0], vb[1]);
+        mma16816(acc[2 * dn + 1], pa, vb[2], vb[3]);
+      }
+    }
+    __syncthreads();  // everyone is done with this stage before the next iteration refills it
+  }
+
+  // Epilogue: normalise, stage the bf16 tile in sQ (free now) and write 16-byte rows.
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    float l = l_run[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    inv[r] = 1.f / l;
+    const int row = m0 + row0 + 8 * r;
+    if (lse && (lane & 3) == 0 && row < S)
+      lse[(int64_t(b) * Hq + h) * S + row] = (m_run[r] + log2f(l)) * kLn2;
+  }
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    const int col = i * 8 + (lane & 3) * 2;
+    *reinterpret_cast<uint32_t*>(sQ + row0 * LD + col) =
+        pack_bf16(acc[i][0] * inv[0], acc[i][1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(sQ + (row0 + 8) * LD + col) =
+        pack_bf16(acc[i][2] * inv[1], acc[i][3] * inv[1]);
+  }
+  __syncthreads();
+  bf16* og = o + (int64_t(b) * S + m0) * q_rs + int64_t(h) * D;
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < BM * kChunks; c += kThreads) {
+    const int r = c / kChunks, ch = c % kChunks;
+    if (m0 + r < S)
+      *reinterpret_cast<uint4*>(og + r * q_rs + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQ + r * LD + ch * 8);
+  }
+}
+
+// ---- backward: D = rowsum(dO ⊙ O)
+// ------------------------------------------------------------------ One warp per (b, t, h) row; Dv
+// laid out [B,Hq,S] like lse.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dot_kernel(float* __restrict__ Dv, const bf16* __restrict__ dout,
+                        const bf16* __restrict__ o, int64_t rows, int S, int Hq) {
+  const int64_t row = int64_t(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return;      // row = (b·S + t)·Hq + h, the token-major order of o
+  constexpr int kPer = D / 32;  // 1, 2 or 4 elements per lane
+  const bf16* a = dout + row * D + lane * kPer;
+  const bf16* c = o + row * D + lane * kPer;
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPer; i++) acc += __bfloat162float(a[i]) * __bfloat162float(c[i]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    const int h = int(row % Hq);
+    const int64_t bt = row / Hq;
+    const int t = int(bt % S), b = int(bt / S);
+    Dv[(int64_t(b) * Hq + h) * S + t] = acc;
+  }
+}
+
+// ---- backward: dK, dV
+// -------------------------------------------------------------------------------
+constexpr int kBwdBN = 64;  // keys per block (16 per warp)
+template <int D>
+constexpr int bwd_kv_bm() {
+  return D == 128 ? 32 : 64;  // query rows per step: fewer at d=128 so dK+dV+S+dP fit in registers
+}
+template <int D>
+constexpr int bwd_kv_smem_bytes() {
+  return (2 * kBwdBN + 4 * bwd_kv_bm<D>()) * (D + 8) * int(sizeof(bf16)) +
+         4 * bwd_kv_bm<D>() * int(sizeof(float));
+}
+
+// grid (ceil(S/64), B·Hkv). Block x owns keys 64x..64x+63 of kv head g and walks the G query heads
+// of the group, each over the query tiles from the diagonal to the end of the sequence (or of the
+// window). Key tile 0 has the most work and starts first.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
+                         const bf16* __restrict__ dout, const float* __restrict__ lse,
+                         const float* __restrict__ Dv, const bf16* __restrict__ q,
+                         const bf16* __restrict__ k, const bf16* __restrict__ v, int S, int Hq,
+                         int Hkv, int window, float scale, float scale_log2) {
+  constexpr int BN = kBwdBN, BM = bwd_kv_bm<D>(), LD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);            // BN×LD
+  bf16* sV = sK + BN * LD;                                 // BN×LD
+  bf16* sQ = sV + BN * LD;                                 // 2 stages × BM×LD
+  bf16* sO = sQ + 2 * BM * LD;                             // dO, 2 stages × BM×LD
+  float* sL = reinterpret_cast<float*>(sO + 2 * BM * LD);  // lse, 2 stages × BM
+  float* sD = sL + 2 * BM;                                 // D, 2 stages × BM
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int n0 = blockIdx.x * BN;
+  const int b = blockIdx.y / Hkv, g = blockIdx.y % Hkv, G = Hq / Hkv;
+  const int64_t q_rs = int64_t(Hq) * D, kv_rs = int64_t(Hkv) * D;
+
+  const int last_q = window > 0 ? min(S - 1, n0 + BN - 1 + window - 1) : S - 1;
+  const int tq_lo = n0 / BM, tq_hi = last_q / BM, ntq = tq_hi - tq_lo + 1;
+  const int iters = G * ntq;
+
+  const bf16* kg = k + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
+  const bf16* vg = v + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
+  load_rows<BN, D>(sK, kg, kv_rs, S - n0, k, tid);
+  load_rows<BN, D>(sV, vg, kv_rs, S - n0, v, tid);
+
+  // Loads the query tile of step `it` (head h = g·G + it/ntq, tile tq_lo + it%ntq) into `stage`.
+  auto load_step = [&](int it, int stage) {
+    const int h = g * G + it / ntq, m0 = (tq_lo + it % ntq) * BM;
+    const int64_t tok = int64_t(b) * S + m0;
+    load_rows<BM, D>(sQ + stage * BM * LD, q + tok * q_rs + int64_t(h) * D, q_rs, S - m0, q, tid);
+    load_rows<BM, D>(sO + stage * BM * LD, dout + tok * q_rs + int64_t(h) * D, q_rs, S - m0, dout,
+                     tid);
+    if (tid < BM) {
+      const bool ok = m0 + tid < S;
+      const int64_t li = (int64_t(b) * Hq + h) * S + m0 + tid;
+      cp_async4(sL + stage * BM + tid, ok ? lse + li : lse, ok);
+      cp_async4(sD + stage * BM + tid, ok ? Dv + li : Dv, ok);
+    }
+  };
+  load_step(0, 0);
+  cp_async_commit();
+
+  float dK[D / 8][4], dV[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dK[i][e] = dV[i][e] = 0.f;
+  const int krow0 = warp * 16;  // this warp's keys within the tile
+  const int key[2] = {n0 + krow0 + (lane >> 2), n0 + krow0 + (lane >> 2) + 8};
+
+  for (int it = 0; it < iters; it++) {
+    const int stage = it & 1;
+    if (it + 1 < iters) load_step(it + 1, stage ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* sQs = sQ + stage * BM * LD;
+    const bf16* sOs = sO + stage * BM * LD;
+    const float* sLs = sL + stage * BM;
+    const float* sDs = sD + stage * BM;
+    const int m0 = (tq_lo + it % ntq) * BM;
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for 16 keys × BM queries.
+    float st[BM / 8][4], dpt[BM / 8][4];
+#pragma unroll
+    for (int i = 0; i < BM / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t ka[4], va[4];
+      load_a<LD>(ka, sK, krow0, kk * 16, lane);
+      load_a<LD>(va, sV, krow0, kk * 16, lane);
+#pragma unroll
+      for (int nn = 0; nn < BM / 16; nn++) {
+        uint32_t qb[4], ob[4];
+        load_b_nt<LD>(qb, sQs, nn * 16, kk * 16, lane);
+        load_b_nt<LD>(ob, sOs, nn * 16, kk * 16, lane);
+        mma16816(st[2 * nn], ka, qb[0], qb[1]);
+        mma16816(st[2 * nn + 1], ka, qb[2], qb[3]);
+        mma16816(dpt[2 * nn], va, ob[0], ob[1]);
+        mma16816(dpt[2 * nn + 1], va, ob[2], ob[3]);
+      }
+    }
+
+    // Pᵀ = exp2(S·scale·log2e − lse·log2e); dSᵀ = Pᵀ ⊙ (dPᵀ − D). The softmax scale of dS is
+    // applied once to dK at the end.
+    const bool need_mask =
+        m0 < n0 + BN - 1 || (window > 0 && m0 + BM - 1 >= n0 + window) || m0 + BM > S;
+#pragma unroll
+    for (int i = 0; i < BM / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qi = i * 8 + (lane & 3) * 2 + (e & 1);
+        float p = exp2f(st[i][e] * scale_log2 - sLs[qi] * kLog2e);
+        if (need_mask && (m0 + qi >= S || !key_visible(key[e >> 1], m0 + qi, window))) p = 0.f;
+        st[i][e] = p;
+        dpt[i][e] = p * (dpt[i][e] - sDs[qi]);
+      }
+
+      // dV += Pᵀ·dO, dK += dSᵀ·Q
+#pragma unroll
+    for (int kq = 0; kq < BM / 16; kq++) {
+      uint32_t pa[4], sa[4];
+      c_to_a(pa, st[2 * kq], st[2 * kq + 1]);
+      c_to_a(sa, dpt[2 * kq], dpt[2 * kq + 1]);
+#pragma unroll
+      for (int dn = 0; dn < D / 16; dn++) {
+        uint32_t ob[4], qb[4];
+        load_b_nn<LD>(ob, sOs, kq * 16, dn * 16, lane);
+        load_b_nn<LD>(qb, sQs, kq * 16, dn * 16, lane);
+        mma16816(dV[2 * dn], pa, ob[0], ob[1]);
+        mma16816(dV[2 * dn + 1], pa, ob[2], ob[3]);
+        mma16816(dK[2 * dn], sa, qb[0], qb[1]);
+        mma16816(dK[2 * dn + 1], sa, qb[2], qb[3]);
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();  // only the last (empty) group can be pending; never exit with copies in
+                       // flight
+
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if (key[r] >= S) continue;
+    bf16* dkr = dk + (int64_t(b) * S + key[r]) * kv_rs + int64_t(g) * D;
+    bf16* dvr = dv + (int64_t(b) * S + key[r]) * kv_rs + int64_t(g) * D;
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+      const int col = i * 8 + (lane & 3) * 2;
+      *reinterpret_cast<uint32_t*>(dkr + col) =
+          pack_bf16(dK[i][2 * r] * scale, dK[i][2 * r + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dvr + col) = pack_bf16(dV[i][2 * r], dV[i][2 * r + 1]);
+    }
+  }
+}
+
+// ---- backward: dQ
+// -----------------------------------------------------------------------------------
+constexpr int kDqBM = 64, kDqBN = 64;
+template <int D>
+constexpr int bwd_dq_smem_bytes() {
+  return (2 * kDqBM + 4 * kDqBN) * (D + 8) * int(sizeof(bf16));
+}
+
+// grid (ceil(S/64), B·Hq), last query tile first. Each warp owns 16 query rows and sums dS·K over
+// the visible key tiles in ascending order.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    attn_bwd_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
+                       const float* __restrict__ lse, const float* __restrict__ Dv,
+                       const bf16* __restrict__ q, const bf16* __restrict__ k,
+                       const bf16* __restrict__ v, int S, int Hq, int Hkv, int window, float scale,
+                       float scale_log2) {
+  constexpr int BM = kDqBM, BN = kDqBN, LD = D + 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BM×LD
+  bf16* sO = sQ + BM * LD;                       // dO, BM×LD
+  bf16* sK = sO + BM * LD;                       // 2 stages × BN×LD
+  bf16* sV = sK + 2 * BN * LD;                   // 2 stages × BN×LD
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;
+  const int b = blockIdx.y / Hq, h = blockIdx.y % Hq, g = h / (Hq / Hkv);
+  const int64_t q_rs = int64_t(Hq) * D, kv_rs = int64_t(Hkv) * D;
+  const int q_last = min(m0 + BM, S) - 1;
+  const int t_lo = (window > 0 ? max(0, m0 - window + 1) : 0) / BN, t_hi = q_last / BN;
+
+  const int64_t tok = int64_t(b) * S + m0;
+  load_rows<BM, D>(sQ, q + tok * q_rs + int64_t(h) * D, q_rs, S - m0, q, tid);
+  load_rows<BM, D>(sO, dout + tok * q_rs + int64_t(h) * D, q_rs, S - m0, dout, tid);
+  const bf16* kg = k + int64_t(b) * S * kv_rs + int64_t(g) * D;
+  const bf16* vg = v + int64_t(b) * S * kv_rs + int64_t(g) * D;
+  load_rows<BN, D>(sK, kg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, k, tid);
+  load_rows<BN, D>(sV, vg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, v, tid);
+  cp_async_commit();
+
+  const int row0 = warp * 16 + (lane >> 2);
+  const int qi[2] = {m0 + row0, m0 + row0 + 8};
+  float lse2[2], dd[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const bool ok = qi[r] < S;
+    const int64_t li = (int64_t(b) * Hq + h) * S + qi[r];
+    lse2[r] = ok ? lse[li] * kLog2e : 0.f;
+    dd[r] = ok ? Dv[li] : 0.f;
+  }
+  float acc[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+
+  for (int t = t_lo; t <= t_hi; t++) {
+    const int stage = (t - t_lo) & 1;
+    if (t < t_hi) {
+      const int n1 = (t + 1) * BN;
+      load_rows<BN, D>(sK + (stage ^ 1) * BN * LD, kg + int64_t(n1) * kv_rs, kv_rs, S - n1, k, tid);
+      load_rows<BN, D>(sV + (stage ^ 1) * BN * LD, vg + int64_t(n1) * kv_rs, kv_rs, S - n1, v, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const bf16* sKs = sK + stage * BN * LD;
+    const bf16* sVs = sV + stage * BN * LD;
+
+    // S = Q·Kᵀ, dP = dO·Vᵀ (16 rows × BN keys per warp)
+    float s[BN / 8][4], dp[BN / 8][4];
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t qa[4], oa[4];
+      load_a<LD>(qa, sQ, warp * 16, kk * 16, lane);
+      load_a<LD>(oa, sO, warp * 16, kk * 16, lane);
+#pragma unroll
+      for (int nn = 0; nn < BN / 16; nn++) {
+        uint32_t kb[4], vb[4];
+        load_b_nt<LD>(kb, sKs, nn * 16, kk * 16, lane);
+        load_b_nt<LD>(vb, sVs, nn * 16, kk * 16, lane);
+        mma16816(s[2 * nn], qa, kb[0], kb[1]);
+        mma16816(s[2 * nn + 1], qa, kb[2], kb[3]);
+        mma16816(dp[2 * nn], oa, vb[0], vb[1]);
+        mma16816(dp[2 * nn + 1], oa, vb[2], vb[3]);
+      }
+    }
+
+    const int n0 = t * BN;
+    const bool need_mask = n0 + BN - 1 > m0 || (window > 0 && n0 <= q_last - window) || n0 + BN > S;
+#pragma unroll
+    for (int i = 0; i < BN / 8; i++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = e >> 1;
+        float p = exp2f(s[i][e] * scale_log2 - lse2[r]);
+        if (need_mask && !key_visible(n0 + i * 8 + (lane & 3) * 2 + (e & 1), qi[r], window))
+          p = 0.f;
+        s[i][e] = p * (dp[i][e] - dd[r]);  // dS (unscaled)
+      }
+
+      // dQ += dS·K
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t sa[4];
+      c_to_a(sa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+      for (int dn = 0; dn < D / 16; dn++) {
+        uint32_t kb[4];
+        load_b_nn<LD>(kb, sKs, kk * 16, dn * 16, lane);
+        mma16816(acc[2 * dn], sa, kb[0], kb[1]);
+        mma16816(acc[2 * dn + 1], sa, kb[2], kb[3]);
+      }
+    }
+    __syncthreads();
+  }
+
+  // Stage through sQ (free after the last barrier) for 16-byte coalesced stores.
+#pragma unroll
+  for (int i = 0; i < D / 8; i++) {
+    const int col = i * 8 + (lane & 3) * 2;
+    *reinterpret_cast<uint32_t*>(sQ + row0 * LD + col) =
+        pack_bf16(acc[i][0] * scale, acc[i][1] * scale);
+    *reinterpret_cast<uint32_t*>(sQ + (row0 + 8) * LD + col) =
+        pack_bf16(acc[i][2] * scale, acc[i][3] * scale);
+  }
+  __syncthreads();
+  bf16* dqg = dq + tok * q_rs + int64_t(h) * D;
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < BM * kChunks; c += kThreads) {
+    const int r = c / kChunks, ch = c % kChunks;
+    if (m0 + r < S)
+      *reinterpret_cast<uint4*>(dqg + r * q_rs + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQ + r * LD + ch * 8);
+  }
+}
+
+// ---- host side
+// --------------------------------------------------------------------------------------
+[[noreturn]] void bad_args(const std::string& what) {
+  ::zaya::detail::platform_fail("CUDA", "attention", __FILE__, __LINE__, what);
+}
+
+void check_shapes(int64_t B, int64_t S, int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv,
+                  int64_t d) {
+  if (d != 32 && d != 64 && d != 128)
+    bad_args("head dim " + std::to_string(d) + " not supported (32, 64 or 128)");
+  if (B < 0 || S < 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+    bad_args("bad shape: B " + std::to_string(B) + " S " + std::to_string(S) + " Hq " +
+             std::to_string(Hq) + " Hkv " + std::to_string(Hkv));
+  if (q_start < 0 || Sk < q_start + S)
+    bad_args("keys " + std::to_string(Sk) + " do not cover queries at " + std::to_string(q_start) +
+             "+" + std::to_string(S));
+  // Kernel index arithmetic is 32-bit within one sequence and one grid dimension.
+  if (Sk > (int64_t(1) << 30) || B * Hq > 65535)
+    bad_args("sequence or batch·heads too large for the attention grid");
+}
+
+// Raises a kernel's dynamic shared-memory limit above the 48 KiB default. Called on every launch
+// (about a microsecond) because the attribute belongs to the current device's context.
+template <typename Kernel>
+void allow_smem(Kernel kernel, int bytes) {
+  ZAYA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+template <int D>
+void launch_fwd(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                int64_t S, int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv, int64_t window,
+                cudaStream_t st) {
+  constexpr int smem = fwd_smem_bytes<D>();
+  allow_smem(attn_fwd_kernel<D>, smem);
+  const dim3 grid(unsigned((S + kFwdBM - 1) / kFwdBM), unsigned(B * Hq));
+  const float scale_log2 = float(1.0 / std::sqrt(double(D))) * kLog2e;
+  attn_fwd_kernel<D><<<grid, kThreads, smem, st>>>(o, lse, q, k, v, int(S), int(Sk), int(q_start),
+                                                   int(Hq), int(Hkv), int(window), scale_log2);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D>
+void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o, const float* lse,
+                const bf16* q, const bf16* k, const bf16* v, float* Dv, int64_t B, int64_t S,
+                int64_t Hq, int64_t Hkv, int64_t window, cudaStream_t st) {
+  constexpr int smem_kv = bwd_kv_smem_bytes<D>(), smem_dq = bwd_dq_smem_bytes<D>();
+  allow_smem(attn_bwd_dkdv_kernel<D>, smem_kv);
+  allow_smem(attn_bwd_dq_kernel<D>, smem_dq);
+  const float scale = float(1.0 / std::sqrt(double(D)));
+  const float scale_log2 = scale * kLog2e;
+
+  const int64_t rows = B * S * Hq;
+  const int64_t warps_per_block = kThreads / 32;
+  attn_bwd_dot_kernel<D>
+      <<<unsigned((rows + warps_per_block - 1) / warps_per_block), kThreads, 0, st>>>(
+          Dv, dout, o, rows, int(S), int(Hq));
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+
+  const dim3 grid_kv(unsigned((S + kBwdBN - 1) / kBwdBN), unsigned(B * Hkv));
+  attn_bwd_dkdv_kernel<D><<<grid_kv, kThreads, smem_kv, st>>>(
+      dk, dv, dout, lse, Dv, q, k, v, int(S), int(Hq), int(Hkv), int(window), scale, scale_log2);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+
+  const dim3 grid_dq(unsigned((S + kDqBM - 1) / kDqBM), unsigned(B * Hq));
+  attn_bwd_dq_kernel<D><<<grid_dq, kThreads, smem_dq, st>>>(
+      dq, dout, lse, Dv, q, k, v, int(S), int(Hq), int(Hkv), int(window), scale, scale_log2);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void attention_fwd(bf16* o, float* lse_BHS, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                   int64_t S, int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv, int64_t d,
+                   int64_t window, cudaStream_t st) {
+  check_shapes(B, S, Sk, q_start, Hq, Hkv, d);
+  if (B == 0 || S == 0) return;
+  switch (d) {
+    case 32: launch_fwd<32>(o, lse_BHS, q, k, v, B, S, Sk, q_start, Hq, Hkv, window, st); break;
+    case 64: launch_fwd<64>(o, lse_BHS, q, k, v, B, S, Sk, q_start, Hq, Hkv, window, st); break;
+    default: launch_fwd<128>(o, lse_BHS, q, k, v, B, S, Sk, q_start, Hq, Hkv, window, st); break;
+  }
+}
+
+size_t attention_bwd_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t /*Hkv*/,
+                                     int64_t /*d*/) {
+  // D = rowsum(dO ⊙ O), fp32 [B,Hq,S], plus the arena's 256-byte alignment slack.
+  return size_t(B * Hq * S) * sizeof(float) + 256;
+}
+
+void attention_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o,
+                   const float* lse_BHS, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                   int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window, Workspace& ws,
+                   cudaStream_t st) {
+  check_shapes(B, S, S, 0, Hq, Hkv, d);
+  if (B == 0 || S == 0) return;
+  float* Dv = ws.take_n<float>(size_t(B * Hq * S));
+  switch (d) {
+    case 32:
+      launch_bwd<32>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Hq, Hkv, window, st);
+      break;
+    case 64:
+      launch_bwd<64>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Hq, Hkv, window, st);
+      break;
+    default:
+      launch_bwd<128>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Hq, Hkv, window, st);
+      break;
+  }
+}
+
+}  // namespace zaya::cuda

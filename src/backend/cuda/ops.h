@@ -123,8 +123,9 @@ void cca_conv_fwd(float* y_NC, float* mid, const bf16* qkv, int64_t ld, float* h
                   bool update_hist, const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1,
                   const float* bg_C, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
                   int64_t t1, cudaStream_t st);
-// dx (=) written into the first C channels of dqkv (bf16, row stride ld); dwdw, dbdw, dwg, dbg
-// (+=, deterministic). dy fp32 [N,C].
+// dx (+=) ADDED into the first C channels of dqkv (bf16 read-add-write with fp32 math, row stride
+// ld): cca_qkv_finish_bwd must have written those channels (the mean-skip path) first. dwdw, dbdw,
+// dwg, dbg (+=, deterministic). dy fp32 [N,C]; mid from the forward (training: no history).
 size_t cca_conv_bwd_workspace_bytes(int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
                                     int64_t t1);
 void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, float* dbg,
@@ -142,18 +143,18 @@ void cca_qkv_finish_fwd(bf16* q_NHd, bf16* k_NGd, bf16* v_NGd, float* norms_NH, 
                         bool update_vd_last, int64_t pos0, double theta, int64_t r, int64_t B,
                         int64_t S, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st);
 // Backward of cca_qkv_finish_fwd: from dq, dk, dv (bf16, attention backward outputs) to dconv (fp32
-// [N,C], =), the mean-skip and value parts of dqkv (q0/k0 channels += the skip path; vc, vd
-// channels =), dtemp (+=, deterministic). Needs conv_NC and norms from the forward.
+// [N,C], =), the mean-skip and value parts of dqkv (q0/k0 channels = the skip path; vc, vd
+// channels =), dtemp (+=, deterministic). Needs conv_NC and norms from the forward (positions
+// from 0 in each sequence: training).
 size_t cca_qkv_finish_bwd_workspace_bytes(int64_t N, int64_t Hq, int64_t Hkv);
 void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G, const bf16* dq,
                         const bf16* dk, const bf16* dv, const float* conv_NC, const bf16* qkv,
                         const float* norms_NH, const float* temp_G, double theta, int64_t r,
                         int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, Workspace& ws,
                         cudaStream_t st);
-// Note on ordering: cca_qkv_finish_bwd writes the q0/k0 channels of dqkv with the mean-skip
-// gradient (=) and cca_conv_bwd must then ADD its dx into them; callers run finish_bwd first and
-// conv_bwd with accumulate semantics on those channels (cca_conv_bwd adds into dqkv's first C
-// channels).
+// Ordering: cca_qkv_finish_bwd writes all of dqkv's row (q0/k0 channels with the mean-skip
+// gradient, =) and produces dconv; cca_conv_bwd then takes dconv as its dy and ADDS its dx into the
+// q0/k0 channels. Run finish_bwd first, conv_bwd second, on the same stream.
 
 // ---- attention -----------------------------------------------------------------------------------
 // Causal GQA flash attention, bf16 q [B,S,Hq,d], k/v [B,Sk,Hkv,d] (rows may be strided: ld_q,

@@ -241,6 +241,13 @@ void check_dims(const char* fn, bool trans_a, bool trans_b, int64_t M, int64_t N
   ZAYA_CHECK(ldc >= N, "{}: ldc = {} is smaller than N = {} (C is [M,N])", fn, ldc, N);
 }
 
+// All row counts are checked before any GEMM is enqueued, so a bad count leaves C untouched.
+void check_rows(const char* fn, const int32_t* rows_host, int64_t G) {
+  ZAYA_CHECK(rows_host, "{}: rows_host is null with G = {}", fn, G);
+  for (int64_t g = 0; g < G; ++g)
+    ZAYA_CHECK(rows_host[g] >= 0, "{}: rows_host[{}] = {} is negative", fn, g, rows_host[g]);
+}
+
 }  // namespace
 
 struct GemmContext::Impl {
@@ -439,12 +446,11 @@ void GemmContext::grouped_gemm(bool trans_b, const int32_t* rows_host, int64_t G
   // Checked once here (with M = 1) so bad dimensions fail even when every group is empty.
   check_dims("grouped_gemm", false, trans_b, 1, N, K, lda, ldb, ldc);
   if (G == 0) return;
-  ZAYA_CHECK(rows_host, "grouped_gemm: rows_host is null with G = {}", G);
+  check_rows("grouped_gemm", rows_host, G);
   const size_t c_es = elem_bytes(c_type), ab_es = elem_bytes(GemmType::BF16);
   int64_t off = 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t rows = rows_host[g];
-    ZAYA_CHECK(rows >= 0, "grouped_gemm: rows_host[{}] = {} is negative", g, rows);
     if (rows > 0)
       gemm(false, trans_b, rows, N, K, alpha,
            static_cast<const char*>(A) + size_t(off * lda) * ab_es, lda,
@@ -468,12 +474,17 @@ void GemmContext::grouped_wgrad(const int32_t* rows_host, int64_t G, int64_t M_o
              "grouped_wgrad: w_stride = {} is smaller than one gradient, M_out·K = {}", w_stride,
              M_out * K);
   if (G == 0) return;
-  ZAYA_CHECK(rows_host, "grouped_wgrad: rows_host is null with G = {}", G);
+  check_rows("grouped_wgrad", rows_host, G);
+  // Empty groups are defined for beta 0 (zero the gradient) and 1 (leave it); anything else would
+  // need a scaling pass that no caller wants. Checked before any work is enqueued.
+  for (int64_t g = 0; g < G; ++g)
+    ZAYA_CHECK(rows_host[g] > 0 || beta == 0.f || beta == 1.f,
+               "grouped_wgrad: group {} is empty and beta = {}; empty groups need beta 0 or 1", g,
+               beta);
   const size_t c_es = elem_bytes(c_type), ab_es = elem_bytes(GemmType::BF16);
   int64_t off = 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t rows = rows_host[g];
-    ZAYA_CHECK(rows >= 0, "grouped_wgrad: rows_host[{}] = {} is negative", g, rows);
     char* dW_g = static_cast<char*>(dW) + size_t(g * w_stride) * c_es;
     if (rows > 0) {
       // dW_g[M_out,K] = alpha · dY_g^T · X_g + beta · dW_g: op(A) = A^T with A = dY_g [rows,M_out].
@@ -484,11 +495,6 @@ void GemmContext::grouped_wgrad(const int32_t* rows_host, int64_t G, int64_t M_o
     } else if (beta == 0.f) {
       // An empty sum: the gradient is zero (the header's contract), not left stale.
       ZAYA_CUDA_CHECK(cudaMemsetAsync(dW_g, 0, size_t(M_out * K) * c_es, st));
-    } else {
-      ZAYA_CHECK(beta == 1.f,
-                 "grouped_wgrad: group {} is empty and beta = {}; only beta 0 (zero the "
-                 "gradient) or 1 (leave it) are defined for empty groups",
-                 g, beta);
     }
     off += rows;
   }

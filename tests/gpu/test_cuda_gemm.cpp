@@ -1,0 +1,602 @@
+// GPU tests of the CUDA backend's GEMM layer (backend/cuda/gemm.h: GemmContext::gemm,
+// grouped_gemm, grouped_wgrad), of Workspace::take and of the elementwise conversions in
+// backend/cuda/ops.h. Every GEMM result is compared with a double-precision host reference computed
+// from the same (bf16-rounded where the operand is bf16) inputs. Tolerances: bf16 outputs within
+// 1e-2·max|ref| (a few bf16 ulps), fp32 outputs of bf16 operands within 2e-5·max|ref|, and fp32
+// GEMMs within 1e-5·max|ref| — tight enough that TF32 (about 4e-4·max|ref| at these sizes) fails.
+// Tests that need a device skip without one; the Workspace test is host arithmetic only.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/ops.h"
+#include "core/cuda_check.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+namespace zaya::cuda {
+namespace {
+
+bool have_gpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// One device allocation, freed on scope exit.
+struct DeviceMem {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceMem(size_t b) : bytes(b) { ZAYA_CUDA_CHECK(cudaMalloc(&p, b > 0 ? b : 1)); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  ~DeviceMem() { cudaFree(p); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+size_t elem_bytes(GemmType t) {
+  return t == GemmType::BF16 ? 2 : 4;
+}
+
+// Values as the device sees them: bf16-rounded when the storage type is bf16.
+std::vector<float> random_values(size_t n, std::mt19937_64& rng, GemmType t, float lo = -1.f,
+                                 float hi = 1.f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    x = u(rng);
+    if (t == GemmType::BF16) x = zaya::bf16_to_f32(zaya::f32_to_bf16(x));
+  }
+  return v;
+}
+
+// Host floats to a device buffer of the given storage type (bf16 rounding is exact for values
+// produced by random_values).
+void upload(const DeviceMem& d, const std::vector<float>& h, GemmType t) {
+  ASSERT_GE(d.bytes, h.size() * elem_bytes(t));
+  if (t == GemmType::F32) {
+    ZAYA_CUDA_CHECK(cudaMemcpy(d.p, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+  } else {
+    std::vector<uint16_t> b(h.size());
+    for (size_t i = 0; i < h.size(); ++i) b[i] = zaya::f32_to_bf16(h[i]);
+    ZAYA_CUDA_CHECK(cudaMemcpy(d.p, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+  }
+}
+
+std::vector<float> download(const DeviceMem& d, size_t n, GemmType t) {
+  std::vector<float> h(n);
+  if (t == GemmType::F32) {
+    ZAYA_CUDA_CHECK(cudaMemcpy(h.data(), d.p, n * 4, cudaMemcpyDeviceToHost));
+  } else {
+    std::vector<uint16_t> b(n);
+    ZAYA_CUDA_CHECK(cudaMemcpy(b.data(), d.p, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; ++i) h[i] = zaya::bf16_to_f32(b[i]);
+  }
+  return h;
+}
+
+// C[m,n] = alpha · Σ_k op(A)[m,k]·op(B)[k,n] + beta · C[m,n] + bias[n], in double, in place.
+void reference_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha,
+                    const std::vector<float>& A, int64_t lda, const std::vector<float>& B,
+                    int64_t ldb, double beta, std::vector<double>& C, int64_t ldc,
+                    const std::vector<float>* bias) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double a = ta ? A[size_t(k * lda + m)] : A[size_t(m * lda + k)];
+        const double b = tb ? B[size_t(n * ldb + k)] : B[size_t(k * ldb + n)];
+        s += a * b;
+      }
+      double& c = C[size_t(m * ldc + n)];
+      c = alpha * s + (beta == 0 ? 0.0 : beta * c) + (bias ? double((*bias)[size_t(n)]) : 0.0);
+    }
+}
+
+double tolerance(GemmType ab, GemmType c) {
+  if (c == GemmType::BF16) return 1e-2;
+  return ab == GemmType::BF16 ? 2e-5 : 1e-5;
+}
+
+// Largest |got - ref| and |ref| over the M×N block of row stride ld.
+struct Deviation {
+  double max_err = 0, max_ref = 0;
+};
+Deviation compare(const std::vector<float>& got, const std::vector<double>& ref, int64_t M,
+                  int64_t N, int64_t ld) {
+  Deviation d;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const size_t i = size_t(m * ld + n);
+      const double e = std::isfinite(got[i]) ? std::abs(double(got[i]) - ref[i])
+                                             : std::numeric_limits<double>::infinity();
+      d.max_err = std::max(d.max_err, e);
+      d.max_ref = std::max(d.max_ref, std::abs(ref[i]));
+    }
+  return d;
+}
+
+struct GemmCase {
+  bool ta = false, tb = false;
+  int64_t M = 0, N = 0, K = 0, pad = 0;  // pad: extra elements per row of A, B and C
+  GemmType ab = GemmType::BF16, c = GemmType::BF16;
+  bool bias = false;
+  float alpha = 1.f, beta = 0.f;
+  int calls = 1;  // repeated calls (beta != 0 accumulates)
+};
+
+std::string describe(const GemmCase& g) {
+  return "ta=" + std::to_string(g.ta) + " tb=" + std::to_string(g.tb) +
+         " M=" + std::to_string(g.M) + " N=" + std::to_string(g.N) + " K=" + std::to_string(g.K) +
+         " pad=" + std::to_string(g.pad) + " ab=" + (g.ab == GemmType::BF16 ? "bf16" : "fp32") +
+         " c=" + (g.c == GemmType::BF16 ? "bf16" : "fp32") + " bias=" + std::to_string(g.bias) +
+         " alpha=" + std::to_string(g.alpha) + " beta=" + std::to_string(g.beta) +
+         " calls=" + std::to_string(g.calls);
+}
+
+// Runs one case on the device and checks it against the reference; also checks that the padding
+// columns of C are untouched. Returns the device result (for determinism checks).
+std::vector<float> check_gemm(GemmContext& ctx, const GemmCase& g, cudaStream_t st, uint64_t seed) {
+  SCOPED_TRACE(describe(g));
+  std::mt19937_64 rng(seed);
+  const int64_t lda = (g.ta ? g.M : g.K) + g.pad, ldb = (g.tb ? g.K : g.N) + g.pad,
+                ldc = g.N + g.pad;
+  const int64_t rows_a = g.ta ? g.K : g.M, rows_b = g.tb ? g.N : g.K;
+  const std::vector<float> A = random_values(size_t(rows_a * lda), rng, g.ab);
+  const std::vector<float> B = random_values(size_t(rows_b * ldb), rng, g.ab);
+  const std::vector<float> bias = random_values(size_t(g.N), rng, GemmType::F32);
+  // With beta = 0 C starts as NaN: the GEMM must not read it (BLAS semantics), since callers
+  // hand it uninitialised buffers. Padding columns hold a sentinel that must survive.
+  std::vector<float> C0 =
+      g.beta != 0 ? random_values(size_t(g.M * ldc), rng, g.c)
+                  : std::vector<float>(size_t(g.M * ldc), std::numeric_limits<float>::quiet_NaN());
+  const float sentinel = 12.5f;
+  for (int64_t m = 0; m < g.M; ++m)
+    for (int64_t n = g.N; n < ldc; ++n) C0[size_t(m * ldc + n)] = sentinel;
+
+  DeviceMem dA(A.size() * elem_bytes(g.ab)), dB(B.size() * elem_bytes(g.ab)),
+      dC(C0.size() * elem_bytes(g.c)), dbias(bias.size() * 4);
+  upload(dA, A, g.ab);
+  upload(dB, B, g.ab);
+  upload(dC, C0, g.c);
+  upload(dbias, bias, GemmType::F32);
+  for (int r = 0; r < g.calls; ++r)
+    ctx.gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, dA.p, lda, dB.p, ldb, g.beta, dC.p, ldc, g.ab, g.c,
+             g.bias ? dbias.as<float>() : nullptr, st);
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  const std::vector<float> got = download(dC, C0.size(), g.c);
+
+  std::vector<double> ref(C0.begin(), C0.end());
+  for (int r = 0; r < g.calls; ++r)
+    reference_gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, A, lda, B, ldb, g.beta, ref, ldc,
+                   g.bias ? &bias : nullptr);
+  const Deviation d = compare(got, ref, g.M, g.N, ldc);
+  EXPECT_GT(d.max_ref, 0.0);
+  EXPECT_LE(d.max_err, tolerance(g.ab, g.c) * d.max_ref)
+      << "max |err| " << d.max_err << " max |ref| " << d.max_ref;
+  int64_t touched = 0;
+  for (int64_t m = 0; m < g.M; ++m)
+    for (int64_t n = g.N; n < ldc; ++n) touched += got[size_t(m * ldc + n)] != sentinel;
+  EXPECT_EQ(touched, 0) << "padding columns of C were written";
+  return got;
+}
+
+class CudaGemm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+    ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  }
+  void TearDown() override {
+    if (st) cudaStreamDestroy(st);
+  }
+  cudaStream_t st = nullptr;
+};
+
+TEST_F(CudaGemm, Bf16AllTransposesBothOutputs) {
+  GemmContext ctx;
+  uint64_t seed = 1;
+  for (const auto [M, N, K, pad] :
+       {std::array<int64_t, 4>{64, 48, 96, 0}, {40, 24, 56, 8}, {128, 256, 192, 16}})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (GemmType c : {GemmType::BF16, GemmType::F32}) {
+          GemmCase g;
+          g.ta = ta;
+          g.tb = tb;
+          g.M = M;
+          g.N = N;
+          g.K = K;
+          g.pad = pad;
+          g.c = c;
+          check_gemm(ctx, g, st, seed++);
+        }
+}
+
+TEST_F(CudaGemm, Fp32OddSizesAllTransposesNoTf32) {
+  GemmContext ctx;
+  uint64_t seed = 100;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int64_t pad : {0, 3}) {
+        GemmCase g;
+        g.ta = ta;
+        g.tb = tb;
+        g.M = 37;
+        g.N = 50;
+        g.K = 72;
+        g.pad = pad;
+        g.ab = g.c = GemmType::F32;
+        g.alpha = 0.75f;
+        check_gemm(ctx, g, st, seed++);
+      }
+}
+
+TEST_F(CudaGemm, BiasEpilogue) {
+  GemmContext ctx;
+  uint64_t seed = 200;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [ab, c] : {std::pair{GemmType::BF16, GemmType::BF16},
+                           {GemmType::BF16, GemmType::F32},
+                           {GemmType::F32, GemmType::F32}}) {
+        GemmCase g;
+        g.ta = ta;
+        g.tb = tb;
+        const bool odd = ab == GemmType::F32;
+        g.M = odd ? 37 : 48;
+        g.N = odd ? 50 : 64;
+        g.K = odd ? 72 : 80;
+        g.ab = ab;
+        g.c = c;
+        g.bias = true;
+        g.alpha = 1.5f;
+        check_gemm(ctx, g, st, seed++);
+      }
+}
+
+// beta = 1 accumulation over repeated calls: also checks that the first call's autotune (which runs
+// every candidate several times) did not modify C.
+TEST_F(CudaGemm, BetaOneAccumulates) {
+  GemmContext ctx;
+  uint64_t seed = 300;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto [ab, c] : {std::pair{GemmType::BF16, GemmType::BF16},
+                           {GemmType::BF16, GemmType::F32},
+                           {GemmType::F32, GemmType::F32}}) {
+        GemmCase g;
+        g.ta = ta;
+        g.tb = tb;
+        const bool odd = ab == GemmType::F32;
+        g.M = odd ? 37 : 56;
+        g.N = odd ? 50 : 40;
+        g.K = odd ? 72 : 64;
+        g.pad = odd ? 1 : 8;
+        g.ab = ab;
+        g.c = c;
+        g.alpha = 0.5f;
+        g.beta = 1.f;
+        g.calls = 3;
+        check_gemm(ctx, g, st, seed++);
+      }
+}
+
+// The same key runs the same algorithm: repeated calls give bit-identical results, also with the
+// autotune switched off (the heuristic's first choice).
+TEST_F(CudaGemm, DeterministicWithAndWithoutAutotune) {
+  GemmCase g;
+  g.tb = true;
+  g.M = 256;
+  g.N = 384;
+  g.K = 512;
+  g.c = GemmType::F32;
+  GemmContext tuned;
+  const auto r1 = check_gemm(tuned, g, st, 7);
+  const auto r2 = check_gemm(tuned, g, st, 7);
+  EXPECT_EQ(std::memcmp(r1.data(), r2.data(), r1.size() * sizeof(float)), 0);
+
+  ASSERT_EQ(setenv("ZAYA_GEMM_AUTOTUNE", "0", 1), 0);
+  GemmContext heuristic;
+  ASSERT_EQ(unsetenv("ZAYA_GEMM_AUTOTUNE"), 0);
+  const auto h1 = check_gemm(heuristic, g, st, 7);
+  const auto h2 = check_gemm(heuristic, g, st, 7);
+  EXPECT_EQ(std::memcmp(h1.data(), h2.data(), h1.size() * sizeof(float)), 0);
+}
+
+// Expert forward/dgrad: groups of rows (some empty) against per-group reference GEMMs, twice with
+// different row counts (the second reuses the first's tuned algorithms for new shapes).
+TEST_F(CudaGemm, GroupedGemmWithEmptyGroups) {
+  GemmContext ctx;
+  const int64_t G = 5, N = 32, K = 40, lda = K + 8, ldc = N + 8;
+  uint64_t seed = 400;
+  for (const std::vector<int32_t>& rows :
+       {std::vector<int32_t>{16, 0, 24, 0, 8}, std::vector<int32_t>{8, 40, 0, 16, 0}})
+    for (bool tb : {false, true})
+      for (GemmType c : {GemmType::BF16, GemmType::F32}) {
+        SCOPED_TRACE("trans_b=" + std::to_string(tb) +
+                     " c=" + (c == GemmType::BF16 ? "bf16" : "fp32") +
+                     " rows[1]=" + std::to_string(rows[1]));
+        std::mt19937_64 rng(seed++);
+        int64_t total = 0;
+        for (int32_t r : rows) total += r;
+        const int64_t ldb = tb ? K : N, b_stride = (tb ? N : K) * ldb + 64;
+        const int64_t extra = 4;  // rows of C past the routed ones: must stay untouched
+        const auto A = random_values(size_t(total * lda), rng, GemmType::BF16);
+        const auto B = random_values(size_t(G * b_stride), rng, GemmType::BF16);
+        const float sentinel = -3.25f;
+        const std::vector<float> C0(size_t((total + extra) * ldc), sentinel);
+        DeviceMem dA(A.size() * 2), dB(B.size() * 2), dC(C0.size() * elem_bytes(c));
+        upload(dA, A, GemmType::BF16);
+        upload(dB, B, GemmType::BF16);
+        upload(dC, C0, c);
+        const float alpha = 1.25f;
+        ctx.grouped_gemm(tb, rows.data(), G, N, K, alpha, dA.p, lda, dB.p, ldb, b_stride, 0.f, dC.p,
+                         ldc, c, st);
+        ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+        const auto got = download(dC, C0.size(), c);
+
+        std::vector<double> ref(C0.begin(), C0.end());
+        int64_t off = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = rows[size_t(g)];
+          if (r == 0) continue;
+          const std::vector<float> Ag(A.begin() + off * lda, A.begin() + (off + r) * lda);
+          const std::vector<float> Bg(B.begin() + g * b_stride, B.begin() + (g + 1) * b_stride);
+          std::vector<double> Cg(ref.begin() + off * ldc, ref.begin() + (off + r) * ldc);
+          reference_gemm(false, tb, r, N, K, alpha, Ag, lda, Bg, ldb, 0.0, Cg, ldc, nullptr);
+          std::copy(Cg.begin(), Cg.end(), ref.begin() + off * ldc);
+          off += r;
+        }
+        const Deviation d = compare(got, ref, total, N, ldc);
+        EXPECT_LE(d.max_err, tolerance(GemmType::BF16, c) * d.max_ref)
+            << "max |err| " << d.max_err << " max |ref| " << d.max_ref;
+        int64_t touched = 0;
+        for (int64_t m = 0; m < total + extra; ++m)
+          for (int64_t n = (m < total ? N : 0); n < ldc; ++n)
+            touched += got[size_t(m * ldc + n)] != sentinel;
+        EXPECT_EQ(touched, 0) << "C written outside the routed rows' N columns";
+      }
+}
+
+// Expert weight gradients: dW_g = alpha · dY_g^T X_g (+ beta dW_g); empty groups stay untouched
+// (beta = 1) or become zero (beta = 0).
+TEST_F(CudaGemm, GroupedWgrad) {
+  GemmContext ctx;
+  const std::vector<int32_t> rows{16, 0, 24, 8};
+  const int64_t G = 4, M_out = 32, K = 40, ld_dy = M_out + 8, ld_x = K, w_stride = M_out * K;
+  int64_t total = 0;
+  for (int32_t r : rows) total += r;
+  uint64_t seed = 500;
+  for (auto [c, beta] : {std::pair{GemmType::F32, 1.f},
+                         {GemmType::F32, 0.f},
+                         {GemmType::BF16, 0.f},
+                         {GemmType::BF16, 1.f}}) {
+    SCOPED_TRACE(std::string("c=") + (c == GemmType::BF16 ? "bf16" : "fp32") +
+                 " beta=" + std::to_string(beta));
+    std::mt19937_64 rng(seed++);
+    const auto dY = random_values(size_t(total * ld_dy), rng, GemmType::BF16);
+    const auto X = random_values(size_t(total * ld_x), rng, GemmType::BF16);
+    std::vector<float> W0 = beta != 0 ? random_values(size_t(G * w_stride), rng, c)
+                                      : std::vector<float>(size_t(G * w_stride), 7.f);
+    DeviceMem ddY(dY.size() * 2), dX(X.size() * 2), dW(W0.size() * elem_bytes(c));
+    upload(ddY, dY, GemmType::BF16);
+    upload(dX, X, GemmType::BF16);
+    upload(dW, W0, c);
+    const float alpha = 0.5f;
+    ctx.grouped_wgrad(rows.data(), G, M_out, K, alpha, ddY.p, ld_dy, dX.p, ld_x, beta, dW.p,
+                      w_stride, c, st);
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+    const auto got = download(dW, W0.size(), c);
+
+    int64_t off = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r = rows[size_t(g)];
+      std::vector<double> ref(W0.begin() + g * w_stride, W0.begin() + (g + 1) * w_stride);
+      const std::vector<float> got_g(got.begin() + g * w_stride, got.begin() + (g + 1) * w_stride);
+      if (r == 0) {
+        for (size_t i = 0; i < ref.size(); ++i)
+          EXPECT_EQ(got_g[i], beta == 0 ? 0.f : W0[size_t(g * w_stride) + i]) << "group " << g;
+        continue;
+      }
+      const std::vector<float> dYg(dY.begin() + off * ld_dy, dY.begin() + (off + r) * ld_dy);
+      const std::vector<float> Xg(X.begin() + off * ld_x, X.begin() + (off + r) * ld_x);
+      reference_gemm(true, false, M_out, K, r, alpha, dYg, ld_dy, Xg, ld_x, beta, ref, K, nullptr);
+      const Deviation d = compare(got_g, ref, M_out, K, K);
+      EXPECT_LE(d.max_err, tolerance(GemmType::BF16, c) * d.max_ref)
+          << "group " << g << " max |err| " << d.max_err << " max |ref| " << d.max_ref;
+      off += r;
+    }
+  }
+}
+
+// Bad arguments are zaya::Errors that name the argument and its value.
+TEST_F(CudaGemm, RejectsBadArguments) {
+  GemmContext ctx;
+  DeviceMem buf(1 << 16);
+  auto message_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const void* p = buf.p;
+  void* q = buf.p;
+  const auto bf = GemmType::BF16;
+  EXPECT_NE(message_of([&] {
+              ctx.gemm(false, false, 0, 8, 8, 1.f, p, 8, p, 8, 0.f, q, 8, bf, bf, nullptr, st);
+            }).find("M = 0"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              ctx.gemm(false, false, 8, -2, 8, 1.f, p, 8, p, 8, 0.f, q, 8, bf, bf, nullptr, st);
+            }).find("N = -2"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              ctx.gemm(false, true, 8, 8, 16, 1.f, p, 12, p, 16, 0.f, q, 8, bf, bf, nullptr, st);
+            }).find("lda = 12"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              ctx.gemm(false, true, 8, 8, 16, 1.f, p, 16, p, 8, 0.f, q, 8, bf, bf, nullptr, st);
+            }).find("ldb = 8"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              ctx.gemm(false, false, 8, 16, 8, 1.f, p, 8, p, 16, 0.f, q, 8, bf, bf, nullptr, st);
+            }).find("ldc = 8"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] {
+              ctx.gemm(false, false, 8, 8, 8, 1.f, p, 8, p, 8, 1.f, q, 8, bf, bf,
+                       static_cast<const float*>(p), st);
+            }).find("beta"),
+            std::string::npos);
+  const int32_t rows[2] = {4, -1};
+  EXPECT_NE(message_of([&] {
+              ctx.grouped_gemm(true, rows, 2, 8, 8, 1.f, p, 8, p, 8, 64, 0.f, q, 8, bf, st);
+            }).find("rows_host[1] = -1"),
+            std::string::npos);
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+// Workspace::take is host pointer arithmetic: no device needed.
+TEST(CudaWorkspace, TakeAlignsTo256AndReportsOverflow) {
+  std::vector<char> arena(4096 + 512);
+  const uintptr_t a0 = reinterpret_cast<uintptr_t>(arena.data());
+  Workspace ws;
+  ws.base = arena.data() + ((256 - a0 % 256) % 256) + 8;  // 8 bytes past a 256-byte boundary
+  ws.capacity = 4096;
+  void* a = ws.take(10);
+  void* b = ws.take(1);
+  float* c = ws.take_n<float>(100);
+  for (void* p : {a, b, static_cast<void*>(c)}) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 256, 0u);
+    EXPECT_GE(static_cast<char*>(p), ws.base);
+  }
+  EXPECT_GE(static_cast<char*>(b), static_cast<char*>(a) + 10);
+  EXPECT_GE(reinterpret_cast<char*>(c), static_cast<char*>(b) + 1);
+  EXPECT_LE(ws.used, ws.capacity);
+  const size_t used = ws.used;
+  try {
+    ws.take(4000);
+    ADD_FAILURE() << "an over-large request did not throw";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("4000"), std::string::npos) << m;
+    EXPECT_NE(m.find("4096"), std::string::npos) << m;
+  }
+  EXPECT_EQ(ws.used, used) << "a failed take must not consume space";
+  EXPECT_THROW(ws.take(std::numeric_limits<size_t>::max()), Error);
+  ws.reset();
+  EXPECT_EQ(ws.used, 0u);
+  EXPECT_NO_THROW(ws.take(4096 - 248));  // the first aligned address is 248 bytes in
+  EXPECT_THROW(ws.take(1), Error);
+}
+
+class CudaConvert : public CudaGemm {};
+
+// Conversions are bit-exact against the host's round-to-nearest-even (NaN only checked to stay
+// NaN); sizes cover the vector body, the scalar tail, and misaligned pointers (scalar path).
+TEST_F(CudaConvert, ConversionsAndArithmetic) {
+  for (const int64_t n : {int64_t(1), int64_t(3), int64_t(1003), int64_t(1 << 20) + 5})
+    for (const int64_t shift : {int64_t(0), int64_t(1)}) {
+      SCOPED_TRACE("n=" + std::to_string(n) + " shift=" + std::to_string(shift));
+      std::mt19937_64 rng(uint64_t(n * 2 + shift));
+      std::vector<float> x = random_values(size_t(n), rng, GemmType::F32, -3.f, 3.f);
+      std::vector<float> y = random_values(size_t(n), rng, GemmType::F32, -3.f, 3.f);
+      // Special values: ties, a denormal, infinities, signed zero, NaN.
+      const float specials[] = {1.00390625f,  // 1 + 2^-8: a tie, rounds to even (1.0)
+                                1.01171875f,  // 1 + 3·2^-8: a tie, rounds up
+                                1e-40f,
+                                std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity(),
+                                -0.f,
+                                std::numeric_limits<float>::quiet_NaN()};
+      for (size_t i = 0; i < std::size(specials) && i < x.size(); ++i) x[i] = specials[i];
+
+      DeviceMem dx(size_t(n + shift) * 4), dy(size_t(n + shift) * 4), db(size_t(n + shift) * 2);
+      float* px = dx.as<float>() + shift;
+      float* py = dy.as<float>() + shift;
+      bf16* pb = db.as<bf16>() + shift;
+      ZAYA_CUDA_CHECK(cudaMemcpy(px, x.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+
+      f32_to_bf16(pb, px, n, st);
+      std::vector<uint16_t> hb(static_cast<size_t>(n));
+      ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+      ZAYA_CUDA_CHECK(cudaMemcpy(hb.data(), pb, size_t(n) * 2, cudaMemcpyDeviceToHost));
+      int64_t wrong = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint16_t want = zaya::f32_to_bf16(x[size_t(i)]);
+        if (std::isnan(x[size_t(i)]))
+          wrong += !std::isnan(zaya::bf16_to_f32(hb[size_t(i)]));
+        else
+          wrong += hb[size_t(i)] != want;
+      }
+      EXPECT_EQ(wrong, 0) << "f32_to_bf16";
+
+      bf16_to_f32(py, pb, n, st);
+      std::vector<float> back(static_cast<size_t>(n));
+      ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+      ZAYA_CUDA_CHECK(cudaMemcpy(back.data(), py, size_t(n) * 4, cudaMemcpyDeviceToHost));
+      wrong = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = zaya::bf16_to_f32(hb[size_t(i)]);
+        wrong += std::isnan(want) ? !std::isnan(back[size_t(i)])
+                                  : std::memcmp(&want, &back[size_t(i)], 4) != 0;
+      }
+      EXPECT_EQ(wrong, 0) << "bf16_to_f32";
+
+      // Arithmetic on finite inputs (drop the specials).
+      x = random_values(size_t(n), rng, GemmType::F32, -3.f, 3.f);
+      ZAYA_CUDA_CHECK(cudaMemcpy(px, x.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      auto check = [&](const char* what, auto&& want_of) {
+        std::vector<float> got(static_cast<size_t>(n));
+        ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+        ZAYA_CUDA_CHECK(cudaMemcpy(got.data(), py, size_t(n) * 4, cudaMemcpyDeviceToHost));
+        double max_err = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double want = want_of(size_t(i));
+          max_err = std::max(
+              max_err, std::abs(double(got[size_t(i)]) - want) / std::max(1.0, std::abs(want)));
+          if (!std::isfinite(got[size_t(i)])) max_err = std::numeric_limits<double>::infinity();
+        }
+        EXPECT_LE(max_err, 1e-6) << what;
+      };
+      ZAYA_CUDA_CHECK(cudaMemcpy(py, y.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      add_f32(py, px, n, st);
+      check("add_f32", [&](size_t i) { return double(y[i]) + double(x[i]); });
+
+      ZAYA_CUDA_CHECK(cudaMemcpy(py, y.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      scale_f32(py, -0.375f, n, st);
+      check("scale_f32", [&](size_t i) { return -0.375 * double(y[i]); });
+
+      ZAYA_CUDA_CHECK(cudaMemcpy(py, y.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      axpby_f32(py, 0.25f, px, -1.5f, n, st);
+      check("axpby_f32", [&](size_t i) { return 0.25 * double(x[i]) - 1.5 * double(y[i]); });
+
+      // b = 0 does not read y: NaN in y must not leak into y = a·x.
+      const std::vector<float> nans(size_t(n), std::numeric_limits<float>::quiet_NaN());
+      ZAYA_CUDA_CHECK(cudaMemcpy(py, nans.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      axpby_f32(py, 2.f, px, 0.f, n, st);
+      check("axpby_f32 b=0", [&](size_t i) { return 2.0 * double(x[i]); });
+    }
+  // n = 0 is a no-op.
+  EXPECT_NO_THROW(add_f32(nullptr, nullptr, 0, st));
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
+}  // namespace
+}  // namespace zaya::cuda

@@ -1,6 +1,7 @@
 // `zaya train`: the main job. With no arguments it trains the `tiny` preset on the built-in Brown
 // corpus (configs/tiny.toml's settings are the defaults) and leaves a model that `zaya generate`
 // can run. Any config key can be overridden: --optim.lr=3e-4, --train.steps=200, ...
+// `--device cuda` (or --train.device=cuda) trains on the GPU when the binary has the CUDA backend.
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <filesystem>
@@ -21,8 +22,9 @@ static int run_train(int argc, char** argv) {
     else
       rest.push_back(argv[i]);
   }
-  CLI::App app{"Train a ZAYA1-style model (CPU reference backend)", "zaya train"};
-  std::string config, out = "runs/tiny-brown", resume, device = "cpu";
+  CLI::App app{"Train a ZAYA1-style model (CPU reference or CUDA backend)", "zaya train"};
+  std::string config, out = "runs/tiny-brown", resume, device;
+  double peak_tflops = 790.0;
   int64_t steps = -1;
   bool quiet = false;
   app.add_option("--config", config, "TOML run config (default: the built-in tiny/Brown run)");
@@ -30,10 +32,16 @@ static int run_train(int argc, char** argv) {
   app.add_option("--out", out, "output directory (checkpoints, metrics.jsonl, model/)");
   app.add_option("--resume", resume,
                  "'auto' (newest valid checkpoint in --out) or a checkpoint path");
-  app.add_option("--device", device, "cpu (the CUDA backend is not built yet)");
+  app.add_option("--device", device, "cpu or cuda (overrides train.device)");
+  app.add_option(
+      "--peak-tflops", peak_tflops,
+      "bf16 peak TFLOP/s that MFU is quoted against on the GPU (default: measured H200)");
   app.add_flag("--quiet", quiet, "no per-step progress");
   app.parse(int(rest.size()), rest.data());
-  ZAYA_CHECK(device == "cpu", "--device {}: only the CPU backend can train in this build", device);
+  ZAYA_CHECK(device.empty() || device == "cpu" || device == "cuda",
+             "--device {}: expected cpu or cuda", device);
+  ZAYA_CHECK(peak_tflops > 0, "--peak-tflops must be positive, got {}", peak_tflops);
+  if (!device.empty()) overrides.push_back("--train.device=" + device);
   if (steps >= 0) overrides.push_back("--train.steps=" + std::to_string(steps));
   TrainOptions o;
   if (config.empty()) {
@@ -47,6 +55,7 @@ static int run_train(int argc, char** argv) {
   o.out_dir = out;
   o.resume = resume;
   o.quiet = quiet;
+  o.peak_tflops = peak_tflops;
   TrainResult r = train(o);
   fmt::print(
       "{{\"steps\": {}, \"tokens\": {}, \"first_loss\": {:.6f}, \"last_loss\": {:.6f}, "

@@ -26,6 +26,8 @@
 #include "optim/grad_utils.h"
 #include "optim/optimizer.h"
 #include "optim/schedule.h"
+#include "sizing/model_shape.h"
+#include "train/device_step.h"
 
 namespace zaya {
 
@@ -90,6 +92,20 @@ std::string fmt_duration(double s) {
   const int64_t t = int64_t(s + 0.5);
   return t >= 3600 ? fmt::format("{}h{:02d}m", t / 3600, (t / 60) % 60)
                    : fmt::format("{}m{:02d}s", t / 60, t % 60);
+}
+
+// The factor clip_grads_to_norm would scale the gradients by (1 when it would leave them alone);
+// the GPU path folds it into the optimizer's reads of the gradients instead of a pass over them.
+float clip_factor(double max_norm, double norm) {
+  if (max_norm <= 0 || !std::isfinite(norm) || norm <= max_norm) return 1.0f;
+  return float(max_norm / (norm + 1e-6));
+}
+
+// Longest sequence of any phase (the device arena is sized once for it).
+int64_t max_seq_len(const RunConfig& rc) {
+  int64_t s = rc.train.seq_len;
+  for (const auto& p : rc.phases) s = std::max(s, p.seq_len.value_or(rc.train.seq_len));
+  return s;
 }
 
 struct State {
@@ -205,9 +221,27 @@ TrainResult train(const TrainOptions& opts) {
     model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
   }
   const double base_theta = model.cfg.rope_hybrid.theta;
-  ModelGrads grads = make_grads(model);
-  std::vector<ParamRef> params = param_refs(model, grads);
-  Optimizer opt(params, rc.optim.optimizer_settings());
+  // CPU: host gradients and the host optimizer. GPU: both live on the device (DeviceStep); the
+  // host model keeps the balancing biases, which are updated here and uploaded.
+  const bool on_gpu = rc.train.device == "cuda";
+  ModelGrads grads;
+  std::vector<ParamRef> params;
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<DeviceStep> dev;
+  if (on_gpu) {
+    for (auto& [name, t] : model.named_tensors())
+      if (is_balancing_bias(name)) params.push_back({name, t, Tensor()});
+    // The device model takes its RoPE settings at construction: start with the first phase's.
+    model.cfg.rope_hybrid.theta = rc.phase_at(st.step, st.tokens, 1, base_theta).rope_theta;
+    DeviceStepOptions dso;
+    dso.max_seq = max_seq_len(rc) + 1;  // evaluation scores S+1 tokens per row
+    dso.max_tokens = rc.train.micro_batch * dso.max_seq;
+    dev = make_cuda_step(model, rc.optim.optimizer_settings(), dso);
+  } else {
+    grads = make_grads(model);
+    params = param_refs(model, grads);
+    opt = std::make_unique<Optimizer>(params, rc.optim.optimizer_settings());
+  }
   BalancingBiasUpdater balance = BalancingBiasUpdater::from_params(params, rc.optim.balancing);
   if (!resume_from.empty()) {
     auto f = SafetensorsFile::open(resume_from + "/optimizer.safetensors");
@@ -215,7 +249,10 @@ TrainResult train(const TrainOptions& opts) {
     for (auto& ti : f->tensors())
       (ti.name.rfind("balance.", 0) == 0 ? bst : ost).emplace_back(ti.name, f->get(ti.name));
     json tj = json::parse(read_file(resume_from + "/trainer.json"));
-    opt.load_state(ost, tj.at("optimizer_steps"));
+    if (dev)
+      dev->load_optimizer_state(ost, tj.at("optimizer_steps"));
+    else
+      opt->load_state(ost, tj.at("optimizer_steps"));
     balance.load_state(bst, tj.at("balancing_steps"));
   }
 
@@ -273,6 +310,11 @@ TrainResult train(const TrainOptions& opts) {
       for (int64_t r = 0; r < B; r++)
         std::copy_n(rows.begin() + r * (S + 1), S, ids.begin() + r * S);
       // Next-token loss of each row, all S+1 tokens scored as S predictions.
+      if (dev) {  // every row has S predictions, so the batch mean weighs them as the loop below
+        total += dev->loss(rows, B, S + 1) * double(B * S);
+        n += B * S;
+        continue;
+      }
       for (int64_t r = 0; r < B; r++) {
         std::vector<int32_t> row(rows.begin() + r * (S + 1), rows.begin() + (r + 1) * (S + 1));
         total += model.loss(row, 1, S + 1) * double(S);
@@ -287,15 +329,17 @@ TrainResult train(const TrainOptions& opts) {
     const std::string final_dir = ckpt_root + "/" + step_dir_name(st.step);
     AtomicDirCommit commit(final_dir);
     const std::string s = commit.staging();
+    if (dev) dev->download(model);
     model.save(s + "/model", DType::F32);
-    std::vector<std::pair<std::string, Tensor>> ostate = opt.state_tensors();
+    std::vector<std::pair<std::string, Tensor>> ostate =
+        dev ? dev->optimizer_state() : opt->state_tensors();
     for (auto& kv : balance.state_tensors()) ostate.push_back(kv);
     save_safetensors(s + "/optimizer.safetensors", ostate);
     json tj = {{"step", st.step},
                {"tokens", st.tokens},
                {"phase", st.phase},
                {"skipped_steps", st.skipped},
-               {"optimizer_steps", opt.steps()},
+               {"optimizer_steps", dev ? dev->optimizer_steps() : opt->steps()},
                {"balancing_steps", balance.steps()},
                {"data_cursor", loader ? loader->cursor().to_json() : json()},
                {"config", rc.to_toml()}};
@@ -320,6 +364,9 @@ TrainResult train(const TrainOptions& opts) {
              model.cfg.num_hidden_layers, model.cfg.hidden_size, model.cfg.num_experts,
              double(model.cfg.params_total(true)) / 1e6,
              double(model.cfg.params_active(true)) / 1e6);
+  if (dev)
+    fmt::print(stderr, "device: {}, {:.1f} GiB in use; MFU against {:.0f} TFLOP/s\n", dev->name(),
+               double(dev->device_bytes()) / double(1 << 30), opts.peak_tflops);
   const int64_t start_step = st.step;
   auto t_loop = std::chrono::steady_clock::now();
   int64_t tokens_at_loop = st.tokens;
@@ -342,8 +389,13 @@ TrainResult train(const TrainOptions& opts) {
     }
     first = false;
     model.cfg.rope_hybrid.theta = phase.rope_theta;
+    if (dev) dev->sync_config(model);
+    const auto t_step = std::chrono::steady_clock::now();
     const int64_t S = phase.seq_len, micro = std::max<int64_t>(1, phase.micro_steps);
-    grads.zero();
+    if (dev)
+      dev->zero_grads();
+    else
+      grads.zero();
     double loss = 0;
     int64_t ntok = 0;
     std::vector<std::vector<int64_t>> counts;
@@ -356,7 +408,8 @@ TrainResult train(const TrainOptions& opts) {
           tgt[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t + 1)];
         }
       StepStats ss =
-          forward_backward(model, ids.data(), tgt.data(), mb, S, grads, 1.0f / float(micro));
+          dev ? dev->forward_backward(ids.data(), tgt.data(), mb, S, 1.0f / float(micro))
+              : forward_backward(model, ids.data(), tgt.data(), mb, S, grads, 1.0f / float(micro));
       loss += ss.loss / double(micro);
       ntok += ss.tokens;
       if (counts.empty())
@@ -366,7 +419,7 @@ TrainResult train(const TrainOptions& opts) {
           for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] += ss.routed[l][e];
     }
     st.tokens += mb * micro * S;
-    const double gnorm = std::sqrt(grad_sq_norm(params));
+    const double gnorm = std::sqrt(dev ? dev->grad_sq_norm() : grad_sq_norm(params));
     const double lr = schedule_lr(sched, rc.optim.lr, rc.optim.min_lr, st.step);
     st.step++;
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
@@ -379,9 +432,21 @@ TrainResult train(const TrainOptions& opts) {
       continue;
     }
     st.nonfinite_streak = 0;
-    if (rc.optim.clip > 0) clip_grads_to_norm(params, rc.optim.clip, gnorm);
-    opt.step(lr);
-    balance.update(counts);
+    if (dev) {
+      dev->optimizer_step(lr, clip_factor(rc.optim.clip, gnorm));
+      balance.update(counts);
+      dev->upload_balancing_biases(model);
+    } else {
+      if (rc.optim.clip > 0) clip_grads_to_norm(params, rc.optim.clip, gnorm);
+      opt->step(lr);
+      balance.update(counts);
+    }
+    // This step's own throughput (no evaluation or checkpoint in it), for MFU on the GPU path.
+    const double step_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+    const double step_tps = double(mb * micro * S) / std::max(step_s, 1e-9);
+    const double mfu =
+        step_tps * sizing::train_flops_per_token(model.cfg, S) / (opts.peak_tflops * 1e12);
     if (st.step == start_step + 1) res.first_loss = loss;
     res.last_loss = loss;
     int64_t skip = 0, routed_total = 0;
@@ -402,6 +467,10 @@ TrainResult train(const TrainOptions& opts) {
                {"phase", phase.name},
                {"seq_len", S},
                {"skip_fraction", double(skip) / double(std::max<int64_t>(1, routed_total))}};
+    if (dev) {
+      mj["step_tokens_per_s"] = step_tps;
+      mj["mfu"] = mfu;
+    }
     const bool do_eval =
         rc.eval.every > 0 && (st.step % rc.eval.every == 0 || st.step == total_steps);
     if (do_eval) {
@@ -414,9 +483,10 @@ TrainResult train(const TrainOptions& opts) {
                         st.step == start_step + 1))
       fmt::print(
           stderr,
-          "step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s | ETA {}\n",
+          "step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s{} | ETA {}\n",
           st.step, total_steps, loss,
           do_eval ? fmt::format(" | eval {:.4f}", res.eval_loss) : std::string(), lr, gnorm, tps,
+          dev ? fmt::format(" (step {:.0f}, MFU {:.1f}%)", step_tps, 100.0 * mfu) : std::string(),
           fmt_duration(eta));
     if (rc.checkpoint.every > 0 && st.step % rc.checkpoint.every == 0 && st.step < total_steps)
       save_checkpoint(false);

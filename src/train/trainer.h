@@ -4,7 +4,10 @@
 // `transformers` layout, optimizer and balancing state, trainer state with the data cursor, and a
 // checksummed manifest written last; each checkpoint directory is committed atomically).
 //
-// One process, CPU reference backend. The checkpoint layout leaves room for one file per rank.
+// One process, on the CPU reference backend or (train.device = "cuda") on one GPU through
+// DeviceStep (train/device_step.h): the same loop, data, schedule, balancing update and checkpoint
+// files, with the forward/backward and the optimizer on the device. The checkpoint layout leaves
+// room for one file per rank.
 #pragma once
 #include <string>
 #include <vector>
@@ -18,6 +21,9 @@ struct TrainOptions {
   std::string out_dir = "runs/tiny-brown";
   std::string resume;  // "" (fresh, refuses a directory holding checkpoints), "auto", or a path
   bool quiet = false;  // no per-step progress lines
+  // bf16 dense peak (TFLOP/s) that MFU is quoted against on the GPU path: the measured H200
+  // cuBLASLt figure by default (docs/BENCHMARKS.md).
+  double peak_tflops = 790.0;
 };
 
 struct TrainResult {

@@ -1,0 +1,517 @@
+// Decode-step kernels (infer_kernels.h): weight-streaming matrix-vector products, the expert
+// product that picks each row's expert on the device, the CCA finish + cache append for one token,
+// split-context attention over the cache, and the small bookkeeping kernels (argmax, lengths).
+// Positions come from a device counter so a captured decode step replays unchanged.
+// Deliberately not here: batched prefill (it runs the training-path kernels and GEMMs) and
+// sampling other than greedy (done on the host from the logits).
+#include <cfloat>
+#include <cmath>
+
+#include "backend/cuda/infer_kernels.h"
+#include "core/cuda_check.h"
+
+namespace zaya::cuda {
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 8;  // one output row per warp
+constexpr int kAttnChunk = 128;   // keys per split-context block
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 t = __bfloat1622float2(h[i]);
+    f[2 * i] = t.x;
+    f[2 * i + 1] = t.y;
+  }
+}
+
+// One warp per output row o; lanes stride over K in 8-element (16-byte) pieces when `vec`.
+template <int M, bool kVec>
+__device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const bf16* w, int64_t K,
+                              int lane) {
+  if (kVec) {
+#pragma unroll 4
+    for (int64_t k = int64_t(lane) * 8; k < K; k += kWarp * 8) {
+      float wf[8];
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(w + k), wf);
+#pragma unroll
+      for (int m = 0; m < M; m++) {
+        float xf[8];
+        bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + m * ldx + k), xf);
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+      }
+    }
+  } else {
+    for (int64_t k = lane; k < K; k += kWarp) {
+      const float wk = __bfloat162float(w[k]);
+#pragma unroll
+      for (int m = 0; m < M; m++) acc[m] = fmaf(wk, __bfloat162float(x[m * ldx + k]), acc[m]);
+    }
+  }
+}
+
+template <int M, bool kVec>
+__global__ void gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx,
+                                 const bf16* W, int64_t ldw, const float* bias, int64_t O,
+                                 int64_t K) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (o >= O) return;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) acc[m] = 0.f;
+  gemv_bf16_row<M, kVec>(acc, x, ldx, W + o * ldw, K, lane);
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    const float s = warp_sum(acc[m]) + (bias ? bias[o] : 0.f);
+    if (lane == 0) {
+      if (y32) y32[m * ldy + o] = s;
+      if (y16) y16[m * ldy + o] = __float2bfloat16(s);
+    }
+  }
+}
+
+template <int M, bool kVec>
+__global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
+                                int64_t ldw, const float* bias, int64_t O, int64_t K) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (o >= O) return;
+  const float* w = W + o * ldw;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) acc[m] = 0.f;
+  if (kVec) {
+    for (int64_t k = int64_t(lane) * 4; k < K; k += kWarp * 4) {
+      const float4 wv = *reinterpret_cast<const float4*>(w + k);
+#pragma unroll
+      for (int m = 0; m < M; m++) {
+        const float4 xv = *reinterpret_cast<const float4*>(x + m * ldx + k);
+        acc[m] = fmaf(wv.x, xv.x, fmaf(wv.y, xv.y, fmaf(wv.z, xv.z, fmaf(wv.w, xv.w, acc[m]))));
+      }
+    }
+  } else {
+    for (int64_t k = lane; k < K; k += kWarp)
+#pragma unroll
+      for (int m = 0; m < M; m++) acc[m] = fmaf(w[k], x[m * ldx + k], acc[m]);
+  }
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    const float s = warp_sum(acc[m]) + (bias ? bias[o] : 0.f);
+    if (lane == 0) y[m * ldy + o] = s;
+  }
+}
+
+template <bool kVec>
+__global__ void expert_gemv_kernel(bf16* y, const bf16* x, int64_t ldx, const bf16* W,
+                                   int64_t w_stride, const int32_t* choice, int64_t E, int64_t O,
+                                   int64_t K) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t m = blockIdx.y;
+  const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (o >= O) return;
+  const int64_t e = choice[m];
+  if (e < 0 || e >= E) {  // skip class: no expert runs
+    if (lane == 0) y[m * O + o] = __float2bfloat16(0.f);
+    return;
+  }
+  float acc[1] = {0.f};
+  gemv_bf16_row<1, kVec>(acc, x + m * ldx, ldx, W + e * w_stride + o * K, K, lane);
+  const float s = warp_sum(acc[0]);
+  if (lane == 0) y[m * O + o] = __float2bfloat16(s);
+}
+
+__global__ void moe_combine_kernel(bf16* out, const bf16* y, const bf16* x, const float* gate,
+                                   const int32_t* choice, int64_t E, bool scaled, int64_t D) {
+  const int64_t m = blockIdx.y;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= D) return;
+  const bool skip = choice[m] >= E;
+  const float g = gate[m];
+  float v = 0.f;
+  if (!skip)
+    v = g * __bfloat162float(y[m * D + i]);
+  else if (scaled)
+    v = g * __bfloat162float(x[m * D + i]);
+  out[m * D + i] = __float2bfloat16(v);
+}
+
+// One block per token. Dynamic shared memory: (Hq + Hkv)·d floats of pre-norm q and k.
+__global__ void decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache, float* vd_last,
+                                         const float* conv, const bf16* qkv, int64_t ld,
+                                         const float* temp, const int32_t* len, int64_t cap,
+                                         float theta, int r, int Hq, int Hkv, int d) {
+  extern __shared__ float sh[];
+  const int m = blockIdx.x;
+  const int G = Hq / Hkv, QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
+  const int64_t pos = len[m];
+  const bf16* row = qkv + int64_t(m) * ld;
+  const float* crow = conv + int64_t(m) * C;
+  float* qs = sh;       // [Hq, d]
+  float* ks = sh + QD;  // [Hkv, d]
+  // Mean skip: mq[h] = (q0[h] + k0[h/G]) / 2 added to the conv output; mk[g] = mean of its mq.
+  for (int i = threadIdx.x; i < QD; i += blockDim.x) {
+    const int h = i / d, j = i % d;
+    const float mq =
+        (__bfloat162float(row[i]) + __bfloat162float(row[QD + (h / G) * d + j])) * 0.5f;
+    qs[i] = crow[i] + mq;
+  }
+  for (int i = threadIdx.x; i < KD; i += blockDim.x) {
+    const int g = i / d, j = i % d;
+    float s = 0.f;
+    for (int t = 0; t < G; t++) {
+      const int h = g * G + t;
+      s += (__bfloat162float(row[h * d + j]) + __bfloat162float(row[QD + g * d + j])) * 0.5f;
+    }
+    ks[i] = crow[QD + i] + s / float(G);
+  }
+  __syncthreads();
+  // QK-norm per head (one warp per head), then RoPE, then store.
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, nwarps = blockDim.x / kWarp;
+  const float sd = sqrtf(float(d));
+  for (int hh = warp; hh < Hq + Hkv; hh += nwarps) {
+    float* v = hh < Hq ? qs + hh * d : ks + (hh - Hq) * d;
+    float ss = 0.f;
+    for (int j = lane; j < d; j += kWarp) ss += v[j] * v[j];
+    ss = warp_sum(ss);
+    const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
+    const float a = sd * (hh < Hq ? 1.f : temp[hh - Hq]) / nrm;
+    for (int j = lane; j < d; j += kWarp) v[j] *= a;
+    __syncwarp();
+    const int h2 = r / 2;
+    for (int j = lane; j < h2; j += kWarp) {
+      const float inv = 1.0f / powf(theta, float(2 * j) / float(r));
+      const float f = float(pos) * inv;
+      const float c = cosf(f), s = sinf(f);
+      const float x0 = v[j], x1 = v[j + h2];
+      v[j] = x0 * c - x1 * s;
+      v[j + h2] = x1 * c + x0 * s;
+    }
+    __syncwarp();
+    if (hh < Hq) {
+      for (int j = lane; j < d; j += kWarp)
+        q_out[(int64_t(m) * Hq + hh) * d + j] = __float2bfloat16(v[j]);
+    } else {
+      bf16* kd = kcache + ((int64_t(m) * cap + pos) * Hkv + (hh - Hq)) * d;
+      for (int j = lane; j < d; j += kWarp) kd[j] = __float2bfloat16(v[j]);
+    }
+  }
+  // Delayed value: v = [vc | vd of the previous token]; then remember this token's vd.
+  bf16* vd_dst = vcache + (int64_t(m) * cap + pos) * KD;
+  for (int i = threadIdx.x; i < VH; i += blockDim.x) {
+    vd_dst[i] = row[C + i];
+    vd_dst[VH + i] = __float2bfloat16(vd_last[int64_t(m) * VH + i]);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < VH; i += blockDim.x)
+    vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
+}
+
+// Split-context attention: block (chunk, kv head g, sequence m) scores its chunk of keys for the
+// G query heads of g and writes unnormalised partial outputs with their max and sum.
+// Shared memory: G·d floats of q, G·kAttnChunk floats of scores.
+__global__ void decode_attn_partial_kernel(float* part_o, float* part_ml, const bf16* q,
+                                           const bf16* kcache, const bf16* vcache,
+                                           const int32_t* len, int64_t cap, int64_t window, int Hq,
+                                           int Hkv, int d, int nchunks) {
+  extern __shared__ float sh[];
+  const int c = blockIdx.x, g = blockIdx.y, m = blockIdx.z;
+  const int G = Hq / Hkv;
+  const int64_t pos = len[m];  // the new token (already in the cache) sits at index pos
+  int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
+  const int64_t k0 = int64_t(c) * kAttnChunk;
+  const int64_t kb = k0 > lo ? k0 : lo;
+  const int64_t ke = (k0 + kAttnChunk < pos + 1) ? k0 + kAttnChunk : pos + 1;
+  const int64_t slot = ((int64_t(m) * Hq + g * G) * nchunks + c);  // + t * nchunks per head t
+  if (kb >= ke) {
+    if (threadIdx.x < G) {
+      part_ml[2 * (slot + int64_t(threadIdx.x) * nchunks)] = -INFINITY;
+      part_ml[2 * (slot + int64_t(threadIdx.x) * nchunks) + 1] = 0.f;
+    }
+    return;
+  }
+  float* qs = sh;          // [G, d]
+  float* sc = sh + G * d;  // [G, kAttnChunk]
+  const float scale = rsqrtf(float(d));
+  for (int i = threadIdx.x; i < G * d; i += blockDim.x)
+    qs[i] = __bfloat162float(q[(int64_t(m) * Hq + g * G) * d + i]) * scale;
+  __syncthreads();
+  const int n = int(ke - kb);
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const bf16* kr = kcache + ((int64_t(m) * cap + kb + j) * Hkv + g) * d;
+    float s[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) s[t] = 0.f;
+    for (int i = 0; i < d; i += 8) {
+      float kf[8];
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(kr + i), kf);
+#pragma unroll
+      for (int t = 0; t < 8; t++)
+        if (t < G) {
+          const float* qt = qs + t * d + i;
+#pragma unroll
+          for (int u = 0; u < 8; u++) s[t] = fmaf(qt[u], kf[u], s[t]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+      if (t < G) sc[t * kAttnChunk + j] = s[t];
+  }
+  __syncthreads();
+  // Per head: max and sum over the chunk (one warp per head), probabilities in place.
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, nwarps = blockDim.x / kWarp;
+  for (int t = warp; t < G; t += nwarps) {
+    float mx = -INFINITY;
+    for (int j = lane; j < n; j += kWarp) mx = fmaxf(mx, sc[t * kAttnChunk + j]);
+    for (int o = kWarp / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    for (int j = lane; j < n; j += kWarp) {
+      const float p = expf(sc[t * kAttnChunk + j] - mx);
+      sc[t * kAttnChunk + j] = p;
+      sum += p;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) {
+      part_ml[2 * (slot + int64_t(t) * nchunks)] = mx;
+      part_ml[2 * (slot + int64_t(t) * nchunks) + 1] = sum;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float acc[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) acc[t] = 0.f;
+    for (int j = 0; j < n; j++) {
+      const float v = __bfloat162float(vcache[((int64_t(m) * cap + kb + j) * Hkv + g) * d + i]);
+#pragma unroll
+      for (int t = 0; t < 8; t++)
+        if (t < G) acc[t] = fmaf(sc[t * kAttnChunk + j], v, acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++)
+      if (t < G) part_o[(slot + int64_t(t) * nchunks) * d + i] = acc[t];
+  }
+}
+
+__global__ void decode_attn_combine_kernel(bf16* o, const float* part_o, const float* part_ml,
+                                           int nchunks, int d) {
+  const int64_t mh = blockIdx.x;  // m·Hq + h
+  const float* ml = part_ml + 2 * mh * nchunks;
+  float mx = -INFINITY;
+  for (int c = 0; c < nchunks; c++) mx = fmaxf(mx, ml[2 * c]);
+  float l = 0.f;
+  for (int c = 0; c < nchunks; c++)
+    if (ml[2 * c + 1] > 0.f) l += ml[2 * c + 1] * expf(ml[2 * c] - mx);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float acc = 0.f;
+    for (int c = 0; c < nchunks; c++)
+      if (ml[2 * c + 1] > 0.f) acc += part_o[(mh * nchunks + c) * d + i] * expf(ml[2 * c] - mx);
+    o[mh * d + i] = __float2bfloat16(l > 0.f ? acc / l : 0.f);
+  }
+}
+
+__global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int64_t past,
+                                 int64_t cap, int64_t S, int64_t row) {
+  const int64_t bt = blockIdx.x;  // b·S + t
+  const int64_t b = bt / S, t = bt % S;
+  const int64_t dst = (b * cap + past + t) * row;
+  for (int64_t i = threadIdx.x; i < row; i += blockDim.x) {
+    kc[dst + i] = k[bt * row + i];
+    vc[dst + i] = v[bt * row + i];
+  }
+}
+
+__global__ void argmax_kernel(int32_t* out, const float* logits, int64_t V) {
+  const int64_t m = blockIdx.x;
+  const float* row = logits + m * V;
+  float best = -INFINITY;
+  int64_t bi = V;  // V: nothing seen yet; a strict > keeps the lowest id among ties
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float x = row[v];
+    if (bi == V || x > best) {
+      best = x;
+      bi = v;
+    }
+  }
+  __shared__ float sb[1024];
+  __shared__ int64_t si[1024];
+  sb[threadIdx.x] = best;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float ob = sb[threadIdx.x + s];
+      const int64_t oi = si[threadIdx.x + s];
+      if (ob > sb[threadIdx.x] || (ob == sb[threadIdx.x] && oi < si[threadIdx.x])) {
+        sb[threadIdx.x] = ob;
+        si[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[m] = int32_t(si[0] < V ? si[0] : 0);
+}
+
+__global__ void advance_kernel(int32_t* len, int32_t n, int64_t B) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b < B) len[b] += n;
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+void check(bool ok, const char* what) {
+  if (!ok)
+    ::zaya::detail::platform_fail("CUDA", "decode kernel arguments", __FILE__, __LINE__, what);
+}
+
+template <int M>
+void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
+                      int64_t ldw, const float* bias, int64_t O, int64_t K, cudaStream_t st) {
+  const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock));
+  const bool vec = K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && aligned16(x) && aligned16(W);
+  if (vec)
+    gemv_bf16_kernel<M, true>
+        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y32, y16, ldy, x, ldx, W, ldw, bias, O, K);
+  else
+    gemv_bf16_kernel<M, false>
+        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y32, y16, ldy, x, ldx, W, ldw, bias, O, K);
+}
+
+template <int M>
+void launch_gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
+                     int64_t ldw, const float* bias, int64_t O, int64_t K, cudaStream_t st) {
+  const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock));
+  const bool vec = K % 4 == 0 && ldx % 4 == 0 && ldw % 4 == 0 && aligned16(x) && aligned16(W);
+  if (vec)
+    gemv_f32_kernel<M, true>
+        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y, ldy, x, ldx, W, ldw, bias, O, K);
+  else
+    gemv_f32_kernel<M, false>
+        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y, ldy, x, ldx, W, ldw, bias, O, K);
+}
+
+}  // namespace
+
+void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
+               int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st) {
+  check(M >= 1 && M <= kGemvMaxRows && O > 0 && K > 0 && ldw >= K && ldx >= K && ldy >= O,
+        "gemv_bf16: need 1 <= M <= 8, O, K > 0, ldw, ldx >= K, ldy >= O");
+  switch (M) {
+#define ZAYA_GEMV_CASE(n) \
+  case n: launch_gemv_bf16<n>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, st); break;
+    ZAYA_GEMV_CASE(1)
+    ZAYA_GEMV_CASE(2) ZAYA_GEMV_CASE(3) ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6)
+        ZAYA_GEMV_CASE(7) ZAYA_GEMV_CASE(8)
+#undef ZAYA_GEMV_CASE
+  }
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
+              const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st) {
+  check(M >= 1 && M <= kGemvMaxRows && O > 0 && K > 0 && ldw >= K && ldx >= K && ldy >= O,
+        "gemv_f32: need 1 <= M <= 8, O, K > 0, ldw, ldx >= K, ldy >= O");
+  switch (M) {
+#define ZAYA_GEMV_CASE(n) \
+  case n: launch_gemv_f32<n>(y, ldy, x, ldx, W, ldw, bias, O, K, st); break;
+    ZAYA_GEMV_CASE(1)
+    ZAYA_GEMV_CASE(2) ZAYA_GEMV_CASE(3) ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6)
+        ZAYA_GEMV_CASE(7) ZAYA_GEMV_CASE(8)
+#undef ZAYA_GEMV_CASE
+  }
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void expert_gemv(bf16* y, const bf16* x, int64_t ldx, const bf16* W, int64_t w_stride,
+                 const int32_t* choice_M, int64_t E, int64_t M, int64_t O, int64_t K,
+                 cudaStream_t st) {
+  check(M >= 1 && O > 0 && K > 0 && ldx >= K, "expert_gemv: bad sizes");
+  const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M));
+  const bool vec = K % 8 == 0 && ldx % 8 == 0 && w_stride % 8 == 0 && aligned16(x) && aligned16(W);
+  if (vec)
+    expert_gemv_kernel<true>
+        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y, x, ldx, W, w_stride, choice_M, E, O, K);
+  else
+    expert_gemv_kernel<false>
+        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y, x, ldx, W, w_stride, choice_M, E, O, K);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void moe_combine_rows(bf16* out_MD, const bf16* y_MD, const bf16* x_MD, const float* gate_M,
+                      const int32_t* choice_M, int64_t E, bool skip_scaled_input, int64_t M,
+                      int64_t D, cudaStream_t st) {
+  const dim3 grid(unsigned((D + 255) / 256), unsigned(M));
+  moe_combine_kernel<<<grid, 256, 0, st>>>(out_MD, y_MD, x_MD, gate_M, choice_M, E,
+                                           skip_scaled_input, D);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,
+                       const float* conv_MC, const bf16* qkv, int64_t ld, const float* temp_G,
+                       const int32_t* len_B, int64_t cap, float theta, int64_t r, int64_t M,
+                       int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st) {
+  check(Hq % Hkv == 0 && r % 2 == 0 && r <= d && (Hkv * d) % 2 == 0,
+        "decode_qkv_finish: heads must divide, rotary dim even and <= head dim");
+  const size_t smem = size_t((Hq + Hkv) * d) * sizeof(float);
+  if (smem > 48 * 1024)
+    ZAYA_CUDA_CHECK(cudaFuncSetAttribute(decode_qkv_finish_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  decode_qkv_finish_kernel<<<unsigned(M), 256, smem, st>>>(
+      q_MHd, kcache, vcache, vd_last_B, conv_MC, qkv, ld, temp_G, len_B, cap, theta, int(r),
+      int(Hq), int(Hkv), int(d));
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap) {
+  const int64_t nchunks = (cap + kAttnChunk - 1) / kAttnChunk;
+  return size_t(M * Hq * nchunks * (d + 2)) * sizeof(float);
+}
+
+void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
+                      const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
+                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st) {
+  const int64_t G = Hq / Hkv;
+  check(Hq % Hkv == 0 && G <= 8 && d % 8 == 0,
+        "decode_attention: needs Hq/Hkv <= 8 and a head dim that is a multiple of 8");
+  const int nchunks = int((cap + kAttnChunk - 1) / kAttnChunk);
+  float* part_o = static_cast<float*>(ws);
+  float* part_ml = part_o + M * Hq * nchunks * d;
+  const size_t smem = size_t(G * d + G * kAttnChunk) * sizeof(float);
+  const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
+  decode_attn_partial_kernel<<<grid, kAttnChunk, smem, st>>>(part_o, part_ml, q_MHd, kcache, vcache,
+                                                             len_B, cap, window, int(Hq), int(Hkv),
+                                                             int(d), nchunks);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+  decode_attn_combine_kernel<<<unsigned(M * Hq), 128, 0, st>>>(o_MHd, part_o, part_ml, nchunks,
+                                                               int(d));
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,
+               int64_t B, int64_t S, int64_t Hkv, int64_t d, cudaStream_t st) {
+  check(past + S <= cap, "kv_append: past the cache capacity");
+  kv_append_kernel<<<unsigned(B * S), 128, 0, st>>>(kcache, vcache, k, v, past, cap, S, Hkv * d);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, cudaStream_t st) {
+  argmax_kernel<<<unsigned(M), 1024, 0, st>>>(ids_out, logits_MV, V);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st) {
+  advance_kernel<<<unsigned((B + 127) / 128), 128, 0, st>>>(len_B, n, B);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace zaya::cuda

@@ -1,0 +1,537 @@
+// CudaInference (infer_cuda.h): weights and cache on the device, batched prefill through the
+// training-path kernels and cuBLASLt, and decode steps through the weight-streaming kernels of
+// infer_kernels.h, captured once into a CUDA graph and replayed. Every buffer is carved out of one
+// device allocation made at construction; prefill and decode allocate nothing.
+#include "backend/cuda/infer_cuda.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/infer_kernels.h"
+#include "backend/cuda/ops.h"
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace zaya::cuda {
+
+namespace {
+
+// Weights of one layer on the device. Matrices that feed GEMMs/GEMVs are bf16; the router MLP
+// (small, decides routing) and every vector stay fp32.
+struct DevLayer {
+  bf16 *wqkv = nullptr, *wo = nullptr, *r_down = nullptr, *gate_up = nullptr, *down = nullptr;
+  float *ln_in = nullptr, *ln_post = nullptr, *conv_dw_w = nullptr, *conv_dw_b = nullptr,
+        *conv_g_w = nullptr, *conv_g_b = nullptr, *temp = nullptr;
+  float *pa_hs = nullptr, *pa_hb = nullptr, *pa_rs = nullptr, *pa_rb = nullptr;
+  float *pm_hs = nullptr, *pm_hb = nullptr, *pm_rs = nullptr, *pm_rb = nullptr;
+  float *r_down_b = nullptr, *r_scale = nullptr, *r_norm = nullptr, *fc1_w = nullptr,
+        *fc1_b = nullptr, *fc2_w = nullptr, *fc2_b = nullptr, *out_w = nullptr,
+        *balancing = nullptr;
+  // Cache.
+  bf16 *kc = nullptr, *vc = nullptr;
+  float *hist = nullptr, *vd_last = nullptr;
+};
+
+// Bump allocation over one device buffer; sizes are computed in a first pass (base == nullptr).
+struct Carver {
+  char* base = nullptr;
+  size_t used = 0;
+  template <typename T>
+  T* take(int64_t n) {
+    used = (used + 255) / 256 * 256;
+    T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
+    used += size_t(n) * sizeof(T);
+    return p;
+  }
+};
+
+}  // namespace
+
+struct CudaInference::Impl {
+  ZayaConfig c;
+  CudaInferOptions opt;
+  int64_t D, d, Hq, Hkv, C, QD, KD, VH, LD, R, E, E1, I, V, P, NL;
+  int64_t NP;  // prefill rows budget
+  cudaStream_t st = nullptr;
+  std::unique_ptr<GemmContext> gemm;
+  char* arena = nullptr;
+  size_t arena_bytes = 0;
+  Workspace ws;  // scratch for the training-path kernels (sort_by_expert)
+  size_t ws_bytes = 0;
+  std::vector<DevLayer> L;
+  bf16* embed = nullptr;
+  float *in_s = nullptr, *in_b = nullptr, *final_norm = nullptr;
+  // Activations (prefill sizes; decode uses the first rows).
+  float *h = nullptr, *rstd = nullptr, *conv = nullptr, *r[2] = {nullptr, nullptr}, *rn = nullptr,
+        *t1 = nullptr, *t2 = nullptr, *rlog = nullptr, *probs = nullptr, *gate = nullptr,
+        *logits = nullptr, *attn_ws = nullptr;
+  bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
+       *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
+  int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
+          *bad = nullptr, *len = nullptr, *next_ids = nullptr;
+  int32_t* counts_host = nullptr;  // pinned
+  int32_t* next_host = nullptr;    // pinned
+  int64_t logits_rows = 0;         // rows the logits buffer holds
+  int64_t B = 1, length = 0;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;
+  int64_t graph_batch = 0;
+  int decode_steps_run = 0;
+
+  Impl(const ZayaModel& m, const CudaInferOptions& o);
+  ~Impl();
+  void plan(Carver& cv);
+  void upload(const ZayaModel& m);
+  void zero_cache();
+  void router(int64_t li, int64_t N, bool gemv);
+  const float* next_norm(int64_t li) const;
+  void run_prefill(int64_t S, bool all_logits);
+  void run_decode_step();
+  void decode_launch();
+};
+
+CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.cfg), opt(o) {
+  ZAYA_CHECK(o.max_batch >= 1 && o.max_batch <= kGemvMaxRows,
+             "cuda inference: max_batch must be in 1..{}, got {}", kGemvMaxRows, o.max_batch);
+  ZAYA_CHECK(o.max_context >= 1 && o.max_prefill_tokens >= o.max_batch,
+             "cuda inference: max_context {} and max_prefill_tokens {} must be positive",
+             o.max_context, o.max_prefill_tokens);
+  ZAYA_CUDA_CHECK(cudaSetDevice(o.device));
+  D = c.hidden_size, d = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  C = c.conv_channels(), QD = Hq * d, KD = Hkv * d, VH = KD / 2, LD = C + KD;
+  R = c.router_hidden_size, E = c.num_experts, E1 = E + 1, I = c.moe_intermediate_size;
+  V = c.vocab_size, P = (c.cca_time0 - 1) + (c.cca_time1 - 1), NL = c.num_hidden_layers;
+  NP = std::max(o.max_prefill_tokens, o.max_batch);
+  L.resize(size_t(NL));
+  ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  gemm = std::make_unique<GemmContext>();
+  Carver sizing;
+  plan(sizing);
+  arena_bytes = sizing.used;
+  ZAYA_CUDA_CHECK(cudaMalloc(&arena, arena_bytes));
+  Carver cv{arena, 0};
+  plan(cv);
+  ZAYA_CUDA_CHECK(cudaMallocHost(&counts_host, size_t(E1) * sizeof(int32_t)));
+  ZAYA_CUDA_CHECK(cudaMallocHost(&next_host, size_t(kGemvMaxRows) * sizeof(int32_t)));
+  upload(m);
+  zero_cache();
+}
+
+CudaInference::Impl::~Impl() {
+  if (graph_exec) cudaGraphExecDestroy(graph_exec);
+  if (graph) cudaGraphDestroy(graph);
+  if (counts_host) cudaFreeHost(counts_host);
+  if (next_host) cudaFreeHost(next_host);
+  if (arena) cudaFree(arena);
+  if (st) cudaStreamDestroy(st);
+}
+
+void CudaInference::Impl::plan(Carver& cv) {
+  const int64_t cap = opt.max_context, MB = opt.max_batch;
+  embed = cv.take<bf16>(V * D);
+  in_s = cv.take<float>(D), in_b = cv.take<float>(D), final_norm = cv.take<float>(D);
+  for (auto& l : L) {
+    l.wqkv = cv.take<bf16>(LD * D);
+    l.wo = cv.take<bf16>(D * QD);
+    l.r_down = cv.take<bf16>(R * D);
+    l.gate_up = cv.take<bf16>(E * 2 * I * D);
+    l.down = cv.take<bf16>(E * D * I);
+    for (float** p : {&l.ln_in, &l.ln_post, &l.pa_hs, &l.pa_hb, &l.pa_rs, &l.pa_rb, &l.pm_hs,
+                      &l.pm_hb, &l.pm_rs, &l.pm_rb})
+      *p = cv.take<float>(D);
+    l.conv_dw_w = cv.take<float>(C * c.cca_time0);
+    l.conv_dw_b = cv.take<float>(C);
+    l.conv_g_w = cv.take<float>(C * d * c.cca_time1);
+    l.conv_g_b = cv.take<float>(C);
+    l.temp = cv.take<float>(Hkv);
+    l.r_down_b = cv.take<float>(R), l.r_scale = cv.take<float>(R), l.r_norm = cv.take<float>(R);
+    l.fc1_w = cv.take<float>(R * R), l.fc1_b = cv.take<float>(R);
+    l.fc2_w = cv.take<float>(R * R), l.fc2_b = cv.take<float>(R);
+    l.out_w = cv.take<float>(E1 * R), l.balancing = cv.take<float>(E1);
+    l.kc = cv.take<bf16>(MB * cap * KD), l.vc = cv.take<bf16>(MB * cap * KD);
+    l.hist = cv.take<float>(MB * std::max<int64_t>(P, 1) * C);
+    l.vd_last = cv.take<float>(MB * VH);
+  }
+  const int64_t N = NP;
+  h = cv.take<float>(N * D), rstd = cv.take<float>(N), conv = cv.take<float>(N * C);
+  r[0] = cv.take<float>(N * R), r[1] = cv.take<float>(N * R), rn = cv.take<float>(N * R);
+  t1 = cv.take<float>(N * R), t2 = cv.take<float>(N * R);
+  rlog = cv.take<float>(N * E1), probs = cv.take<float>(N * E1), gate = cv.take<float>(N);
+  x = cv.take<bf16>(N * D), qkv = cv.take<bf16>(N * LD), q = cv.take<bf16>(N * QD);
+  k = cv.take<bf16>(N * KD), v = cv.take<bf16>(N * KD), o = cv.take<bf16>(N * QD);
+  a = cv.take<bf16>(N * D), xs = cv.take<bf16>(N * D), gu = cv.take<bf16>(N * 2 * I);
+  act = cv.take<bf16>(N * I), ys = cv.take<bf16>(N * D);
+  ids = cv.take<int32_t>(N), choice = cv.take<int32_t>(N), perm = cv.take<int32_t>(N);
+  counts = cv.take<int32_t>(E1), offsets = cv.take<int32_t>(E1 + 1), bad = cv.take<int32_t>(1);
+  len = cv.take<int32_t>(MB), next_ids = cv.take<int32_t>(MB);
+  // Logits: the last position of each sequence always; every position when it fits 256 MiB.
+  logits_rows = std::max<int64_t>(MB, std::min<int64_t>(N, (int64_t(256) << 20) / (4 * V)));
+  logits = cv.take<float>(logits_rows * V);
+  attn_ws = cv.take<float>(int64_t(decode_attention_workspace_bytes(MB, Hq, d, cap) / 4) + 1);
+  ws_bytes = sort_by_expert_workspace_bytes(N, E1) + 4096;
+  char* wsp = cv.take<char>(int64_t(ws_bytes));
+  ws.base = wsp, ws.capacity = ws_bytes, ws.used = 0;
+}
+
+namespace {
+
+void put_f32(float* dst, const Tensor& t, int64_t n) {
+  ZAYA_CHECK(t.numel() == n, "cuda inference: tensor of {} elements where {} were expected",
+             t.numel(), n);
+  Tensor f = t.dtype() == DType::F32 && t.is_contiguous() ? t : t.to(DType::F32);
+  ZAYA_CUDA_CHECK(cudaMemcpy(dst, f.raw(), size_t(n) * 4, cudaMemcpyHostToDevice));
+}
+
+void put_bf16(bf16* dst, const Tensor& t, int64_t n) {
+  ZAYA_CHECK(t.numel() == n, "cuda inference: tensor of {} elements where {} were expected",
+             t.numel(), n);
+  Tensor b = t.dtype() == DType::BF16 && t.is_contiguous() ? t : t.to(DType::BF16);
+  ZAYA_CUDA_CHECK(cudaMemcpy(dst, b.raw(), size_t(n) * 2, cudaMemcpyHostToDevice));
+}
+
+}  // namespace
+
+void CudaInference::Impl::upload(const ZayaModel& m) {
+  put_bf16(embed, m.embed, V * D);
+  put_f32(in_s, m.input_scale, D), put_f32(in_b, m.input_bias, D);
+  put_f32(final_norm, m.final_norm, D);
+  for (int64_t li = 0; li < NL; li++) {
+    const LayerWeights& w = m.layers[size_t(li)];
+    DevLayer& l = L[size_t(li)];
+    put_bf16(l.wqkv, w.wq, QD * D);
+    put_bf16(l.wqkv + QD * D, w.wk, KD * D);
+    put_bf16(l.wqkv + (QD + KD) * D, w.wv_cur, VH * D);
+    put_bf16(l.wqkv + (QD + KD + VH) * D, w.wv_del, VH * D);
+    put_bf16(l.wo, w.wo, D * QD);
+    put_bf16(l.r_down, w.r_down_w, R * D);
+    put_bf16(l.gate_up, w.experts_gate_up, E * 2 * I * D);
+    put_bf16(l.down, w.experts_down, E * D * I);
+    put_f32(l.ln_in, w.ln_in, D), put_f32(l.ln_post, w.ln_post, D);
+    put_f32(l.pa_hs, w.post_attn.hs, D), put_f32(l.pa_hb, w.post_attn.hb, D);
+    put_f32(l.pa_rs, w.post_attn.rs, D), put_f32(l.pa_rb, w.post_attn.rb, D);
+    put_f32(l.pm_hs, w.post_mlp.hs, D), put_f32(l.pm_hb, w.post_mlp.hb, D);
+    put_f32(l.pm_rs, w.post_mlp.rs, D), put_f32(l.pm_rb, w.post_mlp.rb, D);
+    put_f32(l.conv_dw_w, w.conv_dw_w, C * c.cca_time0), put_f32(l.conv_dw_b, w.conv_dw_b, C);
+    put_f32(l.conv_g_w, w.conv_g_w, C * d * c.cca_time1), put_f32(l.conv_g_b, w.conv_g_b, C);
+    put_f32(l.temp, w.temp, Hkv);
+    put_f32(l.r_down_b, w.r_down_b, R);
+    if (li > 0) put_f32(l.r_scale, w.r_states_scale, R);
+    put_f32(l.r_norm, w.r_norm, R);
+    put_f32(l.fc1_w, w.r_fc1_w, R * R), put_f32(l.fc1_b, w.r_fc1_b, R);
+    put_f32(l.fc2_w, w.r_fc2_w, R * R), put_f32(l.fc2_b, w.r_fc2_b, R);
+    put_f32(l.out_w, w.r_out_w, E1 * R), put_f32(l.balancing, w.balancing_bias, E1);
+  }
+}
+
+void CudaInference::Impl::zero_cache() {
+  const int64_t cap = opt.max_context, MB = opt.max_batch;
+  for (auto& l : L) {
+    ZAYA_CUDA_CHECK(cudaMemsetAsync(l.kc, 0, size_t(MB * cap * KD) * 2, st));
+    ZAYA_CUDA_CHECK(cudaMemsetAsync(l.vc, 0, size_t(MB * cap * KD) * 2, st));
+    ZAYA_CUDA_CHECK(cudaMemsetAsync(l.hist, 0, size_t(MB * std::max<int64_t>(P, 1) * C) * 4, st));
+    ZAYA_CUDA_CHECK(cudaMemsetAsync(l.vd_last, 0, size_t(MB * VH) * 4, st));
+  }
+  ZAYA_CUDA_CHECK(cudaMemsetAsync(len, 0, size_t(MB) * 4, st));
+  ZAYA_CUDA_CHECK(cudaMemsetAsync(bad, 0, 4, st));
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  length = 0;
+}
+
+// The router of layer li on rows x (bf16, N rows): down projection, EDA state, norm, MLP, select.
+// r[li % 2] receives this layer's state; r[(li + 1) % 2] holds the previous layer's.
+void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv) {
+  Impl& s = *this;
+  DevLayer& l = s.L[size_t(li)];
+  float* rc = s.r[li % 2];
+  const float* rp = s.r[(li + 1) % 2];
+  if (gemv)
+    gemv_bf16(rc, nullptr, s.R, s.x, s.D, l.r_down, s.D, l.r_down_b, N, s.R, s.D, s.st);
+  else
+    s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R,
+                 GemmType::BF16, GemmType::F32, l.r_down_b, s.st);
+  if (li > 0) router_eda_fwd(rc, rp, l.r_scale, N, s.R, s.st);
+  rmsnorm_fwd_f32(s.rn, s.rstd, rc, l.r_norm, float(s.c.rms_norm_eps), N, s.R, s.st);
+  if (gemv) {
+    gemv_f32(s.t1, s.R, s.rn, s.R, l.fc1_w, s.R, l.fc1_b, N, s.R, s.R, s.st);
+    bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
+    gemv_f32(s.t1, s.R, s.t2, s.R, l.fc2_w, s.R, l.fc2_b, N, s.R, s.R, s.st);
+    bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
+    gemv_f32(s.rlog, s.E1, s.t2, s.R, l.out_w, s.R, nullptr, N, s.E1, s.R, s.st);
+  } else {
+    s.gemm->gemm(false, true, N, s.R, s.R, 1.f, s.rn, s.R, l.fc1_w, s.R, 0.f, s.t1, s.R,
+                 GemmType::F32, GemmType::F32, l.fc1_b, s.st);
+    bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
+    s.gemm->gemm(false, true, N, s.R, s.R, 1.f, s.t2, s.R, l.fc2_w, s.R, 0.f, s.t1, s.R,
+                 GemmType::F32, GemmType::F32, l.fc2_b, s.st);
+    bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
+    s.gemm->gemm(false, true, N, s.E1, s.R, 1.f, s.t2, s.R, l.out_w, s.R, 0.f, s.rlog, s.E1,
+                 GemmType::F32, GemmType::F32, nullptr, s.st);
+  }
+  router_select(s.probs, s.choice, s.gate, s.rlog, l.balancing, N, s.E1, s.st);
+}
+
+// The residual scale after the MoE block of layer li, fused with the next norm (the next layer's
+// input norm, or the final norm after the last layer).
+const float* CudaInference::Impl::next_norm(int64_t li) const {
+  return li + 1 < NL ? L[size_t(li + 1)].ln_in : final_norm;
+}
+
+void CudaInference::Impl::run_prefill(int64_t S, bool all_logits) {
+  const int64_t N = B * S, past = length;
+  const float eps = float(c.rms_norm_eps);
+  embed_affine_fwd(h, ids, embed, in_s, in_b, bad, N, D, V, st);
+  rmsnorm_fwd(x, rstd, h, L[0].ln_in, eps, N, D, st);
+  for (int64_t li = 0; li < NL; li++) {
+    DevLayer& l = L[size_t(li)];
+    const RopeSettings& rs = c.rope_for_layer(li);
+    const int64_t rot = int64_t(double(d) * rs.partial_rotary_factor);
+    const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
+    gemm->gemm(false, true, N, LD, D, 1.f, x, D, l.wqkv, D, 0.f, qkv, LD, GemmType::BF16,
+               GemmType::BF16, nullptr, st);
+    cca_conv_fwd(conv, nullptr, qkv, LD, l.hist, true, l.conv_dw_w, l.conv_dw_b, l.conv_g_w,
+                 l.conv_g_b, B, S, C, d, c.cca_time0, c.cca_time1, st);
+    cca_qkv_finish_fwd(q, k, v, nullptr, conv, qkv, LD, l.temp, l.vd_last, true, past, rs.theta,
+                       rot, B, S, Hq, Hkv, d, st);
+    kv_append(l.kc, l.vc, k, v, past, opt.max_context, B, S, Hkv, d, st);
+    attention_fwd(o, nullptr, q, l.kc, l.vc, B, S, opt.max_context, past, Hq, Hkv, d, window, st);
+    gemm->gemm(false, true, N, D, QD, 1.f, o, QD, l.wo, QD, 0.f, a, D, GemmType::BF16,
+               GemmType::BF16, nullptr, st);
+    residual_scale_rmsnorm_fwd(h, x, rstd, a, h, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps,
+                               N, D, st);
+    router(li, N, false);
+    ws.reset();
+    sort_by_expert(perm, counts, offsets, counts_host, choice, N, E1, ws, st);  // synchronises
+    int64_t routed = 0;
+    for (int64_t e = 0; e < E; e++) routed += counts_host[e];
+    if (routed > 0) {
+      gather_rows(xs, x, perm, routed, D, st);
+      gemm->grouped_gemm(true, counts_host, E, 2 * I, D, 1.f, xs, D, l.gate_up, D, 2 * I * D, 0.f,
+                         gu, 2 * I, GemmType::BF16, st);
+      swiglu_fwd(act, gu, routed, I, st);
+      gemm->grouped_gemm(true, counts_host, E, D, I, 1.f, act, I, l.down, I, D * I, 0.f, ys, D,
+                         GemmType::BF16, st);
+    }
+    scatter_gate_rows(a, ys, x, gate, perm, choice, E, c.skip_output == SkipOutput::ScaledInput, N,
+                      routed, D, st);
+    residual_scale_rmsnorm_fwd(h, x, rstd, a, h, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li),
+                               eps, N, D, st);
+  }
+  // x now holds the final-normed rows. Logits of every row, or of each sequence's last row.
+  if (all_logits)
+    gemm->gemm(false, true, N, V, D, 1.f, x, D, embed, D, 0.f, logits, V, GemmType::BF16,
+               GemmType::F32, nullptr, st);
+  else if (B <= kGemvMaxRows)
+    gemv_bf16(logits, nullptr, V, x + (S - 1) * D, S * D, embed, D, nullptr, B, V, D, st);
+  else
+    gemm->gemm(false, true, B, V, D, 1.f, x + (S - 1) * D, S * D, embed, D, 0.f, logits, V,
+               GemmType::BF16, GemmType::F32, nullptr, st);
+  advance_lengths(len, int32_t(S), B, st);
+}
+
+// One token per sequence, positions from the device counter `len`; graph-capturable (no host
+// reads, no synchronisation, no position arguments).
+void CudaInference::Impl::run_decode_step() {
+  const int64_t M = B;
+  const float eps = float(c.rms_norm_eps);
+  embed_affine_fwd(h, ids, embed, in_s, in_b, bad, M, D, V, st);
+  rmsnorm_fwd(x, rstd, h, L[0].ln_in, eps, M, D, st);
+  for (int64_t li = 0; li < NL; li++) {
+    DevLayer& l = L[size_t(li)];
+    const RopeSettings& rs = c.rope_for_layer(li);
+    const int64_t rot = int64_t(double(d) * rs.partial_rotary_factor);
+    const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
+    gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
+    cca_conv_fwd(conv, nullptr, qkv, LD, l.hist, true, l.conv_dw_w, l.conv_dw_b, l.conv_g_w,
+                 l.conv_g_b, M, 1, C, d, c.cca_time0, c.cca_time1, st);
+    decode_qkv_finish(q, l.kc, l.vc, l.vd_last, conv, qkv, LD, l.temp, len, opt.max_context,
+                      float(rs.theta), rot, M, Hq, Hkv, d, st);
+    decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st);
+    gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
+    residual_scale_rmsnorm_fwd(h, x, rstd, a, h, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps,
+                               M, D, st);
+    router(li, M, true);
+    expert_gemv(gu, x, D, l.gate_up, 2 * I * D, choice, E, M, 2 * I, D, st);
+    swiglu_fwd(act, gu, M, I, st);
+    expert_gemv(ys, act, I, l.down, D * I, choice, E, M, D, I, st);
+    moe_combine_rows(a, ys, x, gate, choice, E, c.skip_output == SkipOutput::ScaledInput, M, D, st);
+    residual_scale_rmsnorm_fwd(h, x, rstd, a, h, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li),
+                               eps, M, D, st);
+  }
+  gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
+  argmax_rows(next_ids, logits, M, V, st);
+  advance_lengths(len, 1, M, st);
+}
+
+// Runs one decode step: eagerly the first time (module loading, kernel attributes), then from a
+// graph captured for the current batch size.
+void CudaInference::Impl::decode_launch() {
+  if (!opt.graphs || decode_steps_run == 0) {
+    run_decode_step();
+    decode_steps_run++;
+    return;
+  }
+  if (!graph_exec || graph_batch != B) {
+    if (graph_exec) cudaGraphExecDestroy(graph_exec), graph_exec = nullptr;
+    if (graph) cudaGraphDestroy(graph), graph = nullptr;
+    ZAYA_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    run_decode_step();
+    ZAYA_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+    ZAYA_CUDA_CHECK(cudaGraphInstantiate(&graph_exec, graph, 0));
+    graph_batch = B;
+  }
+  ZAYA_CUDA_CHECK(cudaGraphLaunch(graph_exec, st));
+  decode_steps_run++;
+}
+
+CudaInference::CudaInference(const ZayaModel& m, const CudaInferOptions& opt)
+    : impl_(std::make_unique<Impl>(m, opt)) {}
+CudaInference::~CudaInference() = default;
+
+const ZayaConfig& CudaInference::cfg() const {
+  return impl_->c;
+}
+int64_t CudaInference::batch() const {
+  return impl_->B;
+}
+int64_t CudaInference::length() const {
+  return impl_->length;
+}
+size_t CudaInference::device_bytes() const {
+  return impl_->arena_bytes;
+}
+
+void CudaInference::reset(int64_t batch) {
+  ZAYA_CHECK(batch >= 1 && batch <= impl_->opt.max_batch,
+             "cuda inference: batch {} outside 1..{} (max_batch)", batch, impl_->opt.max_batch);
+  impl_->B = batch;
+  impl_->zero_cache();
+}
+
+namespace {
+
+void check_ids(const std::vector<int32_t>& ids, int64_t V) {
+  for (size_t i = 0; i < ids.size(); i++)
+    ZAYA_CHECK(ids[i] >= 0 && ids[i] < V,
+               "token id {} at position {} is outside the vocabulary (0..{})", ids[i], i, V - 1);
+}
+
+Tensor download_logits(const float* src, int64_t rows, int64_t B, int64_t V, cudaStream_t st) {
+  Tensor out = Tensor::empty({B, rows / B, V}, DType::F32);
+  ZAYA_CUDA_CHECK(
+      cudaMemcpyAsync(out.raw(), src, size_t(rows * V) * 4, cudaMemcpyDeviceToHost, st));
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  return out;
+}
+
+}  // namespace
+
+Tensor CudaInference::prefill(const std::vector<int32_t>& ids, int64_t S, bool all_logits) {
+  Impl& s = *impl_;
+  ZAYA_CHECK(S >= 1 && int64_t(ids.size()) == s.B * S,
+             "cuda prefill: {} ids for batch {} x sequence {}", ids.size(), s.B, S);
+  ZAYA_CHECK(s.length + S <= s.opt.max_context,
+             "cuda prefill: {} + {} tokens exceed the cache capacity of {} (max_context)", s.length,
+             S, s.opt.max_context);
+  check_ids(ids, s.V);
+  if (all_logits)
+    ZAYA_CHECK(s.B * S <= s.logits_rows,
+               "cuda prefill: all-position logits for {} rows exceed the {}-row logits buffer",
+               s.B * S, s.logits_rows);
+  // Chunk long prompts so each pass fits the prefill budget; each chunk continues the cache.
+  const int64_t chunk = all_logits ? S : std::max<int64_t>(1, s.NP / s.B);
+  Tensor all;
+  if (all_logits) all = Tensor::empty({s.B, S, s.V}, DType::F32);
+  for (int64_t t0 = 0; t0 < S; t0 += chunk) {
+    const int64_t n = std::min(chunk, S - t0);
+    std::vector<int32_t> part(size_t(s.B * n));
+    for (int64_t b = 0; b < s.B; b++)
+      std::copy_n(ids.begin() + b * S + t0, n, part.begin() + b * n);
+    ZAYA_CUDA_CHECK(
+        cudaMemcpyAsync(s.ids, part.data(), part.size() * 4, cudaMemcpyHostToDevice, s.st));
+    s.run_prefill(n, all_logits);
+    s.length += n;
+    if (all_logits) return download_logits(s.logits, s.B * S, s.B, s.V, s.st);
+  }
+  return download_logits(s.logits, s.B, s.B, s.V, s.st);
+}
+
+Tensor CudaInference::decode(const std::vector<int32_t>& ids) {
+  Impl& s = *impl_;
+  ZAYA_CHECK(int64_t(ids.size()) == s.B, "cuda decode: {} ids for batch {}", ids.size(), s.B);
+  ZAYA_CHECK(s.length >= 1, "cuda decode: prefill a prompt first");
+  ZAYA_CHECK(s.length + 1 <= s.opt.max_context, "cuda decode: the cache of {} tokens is full",
+             s.opt.max_context);
+  check_ids(ids, s.V);
+  ZAYA_CUDA_CHECK(cudaMemcpyAsync(s.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, s.st));
+  s.decode_launch();
+  s.length += 1;
+  return download_logits(s.logits, s.B, s.B, s.V, s.st);
+}
+
+std::vector<int32_t> CudaInference::decode_greedy(const std::vector<int32_t>& first, int64_t n) {
+  Impl& s = *impl_;
+  ZAYA_CHECK(int64_t(first.size()) == s.B, "cuda decode: {} ids for batch {}", first.size(), s.B);
+  ZAYA_CHECK(s.length >= 1, "cuda decode: prefill a prompt first");
+  ZAYA_CHECK(s.length + n <= s.opt.max_context,
+             "cuda decode: {} + {} tokens exceed the cache capacity of {}", s.length, n,
+             s.opt.max_context);
+  check_ids(first, s.V);
+  std::vector<int32_t> out;
+  out.reserve(size_t(n * s.B));
+  ZAYA_CUDA_CHECK(
+      cudaMemcpyAsync(s.ids, first.data(), first.size() * 4, cudaMemcpyHostToDevice, s.st));
+  for (int64_t i = 0; i < n; i++) {
+    s.decode_launch();
+    s.length += 1;
+    // The step's argmax becomes the next step's input, on the device.
+    ZAYA_CUDA_CHECK(
+        cudaMemcpyAsync(s.ids, s.next_ids, size_t(s.B) * 4, cudaMemcpyDeviceToDevice, s.st));
+    ZAYA_CUDA_CHECK(
+        cudaMemcpyAsync(s.next_host, s.next_ids, size_t(s.B) * 4, cudaMemcpyDeviceToHost, s.st));
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(s.st));
+    out.insert(out.end(), s.next_host, s.next_host + s.B);
+  }
+  return out;
+}
+
+double CudaInference::decode_bytes_per_step() const {
+  const Impl& s = *impl_;
+  const double bf = 2.0, f4 = 4.0;
+  // Per layer: packed q/k/v projection, output projection, router (down bf16, MLP fp32), one
+  // expert's gate/up and down (top-1), the conv filters, and the K/V cache read so far.
+  const double layer = bf * double(s.LD * s.D + s.D * s.QD + s.R * s.D + 3 * s.I * s.D) +
+                       f4 * double(2 * s.R * s.R + s.E1 * s.R) +
+                       f4 * double(s.C * (s.c.cca_time0 + s.d * s.c.cca_time1)) +
+                       bf * double(2 * s.KD) * double(s.length);
+  return double(s.NL) * layer + bf * double(s.V * s.D) + bf * double(s.D);
+}
+
+std::vector<int32_t> generate_cuda(CudaInference& inf, const std::vector<int32_t>& prompt,
+                                   int64_t max_new, const SamplingOptions& opt, int32_t stop_id,
+                                   const std::function<void(int32_t)>& on_token) {
+  ZAYA_CHECK(!prompt.empty(), "generate: the prompt is empty (give at least one token)");
+  ZAYA_CHECK(max_new >= 0, "generate: max_new_tokens must be >= 0, got {}", max_new);
+  std::vector<int32_t> out;
+  if (max_new == 0) return out;
+  inf.reset(1);
+  const int64_t V = inf.cfg().vocab_size;
+  Rng rng(opt.seed);
+  Tensor logits = inf.prefill(prompt, int64_t(prompt.size()));
+  int32_t tok = sample_token(logits.f32(), V, opt, rng);
+  for (int64_t i = 0;; i++) {
+    out.push_back(tok);
+    if (on_token) on_token(tok);
+    if (tok == stop_id || i + 1 == max_new) break;
+    if (opt.greedy || opt.temperature <= 0.0f) {
+      tok = inf.decode_greedy({tok}, 1)[0];
+    } else {
+      logits = inf.decode({tok});
+      tok = sample_token(logits.f32(), V, opt, rng);
+    }
+  }
+  return out;
+}
+
+}  // namespace zaya::cuda

@@ -1,0 +1,71 @@
+// Inference of the ZAYA1 model on one CUDA device: batched prefill with the training-path kernels
+// and cuBLASLt GEMMs, then cached decoding one token per sequence per step with weight-streaming
+// matrix-vector kernels (infer_kernels.h), replayed from a CUDA graph so that a step costs one
+// launch. Weights are bf16 copies (the router MLP and all vectors stay fp32); the cache holds K and
+// V in bf16, and the convolution history and delayed value in fp32, on the device.
+//
+// It computes what ZayaModel::forward with an InferenceCache computes, within bf16 tolerance;
+// tests/gpu/test_cuda_infer.cpp checks prefill and every decode step against it. Deliberately not
+// here: sequences of different lengths in one batch (all sequences advance together), paged
+// caches, speculative decoding.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/generate.h"
+#include "model/zaya.h"
+
+namespace zaya::cuda {
+
+struct CudaInferOptions {
+  int64_t max_batch = 1;              // sequences decoded together (<= 8)
+  int64_t max_context = 4096;         // cache capacity per sequence (prompt + new tokens)
+  int64_t max_prefill_tokens = 8192;  // B·S rows of one prefill pass (longer prompts are chunked)
+  bool graphs = true;                 // replay decode steps from a captured CUDA graph
+  int device = 0;
+};
+
+class CudaInference {
+ public:
+  CudaInference(const ZayaModel& m, const CudaInferOptions& opt);
+  ~CudaInference();
+  CudaInference(const CudaInference&) = delete;
+  CudaInference& operator=(const CudaInference&) = delete;
+
+  const ZayaConfig& cfg() const;
+  // Empties the cache for `batch` sequences (1 <= batch <= max_batch).
+  void reset(int64_t batch);
+  int64_t batch() const;
+  int64_t length() const;  // tokens per sequence already in the cache
+
+  // Runs S new tokens per sequence (ids host [B,S], B = batch()) through the model, appending them
+  // to the cache. Returns fp32 logits on the host: of the last position [B,1,V], or of every
+  // position [B,S,V] when all_logits (checked to fit the prefill budget).
+  Tensor prefill(const std::vector<int32_t>& ids, int64_t S, bool all_logits = false);
+  // One decode step with one token per sequence; returns the logits [B,1,V] on the host.
+  Tensor decode(const std::vector<int32_t>& ids);
+  // n greedy decode steps entirely on the device (the argmax of each step feeds the next), starting
+  // from one token per sequence; returns the n new tokens per sequence, [n][B] flattened.
+  std::vector<int32_t> decode_greedy(const std::vector<int32_t>& first, int64_t n);
+
+  size_t device_bytes() const;  // weights + cache + activations held on the device
+  // Bytes a batch-1 decode step must read at the current length: the weights of the active path
+  // (attention, router, the chosen experts — one per layer at top-1 — the LM head and the token's
+  // embedding row) plus the K/V cache up to the current length. For the bandwidth roofline.
+  double decode_bytes_per_step() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// zaya::generate on the GPU: prefill the prompt, then decode with sampling on the host (or, when
+// opt.greedy, on the device). Same sampling rules and seed semantics as zaya::generate.
+std::vector<int32_t> generate_cuda(CudaInference& inf, const std::vector<int32_t>& prompt,
+                                   int64_t max_new, const SamplingOptions& opt,
+                                   int32_t stop_id = -1,
+                                   const std::function<void(int32_t)>& on_token = nullptr);
+
+}  // namespace zaya::cuda

@@ -1,0 +1,67 @@
+// Kernels of cached decoding on the GPU (one new token per sequence per step), written so that a
+// whole decode step can be captured once in a CUDA graph and replayed: nothing here takes the
+// sequence position as an argument; it is read from a device counter (len_B, tokens already in
+// the cache of each sequence), which the step itself advances at its end.
+//
+// Decoding at small batch is bound by reading the weights, so the matrix-vector products here are
+// warp-per-output-row kernels with 16-byte loads that stream each weight row once for all M rows
+// (M <= 8), instead of GEMMs. The expert products pick each row's expert on the device (from the
+// router's choice), so no host round trip is needed per layer.
+//
+// Legend as in ops.h; M rows = B sequences (one token each); cap the cache capacity per sequence.
+// All pointers are device pointers; all functions only enqueue work on the stream.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace zaya::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Largest M the matrix-vector kernels take (decode batch).
+constexpr int kGemvMaxRows = 8;
+
+// y[m,o] = Σ_k x[m,k] W[o,k] (+ bias[o]) for m < M <= kGemvMaxRows. W bf16 [O, ldw] (ldw >= K,
+// K a multiple of 8), x bf16 [M, K] (row stride ldx); y fp32 or bf16 [M, ldy]. fp32 accumulation.
+void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
+               int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
+// The same with fp32 weights and inputs (the router MLP, which stays fp32).
+void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
+              const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
+// Expert matrix-vector product: row m uses W + choice[m]·w_stride ([O,K] bf16); rows whose choice
+// is the skip class (>= E) get zeros. y bf16 [M, O].
+void expert_gemv(bf16* y, const bf16* x, int64_t ldx, const bf16* W, int64_t w_stride,
+                 const int32_t* choice_M, int64_t E, int64_t M, int64_t O, int64_t K,
+                 cudaStream_t st);
+// out[m] = gate[m]·y[m] for routed rows; gate[m]·x[m] (scaled-input skip) or 0 for skip rows.
+void moe_combine_rows(bf16* out_MD, const bf16* y_MD, const bf16* x_MD, const float* gate_M,
+                      const int32_t* choice_M, int64_t E, bool skip_scaled_input, int64_t M,
+                      int64_t D, cudaStream_t st);
+
+// After the convolutions, for one token per sequence at position len_B[b]: mean skip, QK-norm
+// (temperature on k), partial NeoX RoPE, delayed value (vd_last_B holds vd of the previous token
+// and is updated), and the new k, v appended to the cache at index len_B[b]. q out bf16 [M,Hq,d];
+// k/v cache bf16 [B, cap, Hkv, d].
+void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,
+                       const float* conv_MC, const bf16* qkv, int64_t ld, const float* temp_G,
+                       const int32_t* len_B, int64_t cap, float theta, int64_t r, int64_t M,
+                       int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st);
+// Split-context attention of one query per sequence over keys 0..len_B[b] (causal, optional
+// sliding window), fp32 softmax: chunk partials in ws (workspace bytes from
+// decode_attention_workspace_bytes), then a combine pass. o bf16 [M,Hq,d].
+size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
+void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
+                      const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
+                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st);
+// Copies S new k and v rows per sequence (bf16 [B,S,Hkv,d]) into the cache at offset `past`
+// (prefill: the host knows the position).
+void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,
+               int64_t B, int64_t S, int64_t Hkv, int64_t d, cudaStream_t st);
+// ids_out[m] = argmax_v logits[m,v] (ties to the lowest id); logits fp32 [M, V].
+void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, cudaStream_t st);
+// len_B[b] += n for every sequence.
+void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);
+
+}  // namespace zaya::cuda

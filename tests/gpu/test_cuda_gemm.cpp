@@ -2,7 +2,7 @@
 // grouped_gemm, grouped_wgrad), of Workspace::take and of the elementwise conversions in
 // backend/cuda/ops.h. Every GEMM result is compared with a double-precision host reference computed
 // from the same (bf16-rounded where the operand is bf16) inputs. Tolerances: bf16 outputs within
-// 1e-2·max|ref| (a few bf16 ulps), fp32 outputs of bf16 operands within 2e-5·max|ref|, and fp32
+// 1e-2·max|ref| (a few bf16 ulps), fp32 outputs of bf16 operands within 5e-5·max|ref|, and fp32
 // GEMMs within 1e-5·max|ref| — tight enough that TF32 (about 4e-4·max|ref| at these sizes) fails.
 // Tests that need a device skip without one; the Workspace test is host arithmetic only.
 #include <cuda_runtime.h>
@@ -109,7 +109,7 @@ void reference_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double al
 
 double tolerance(GemmType ab, GemmType c) {
   if (c == GemmType::BF16) return 1e-2;
-  return ab == GemmType::BF16 ? 2e-5 : 1e-5;
+  return ab == GemmType::BF16 ? 5e-5 : 1e-5;
 }
 
 // Largest |got - ref| and |ref| over the M×N block of row stride ld.

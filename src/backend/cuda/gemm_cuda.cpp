@@ -270,7 +270,9 @@ struct GemmContext::Impl {
                           D, p.lay_c, &algo, ws, ws_bytes, c.st);
   }
 
-  std::vector<cublasLtMatmulHeuristicResult_t> candidates(const Plan& p, const Key& k) const {
+  // The heuristic's usable candidates (empty when none); *status gets the heuristic's own status.
+  std::vector<cublasLtMatmulHeuristicResult_t> candidates(const Plan& p, const Key& k,
+                                                          cublasStatus_t* status) const {
     PrefGuard g;
     ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&g.pref));
     const uint64_t ws_max = ws_bytes;
@@ -292,9 +294,8 @@ struct GemmContext::Impl {
     int returned = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
         lt, p.desc, p.lay_a, p.lay_b, p.lay_c, p.lay_c, g.pref, kCandidates, res.data(), &returned);
-    // NOT_SUPPORTED means no algorithm fits; anything else is a real error.
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED) return {};
-    ZAYA_CUBLAS_CHECK(st);
+    if (status) *status = st;
+    if (st != CUBLAS_STATUS_SUCCESS) return {};
     res.resize(size_t(std::max(returned, 0)));
     std::erase_if(res, [&](const cublasLtMatmulHeuristicResult_t& r) {
       return r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws_bytes;
@@ -371,11 +372,16 @@ struct GemmContext::Impl {
   Plan& plan_for(const Key& k, const Call& call) {
     if (const auto it = plans.find(k); it != plans.end()) return *it->second;
     std::unique_ptr<Plan> p = make_plan(k, call.bias, k.bias);
-    std::vector<cublasLtMatmulHeuristicResult_t> cands = candidates(*p, k);
-    if (cands.empty() && k.bias) {  // no fp32-bias epilogue for this problem: bias kernel instead
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    std::vector<cublasLtMatmulHeuristicResult_t> cands = candidates(*p, k, &st);
+    // No fp32-bias epilogue for this problem (reported as NOT_SUPPORTED or INVALID_VALUE depending
+    // on the library version): run without it and add the bias with a kernel instead.
+    if (cands.empty() && k.bias) {
       p = make_plan(k, nullptr, false);
-      cands = candidates(*p, k);
+      cands = candidates(*p, k, &st);
     }
+    // NOT_SUPPORTED means no algorithm fits (reported below with the problem); others are errors.
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) ZAYA_CUBLAS_CHECK(st);
     if (cands.empty())
       fail(
           "gemm: cuBLASLt has no algorithm for M = {}, N = {}, K = {}, lda = {}, ldb = {}, "

@@ -189,11 +189,11 @@ TEST(AttentionCuda, TrainingShapesMatchReference) {
 TEST(AttentionCuda, ExactTileMultiplesAndLongWindow) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   // Tile-aligned S (no partial tiles), a window longer than several tiles, a single short
-  // sequence, and a window of 1 (each query sees only itself).
+  // sequence, and a window of 2 (a window of 1 makes dq and dk exactly zero).
   run_case({1, 256, 256, 0, 8, 2, 128, 0, true});
   run_case({1, 384, 384, 0, 8, 2, 128, 150, true});
   run_case({2, 3, 3, 0, 4, 2, 64, 0, true});
-  run_case({1, 130, 130, 0, 2, 1, 32, 1, true});
+  run_case({1, 130, 130, 0, 2, 1, 32, 2, true});
 }
 
 TEST(AttentionCuda, DecodeWithQueryOffsetMatchesReference) {

@@ -40,8 +40,7 @@ constexpr int kThreads = 128;  // 4 warps in every kernel
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// ---- PTX wrappers
-// ---------------------------------------------------------------------------------
+// ---- PTX wrappers ----
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -87,11 +86,10 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// ---- fragment helpers (all per warp; lane = threadIdx.x & 31)
-// ------------------------------------ The C fragment of m16n8 holds rows lane/4 and lane/4+8,
-// columns 2·(lane%4)+{0,1}. Two adjacent C fragments (columns 16k..16k+15) are exactly the A
-// fragment of k-step k, which is how P and dS feed the next matmul without a trip through shared
-// memory.
+// ---- fragment helpers (all per warp; lane = threadIdx.x & 31) ----
+// The C fragment of m16n8 holds rows lane/4 and lane/4+8, columns 2·(lane%4)+{0,1}. Two adjacent C
+// fragments (columns 16k..16k+15) are exactly the A fragment of k-step k, which is how P and dS
+// feed the next matmul without a trip through shared memory.
 __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c0)[4],
                                        const float (&c1)[4]) {
   a[0] = pack_bf16(c0[0], c0[1]);
@@ -139,8 +137,7 @@ __device__ __forceinline__ bool key_visible(int key, int qp, int window) {
   return key <= qp && (window <= 0 || key > qp - window);
 }
 
-// ---- forward
-// --------------------------------------------------------------------------------------
+// ---- forward ----
 constexpr int kFwdBM = 64, kFwdBN = 64;
 
 template <int D>
@@ -310,9 +307,8 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- backward: D = rowsum(dO ⊙ O)
-// ------------------------------------------------------------------ One warp per (b, t, h) row; Dv
-// laid out [B,Hq,S] like lse.
+// ---- backward: D = rowsum(dO ⊙ O) ----
+// One warp per (b, t, h) row; Dv laid out [B,Hq,S] like lse.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attn_bwd_dot_kernel(float* __restrict__ Dv, const bf16* __restrict__ dout,
@@ -336,8 +332,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- backward: dK, dV
-// -------------------------------------------------------------------------------
+// ---- backward: dK, dV ----
 constexpr int kBwdBN = 64;  // keys per block (16 per warp)
 template <int D>
 constexpr int bwd_kv_bm() {
@@ -494,8 +489,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- backward: dQ
-// -----------------------------------------------------------------------------------
+// ---- backward: dQ ----
 constexpr int kDqBM = 64, kDqBN = 64;
 template <int D>
 constexpr int bwd_dq_smem_bytes() {
@@ -634,8 +628,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// ---- host side
-// --------------------------------------------------------------------------------------
+// ---- host side ----
 [[noreturn]] void bad_args(const std::string& what) {
   ::zaya::detail::platform_fail("CUDA", "attention", __FILE__, __LINE__, what);
 }

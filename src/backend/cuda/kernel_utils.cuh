@@ -21,9 +21,8 @@
 
 namespace zaya::cuda::kern {
 
-// ---- host-side helpers
-// ----------------------------------------------------------------------------
-inline int64_t ceil_div(int64_t a, int64_t b) {
+// ---- host-side helpers -----------------------------------------------------------------------
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 

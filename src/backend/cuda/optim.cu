@@ -1,0 +1,243 @@
+// Optimizer kernels of the CUDA backend (backend/cuda/ops.h): the deterministic fp64 sum of
+// squares (global gradient norm, Muon's Frobenius normalisation), fused AdamW, and Muon's
+// elementwise momentum and update. Specification: adamw_update and muon_update in
+// optim/optimizer.cpp. The per-element arithmetic follows the reference's order:
+//   AdamW: m = b1·m + c1·g;  v = b2·v + c2·g·g;  w = w·decay − step·m / (√v·inv_sqrt_bc2 + eps)
+//          with c1 = 1−b1, c2 = 1−b2, decay = 1−lr·wd, step = lr/bc1, inv_sqrt_bc2 = 1/√bc2
+//          formed on the host in double and rounded once to fp32 (as the reference does; its
+//          betas are doubles while ours arrive as floats, so scalars may differ by an fp32 ulp);
+//   Muon:  buf = mu·buf + g;  u = g + mu·buf (Nesterov) or buf;  w = w·decay − lr·scale·O.
+// g is the stored gradient times gs (the clipping factor). nvcc may contract a·b + c into one
+// FMA where the host reference rounds twice: results agree to fp32 rounding, not bit for bit.
+//
+// Elementwise kernels are grid-stride loops over 4-element groups (16-byte accesses when every
+// pointer is 16-byte aligned, else scalar accesses of the same elements). sumsq assigns element
+// groups to threads the same way for either access width and combines per-thread fp64 sums in a
+// fixed tree and the block partials in a fixed order: the result depends only on n and the data.
+// Deliberately not here: Newton–Schulz (GEMMs, optim_cuda.cpp) and clipping decisions (host).
+#include <cmath>
+
+#include "backend/cuda/kernel_utils.cuh"
+
+namespace zaya::cuda {
+
+namespace {
+
+using namespace kern;
+
+constexpr int kSsThreads = 256;
+constexpr int64_t kSsMaxBlocks = 1024;
+
+int64_t sumsq_blocks(int64_t n) {
+  int64_t b = ceil_div(ceil_div(n, 4), int64_t(kSsThreads) * 8);  // ≥ 8 groups per thread
+  if (b < 1) b = 1;
+  if (b > kSsMaxBlocks) b = kSsMaxBlocks;
+  return b;
+}
+
+// Block-wide fp64 sum in a fixed order (valid in thread 0). blockDim.x must be kSsThreads.
+__device__ double block_sum(double s) {
+  __shared__ double sh[kSsThreads / 32];
+  s = warp_sum(s);
+  const int warp = int(threadIdx.x >> 5), lane = lane_id();
+  if (lane == 0) sh[warp] = s;
+  __syncthreads();
+  s = 0.0;
+  if (warp == 0) {
+    s = lane < kSsThreads / 32 ? sh[lane] : 0.0;
+    s = warp_sum(s);
+  }
+  return s;
+}
+
+__global__ void __launch_bounds__(kSsThreads)
+    sumsq_partial_kernel(double* part, const float* x, int64_t n, bool vec) {
+  const int64_t groups = ceil_div(n, 4);
+  double s = 0.0;
+  for (int64_t gi = int64_t(blockIdx.x) * kSsThreads + threadIdx.x; gi < groups;
+       gi += int64_t(gridDim.x) * kSsThreads) {
+    const int64_t i = gi * 4;
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (vec && i + 4 <= n) {
+      load4(x + i, v);
+    } else {
+      for (int j = 0; j < 4 && i + j < n; j++) v[j] = x[i + j];
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++) s += double(v[j]) * double(v[j]);
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+__global__ void __launch_bounds__(kSsThreads)
+    sumsq_finish_kernel(double* out, const double* part, int64_t blocks) {
+  double s = 0.0;
+  for (int64_t b = threadIdx.x; b < blocks; b += kSsThreads) s += part[b];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *out = s;
+}
+
+struct AdamScalars {
+  float gs, b1, b2, c1, c2, decay, step, inv_sqrt_bc2, eps;
+};
+
+__device__ __forceinline__ float adamw_elem(float& p, float& m, float& v, float g,
+                                            const AdamScalars& k) {
+  const float gi = g * k.gs;
+  const float mi = k.b1 * m + k.c1 * gi;
+  const float vi = k.b2 * v + k.c2 * gi * gi;
+  m = mi;
+  v = vi;
+  p = p * k.decay - k.step * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
+  return p;
+}
+
+__global__ void adamw_kernel(float* p, bf16* pb, float* m, float* v, const float* g, AdamScalars k,
+                             int64_t n, bool vec) {
+  const int64_t groups = ceil_div(n, 4);
+  for (int64_t gi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; gi < groups;
+       gi += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = gi * 4;
+    if (vec && i + 4 <= n) {
+      float pv[4], mv[4], vv[4], gv[4];
+      load4(p + i, pv);
+      load4(m + i, mv);
+      load4(v + i, vv);
+      load4(g + i, gv);
+#pragma unroll
+      for (int j = 0; j < 4; j++) adamw_elem(pv[j], mv[j], vv[j], gv[j], k);
+      store4(p + i, pv);
+      store4(m + i, mv);
+      store4(v + i, vv);
+      if (pb) store4(pb + i, pv);
+    } else {
+      for (int64_t e = i; e < i + 4 && e < n; e++) {
+        float pe = p[e], me = m[e], ve = v[e];
+        adamw_elem(pe, me, ve, g[e], k);
+        p[e] = pe;
+        m[e] = me;
+        v[e] = ve;
+        if (pb) pb[e] = __float2bfloat16_rn(pe);
+      }
+    }
+  }
+}
+
+__global__ void muon_momentum_kernel(float* buf, float* u, const float* g, float gs, float mu,
+                                     bool nesterov, int64_t n, bool vec) {
+  const int64_t groups = ceil_div(n, 4);
+  for (int64_t gi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; gi < groups;
+       gi += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = gi * 4;
+    if (vec && i + 4 <= n) {
+      float b[4], gv[4], o[4];
+      load4(buf + i, b);
+      load4(g + i, gv);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float gg = gv[j] * gs;
+        b[j] = mu * b[j] + gg;
+        o[j] = nesterov ? gg + mu * b[j] : b[j];
+      }
+      store4(buf + i, b);
+      store4(u + i, o);
+    } else {
+      for (int64_t e = i; e < i + 4 && e < n; e++) {
+        const float gg = g[e] * gs;
+        const float b = mu * buf[e] + gg;
+        buf[e] = b;
+        u[e] = nesterov ? gg + mu * b : b;
+      }
+    }
+  }
+}
+
+__global__ void apply_update_kernel(float* p, bf16* pb, const float* o, float decay, float step,
+                                    int64_t n, bool vec) {
+  const int64_t groups = ceil_div(n, 4);
+  for (int64_t gi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; gi < groups;
+       gi += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = gi * 4;
+    if (vec && i + 4 <= n) {
+      float pv[4], ov[4];
+      load4(p + i, pv);
+      load4(o + i, ov);
+#pragma unroll
+      for (int j = 0; j < 4; j++) pv[j] = pv[j] * decay - step * ov[j];
+      store4(p + i, pv);
+      if (pb) store4(pb + i, pv);
+    } else {
+      for (int64_t e = i; e < i + 4 && e < n; e++) {
+        const float r = p[e] * decay - step * o[e];
+        p[e] = r;
+        if (pb) pb[e] = __float2bfloat16_rn(r);
+      }
+    }
+  }
+}
+
+bool all_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* q : ptrs)
+    if (!aligned16(q)) return false;
+  return true;
+}
+
+}  // namespace
+
+size_t sumsq_workspace_bytes(int64_t n) {
+  return ws_piece(size_t(sumsq_blocks(n)) * sizeof(double));
+}
+
+void sumsq(double* out, const float* x, int64_t n, Workspace& ws, cudaStream_t st) {
+  if (n < 0) fail_arg("sumsq", __LINE__, "negative element count");
+  const int64_t blocks = sumsq_blocks(n);
+  double* part = ws.take_n<double>(size_t(blocks));
+  sumsq_partial_kernel<<<unsigned(blocks), kSsThreads, 0, st>>>(part, x, n, aligned16(x));
+  ZAYA_KERNEL_CHECK();
+  sumsq_finish_kernel<<<1, kSsThreads, 0, st>>>(out, part, blocks);
+  ZAYA_KERNEL_CHECK();
+}
+
+void adamw_step(float* p, bf16* p_bf16, float* m, float* v, const float* g, float gs, float lr,
+                float b1, float b2, float eps, float wd, float bc1, float bc2, int64_t n,
+                cudaStream_t st) {
+  if (!check_sizes("adamw_step", __LINE__, n)) return;
+  if (!(bc1 > 0.f) || !(bc2 > 0.f))
+    fail_arg("adamw_step", __LINE__, "bias corrections must be > 0 (step t >= 1)");
+  AdamScalars k;
+  k.gs = gs;
+  k.b1 = b1;
+  k.b2 = b2;
+  k.c1 = float(1.0 - double(b1));
+  k.c2 = float(1.0 - double(b2));
+  k.decay = float(1.0 - double(lr) * double(wd));
+  k.step = float(double(lr) / double(bc1));
+  k.inv_sqrt_bc2 = float(1.0 / std::sqrt(double(bc2)));
+  k.eps = eps;
+  const bool vec = all_aligned({p, p_bf16, m, v, g});
+  adamw_kernel<<<elt_grid(ceil_div(n, 4)), kEltThreads, 0, st>>>(p, p_bf16, m, v, g, k, n, vec);
+  ZAYA_KERNEL_CHECK();
+}
+
+void muon_momentum(float* buf, float* u, const float* g, float gs, float mu, bool nesterov,
+                   int64_t n, cudaStream_t st) {
+  if (!check_sizes("muon_momentum", __LINE__, n)) return;
+  const bool vec = all_aligned({buf, u, g});
+  muon_momentum_kernel<<<elt_grid(ceil_div(n, 4)), kEltThreads, 0, st>>>(buf, u, g, gs, mu,
+                                                                         nesterov, n, vec);
+  ZAYA_KERNEL_CHECK();
+}
+
+void apply_update(float* p, bf16* p_bf16, const float* o, float lr, float wd, float scale,
+                  int64_t n, cudaStream_t st) {
+  if (!check_sizes("apply_update", __LINE__, n)) return;
+  const float decay = float(1.0 - double(lr) * double(wd));
+  const float step = float(double(lr) * double(scale));
+  const bool vec = all_aligned({p, p_bf16, o});
+  apply_update_kernel<<<elt_grid(ceil_div(n, 4)), kEltThreads, 0, st>>>(p, p_bf16, o, decay, step,
+                                                                        n, vec);
+  ZAYA_KERNEL_CHECK();
+}
+
+}  // namespace zaya::cuda

@@ -1,0 +1,362 @@
+// `zaya bench train`: throughput of the whole CUDA training step (forward + backward on CudaModel,
+// global grad norm, AdamW + Muon on CudaOptimizer) for a preset with a chosen number of layers, on
+// random weights and random tokens: tokens/s, model TFLOP/s (DESIGN.md §Performance: 6 × active
+// matmul parameters incl. the LM head + 6·S·Hq·d attention per layer) and their fraction of the
+// bf16 GEMM peak, device memory, the time split of one profiled step by op class, and JSON.
+// tools/bench_train_peer.py measures the same step in PyTorch/transformers for comparison.
+// Deliberately not here: data loading, gradient accumulation, checkpoints (the step only).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "bench/profile.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "core/plot.h"
+#include "core/rng.h"
+#include "model/config.h"
+#include "model/zaya.h"
+#include "sizing/model_shape.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "backend/cuda/model_cuda.h"
+#include "backend/cuda/optim_cuda.h"
+#include "core/cuda_check.h"
+#endif
+
+namespace zaya::cli {
+
+namespace {
+
+struct BenchTrainArgs {
+  std::string preset = "zaya1-base", json, ns_precision = "bf16";
+  int64_t layers = 8, batch = 4, seq = 4096, steps = 10, warmup = 3;
+  uint64_t seed = 1234;
+  double peak_tflops = 790.0, lr = 1e-4;
+  bool recompute = false, no_profile = false;
+  int device = 0;
+};
+
+#if defined(ZAYA_HAVE_CUDA)
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Overwrites t with normal(0, std) values in parallel (one counter-based stream per chunk), so a
+// multi-gigabyte embedding initialises in seconds rather than minutes.
+void fill_normal(Tensor& t, uint64_t seed, float std) {
+  float* p = t.f32();
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  const int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
+  parallel_for(chunks, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; c++) {
+      Rng r(seed, uint64_t(c) << 32);
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) p[i] = r.normal() * std;
+    }
+  });
+}
+
+// A random-init model of `cfg`, built quickly: ZayaModel::init (serial RNG) runs on a two-layer,
+// small-vocabulary copy of the config, layers 2.. are deep copies of layer 1 (layer 0 differs: it
+// has no router state scale), and the embedding is filled in parallel. The values only need to be
+// those of a freshly initialised model in distribution; the benchmark measures speed.
+ZayaModel bench_model(const ZayaConfig& cfg, uint64_t seed) {
+  ZayaConfig small = cfg;
+  small.num_hidden_layers = std::min<int64_t>(2, cfg.num_hidden_layers);
+  if (!small.layer_types.empty()) small.layer_types.resize(size_t(small.num_hidden_layers));
+  small.vocab_size = 128;
+  small.pad_token_id = 0, small.bos_token_id = 2, small.eos_token_id = 1;
+  ZayaModel m = ZayaModel::init(small, seed);
+  m.cfg = cfg;
+  m.embed = Tensor::empty({cfg.vocab_size, cfg.hidden_size}, DType::F32);
+  fill_normal(m.embed, seed ^ 0x9e3779b97f4a7c15ull, 0.02f);
+  m.layers.resize(size_t(cfg.num_hidden_layers));
+  for (int64_t l = 2; l < cfg.num_hidden_layers; l++) {
+    const LayerWeights& src = m.layers[1];
+    LayerWeights& dst = m.layers[size_t(l)];
+    dst = src;  // shares storage; replace every defined tensor by a copy
+    for (Tensor* t : {&dst.ln_in,
+                      &dst.ln_post,
+                      &dst.wq,
+                      &dst.wk,
+                      &dst.wv_cur,
+                      &dst.wv_del,
+                      &dst.wo,
+                      &dst.conv_dw_w,
+                      &dst.conv_dw_b,
+                      &dst.conv_g_w,
+                      &dst.conv_g_b,
+                      &dst.temp,
+                      &dst.post_attn.hs,
+                      &dst.post_attn.hb,
+                      &dst.post_attn.rs,
+                      &dst.post_attn.rb,
+                      &dst.post_mlp.hs,
+                      &dst.post_mlp.hb,
+                      &dst.post_mlp.rs,
+                      &dst.post_mlp.rb,
+                      &dst.r_down_w,
+                      &dst.r_down_b,
+                      &dst.r_states_scale,
+                      &dst.r_norm,
+                      &dst.r_fc1_w,
+                      &dst.r_fc1_b,
+                      &dst.r_fc2_w,
+                      &dst.r_fc2_b,
+                      &dst.r_out_w,
+                      &dst.balancing_bias,
+                      &dst.experts_gate_up,
+                      &dst.experts_down})
+      if (t->defined()) *t = t->clone();
+  }
+  return m;
+}
+
+nlohmann::json profile_json(const cuda::OpClassTimes& p) {
+  return {{"gemm", p.gemm},   {"attention", p.attention}, {"moe_dispatch", p.moe_dispatch},
+          {"norms", p.norms}, {"loss", p.loss},           {"other", p.other}};
+}
+
+int run(const BenchTrainArgs& a) {
+  ZayaConfig cfg = ZayaConfig::preset(a.preset);
+  cfg.num_hidden_layers = a.layers;
+  if (!cfg.layer_types.empty()) cfg.layer_types.resize(size_t(a.layers), cfg.layer_types.back());
+  cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, a.seq);
+  cfg.validate("bench train config");
+  const int64_t tokens = a.batch * a.seq;
+  const double flops_per_token = sizing::train_flops_per_token(cfg, a.seq);
+
+  int ndev = 0;
+  ZAYA_CHECK(cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > a.device,
+             "zaya bench train: CUDA device {} not available", a.device);
+  ZAYA_CUDA_CHECK(cudaSetDevice(a.device));
+  cudaDeviceProp prop{};
+  ZAYA_CUDA_CHECK(cudaGetDeviceProperties(&prop, a.device));
+  fmt::print("# zaya bench train: {} on {} ({} SMs)\n", a.preset, prop.name,
+             prop.multiProcessorCount);
+  fmt::print(
+      "# {} layers, batch {} x seq {} = {} tokens/step; {:.2f}M params ({:.2f}M active); "
+      "{:.3f} GFLOP/token (model FLOPs)\n",
+      a.layers, a.batch, a.seq, tokens, double(cfg.params_total(true)) / 1e6,
+      double(cfg.params_active(true)) / 1e6, flops_per_token / 1e9);
+
+  double t0 = now_s();
+  ZayaModel host = bench_model(cfg, a.seed);
+  const double init_s = now_s() - t0;
+
+  // Random tokens (uniform over the vocabulary; targets are the next token, last one ignored).
+  std::vector<int32_t> ids(static_cast<size_t>(tokens)), tgt(static_cast<size_t>(tokens));
+  Rng rng(a.seed + 1);
+  for (auto& x : ids) x = int32_t(rng.next_u32() % uint32_t(cfg.vocab_size));
+  for (int64_t b = 0; b < a.batch; b++)
+    for (int64_t t = 0; t < a.seq; t++)
+      tgt[size_t(b * a.seq + t)] = t + 1 < a.seq ? ids[size_t(b * a.seq + t + 1)] : -1;
+
+  cuda::CudaModelOptions mo;
+  mo.max_tokens = tokens;
+  mo.max_seq = a.seq;
+  mo.recompute = a.recompute;
+  mo.device = a.device;
+  cuda::CudaOptimizerOptions oo;
+  oo.ns_bf16 = a.ns_precision == "bf16";
+
+  struct StepTimes {
+    double fwd_bwd = 0, norm = 0, optim = 0, total = 0;
+  };
+  std::vector<StepTimes> times;
+  std::vector<double> losses;
+  cuda::OptimizerStepTimes opt_times;
+  size_t in_use = 0, arena = 0, opt_bytes = 0;
+  t0 = now_s();
+  {
+    cuda::CudaModel cm(host, mo);
+    cuda::CudaOptimizer opt(cm.params(), OptimizerSettings{}, cm.gemm(), cm.stream(), oo);
+    const double setup_s = now_s() - t0;
+    fmt::print("# host init {:.1f} s, device setup (upload, arena, optimizer state) {:.1f} s\n",
+               init_s, setup_s);
+    for (int64_t i = 0; i < a.warmup + a.steps; i++) {
+      StepTimes st;
+      const double s0 = now_s();
+      cm.zero_grads();
+      StepStats ss = cm.forward_backward(ids.data(), tgt.data(), a.batch, a.seq, 1.0f);
+      const double s1 = now_s();
+      const double gnorm = std::sqrt(opt.grad_sq_norm());
+      const double s2 = now_s();
+      opt.step(a.lr, gnorm > 1.0 ? float(1.0 / (gnorm + 1e-6)) : 1.0f);
+      const double s3 = now_s();
+      st.fwd_bwd = (s1 - s0) * 1e3, st.norm = (s2 - s1) * 1e3, st.optim = (s3 - s2) * 1e3;
+      st.total = (s3 - s0) * 1e3;
+      if (i >= a.warmup) {
+        times.push_back(st);
+        losses.push_back(ss.loss);
+      }
+      fmt::print(
+          "{} {:>3}: loss {:.4f}  gnorm {:.3f}  fwd+bwd {:8.2f} ms  norm {:6.2f} ms  "
+          "optimizer {:8.2f} ms  step {:8.2f} ms\n",
+          i < a.warmup ? "warmup" : "step  ", i < a.warmup ? i : i - a.warmup, ss.loss, gnorm,
+          st.fwd_bwd, st.norm, st.optim, st.total);
+    }
+    opt_times = opt.last_times();
+    size_t free_b = 0, total_b = 0;
+    ZAYA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    in_use = total_b - free_b;  // a step allocates nothing: after one step this is the peak
+    arena = cm.arena_bytes();
+    opt_bytes = opt.state_bytes();
+  }
+
+  // One profiled step (op-class timing adds synchronisation, so it is kept out of the timed ones).
+  cuda::OpClassTimes prof;
+  bool have_prof = false;
+  if (!a.no_profile) {
+    mo.profile = true;
+    cuda::CudaModel cm(host, mo);
+    for (int i = 0; i < 2; i++) {  // the first warms up cuBLASLt's algorithm cache
+      cm.zero_grads();
+      cm.forward_backward(ids.data(), tgt.data(), a.batch, a.seq, 1.0f);
+    }
+    prof = cm.last_profile();
+    have_prof = true;
+  }
+
+  auto col = [&](double StepTimes::*f) {
+    std::vector<double> v;
+    for (const auto& t : times) v.push_back(t.*f);
+    return v;
+  };
+  const double step_ms = median(col(&StepTimes::total));
+  const double fb_ms = median(col(&StepTimes::fwd_bwd)), norm_ms = median(col(&StepTimes::norm)),
+               opt_ms = median(col(&StepTimes::optim));
+  const double tps = double(tokens) / (step_ms * 1e-3);
+  const double tflops = tps * flops_per_token / 1e12;
+  const double fb_tflops = double(tokens) * flops_per_token / (fb_ms * 1e-3) / 1e12;
+  fmt::print(
+      "\n# median of {} steps: step {:.2f} ms = fwd+bwd {:.2f} + grad norm {:.2f} + optimizer "
+      "{:.2f} ms\n",
+      times.size(), step_ms, fb_ms, norm_ms, opt_ms);
+  fmt::print("tokens/s            {:>12.0f}\n", tps);
+  fmt::print("model TFLOP/s       {:>12.1f}   ({:.1f}% of {:.0f} TFLOP/s bf16 GEMM peak)\n", tflops,
+             100.0 * tflops / a.peak_tflops, a.peak_tflops);
+  fmt::print("fwd+bwd TFLOP/s     {:>12.1f}   ({:.1f}% of peak; optimizer excluded)\n", fb_tflops,
+             100.0 * fb_tflops / a.peak_tflops);
+  fmt::print("optimizer (last)    adamw {:.2f} ms, newton-schulz {:.2f} ms, rest {:.2f} ms\n",
+             opt_times.adamw, opt_times.newton_schulz, opt_times.muon_elementwise);
+  fmt::print("device memory       {:.2f} GiB in use (arena {:.2f} GiB, optimizer {:.2f} GiB)\n",
+             double(in_use) / double(1 << 30), double(arena) / double(1 << 30),
+             double(opt_bytes) / double(1 << 30));
+  if (have_prof) {
+    const double sum =
+        prof.gemm + prof.attention + prof.moe_dispatch + prof.norms + prof.loss + prof.other;
+    fmt::print("profiled fwd+bwd    {:.2f} ms by op class:\n", sum);
+    for (auto [name, ms] : {std::pair{"gemm", prof.gemm},
+                            {"attention", prof.attention},
+                            {"moe_dispatch", prof.moe_dispatch},
+                            {"norms", prof.norms},
+                            {"loss", prof.loss},
+                            {"other", prof.other}})
+      fmt::print("  {:<14} {:9.2f} ms  {:5.1f}%\n", name, ms, sum > 0 ? 100.0 * ms / sum : 0.0);
+  }
+
+  if (!a.json.empty()) {
+    nlohmann::json j = {{"kind", "zaya.bench.train/1"},
+                        {"impl", "zaya"},
+                        {"device", prop.name},
+                        {"preset", a.preset},
+                        {"layers", a.layers},
+                        {"batch", a.batch},
+                        {"seq", a.seq},
+                        {"tokens_per_step", tokens},
+                        {"steps", a.steps},
+                        {"warmup", a.warmup},
+                        {"recompute", a.recompute},
+                        {"ns_precision", a.ns_precision},
+                        {"params_total", cfg.params_total(true)},
+                        {"params_active", cfg.params_active(true)},
+                        {"flops_per_token", flops_per_token},
+                        {"step_ms_median", step_ms},
+                        {"fwd_bwd_ms_median", fb_ms},
+                        {"grad_norm_ms_median", norm_ms},
+                        {"optimizer_ms_median", opt_ms},
+                        {"tokens_per_s", tps},
+                        {"model_tflops", tflops},
+                        {"fwd_bwd_tflops", fb_tflops},
+                        {"peak_tflops", a.peak_tflops},
+                        {"fraction_of_peak", tflops / a.peak_tflops},
+                        {"optimizer_last",
+                         {{"adamw_ms", opt_times.adamw},
+                          {"newton_schulz_ms", opt_times.newton_schulz},
+                          {"rest_ms", opt_times.muon_elementwise},
+                          {"total_ms", opt_times.total}}},
+                        {"device_bytes_in_use", in_use},
+                        {"arena_bytes", arena},
+                        {"optimizer_bytes", opt_bytes},
+                        {"losses", losses}};
+    nlohmann::json steps = nlohmann::json::array();
+    for (const auto& t : times)
+      steps.push_back(
+          {{"fwd_bwd_ms", t.fwd_bwd}, {"norm_ms", t.norm}, {"optim_ms", t.optim}, {"ms", t.total}});
+    j["step_times"] = steps;
+    if (have_prof) j["profile_ms"] = profile_json(prof);
+    write_text_file_atomic(a.json, j.dump(1) + "\n");
+    fmt::print("# wrote {}\n", a.json);
+  }
+  return 0;
+}
+
+#endif
+
+}  // namespace
+
+int bench_train_cli(int argc, char** argv) {
+  CLI::App app{
+      "zaya bench train: the CUDA training step (forward + backward + AdamW/Muon) on random "
+      "weights and tokens: tokens/s, model TFLOP/s, memory, time by op class",
+      "zaya bench train"};
+  BenchTrainArgs a;
+  app.add_option("--preset", a.preset, "model preset (tiny, zaya1-base, zaya1-8b)")
+      ->capture_default_str();
+  app.add_option("--layers", a.layers, "number of layers")->capture_default_str();
+  app.add_option("--batch", a.batch, "sequences per step")->capture_default_str();
+  app.add_option("--seq", a.seq, "sequence length")->capture_default_str();
+  app.add_option("--steps", a.steps, "timed steps")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
+  app.add_flag("--recompute", a.recompute, "recompute activations in backward");
+  app.add_option("--ns-precision", a.ns_precision, "Muon Newton–Schulz GEMMs: bf16 or fp32")
+      ->capture_default_str();
+  app.add_option("--peak-tflops", a.peak_tflops, "bf16 GEMM peak the throughput is compared to")
+      ->capture_default_str();
+  app.add_option("--lr", a.lr, "learning rate of the optimizer steps")->capture_default_str();
+  app.add_option("--seed", a.seed, "weights and tokens seed")->capture_default_str();
+  app.add_option("--device", a.device, "CUDA device")->capture_default_str();
+  app.add_flag("--no-profile", a.no_profile, "skip the profiled step (op-class times)");
+  app.add_option("--json", a.json, "write results as JSON to this file");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  }
+  ZAYA_CHECK(a.layers > 0 && a.batch > 0 && a.seq > 1 && a.steps > 0 && a.warmup >= 0,
+             "zaya bench train: --layers, --batch, --steps must be positive, --seq > 1, --warmup "
+             ">= 0");
+  ZAYA_CHECK(a.ns_precision == "bf16" || a.ns_precision == "fp32",
+             "--ns-precision must be bf16 or fp32, got '{}'", a.ns_precision);
+  ZAYA_CHECK(a.peak_tflops > 0, "--peak-tflops must be positive");
+  bench::check_output_path("--json", a.json);
+#if defined(ZAYA_HAVE_CUDA)
+  return run(a);
+#else
+  fail("zaya bench train needs the CUDA build of zaya (this one was built without CUDA)");
+#endif
+}
+
+}  // namespace zaya::cli

@@ -1,5 +1,5 @@
 // `zaya generate` and `zaya eval`: run a checkpoint (transformers layout or the original release
-// layout) on the CPU reference backend.
+// layout) on the CPU reference backend, or generate on the GPU (`--device cuda`).
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +13,9 @@
 #include "data/tokenizer.h"
 #include "model/generate.h"
 #include "model/zaya.h"
+#if ZAYA_HAVE_CUDA
+#include "backend/cuda/infer_cuda.h"
+#endif
 
 namespace zaya::cli {
 
@@ -63,6 +66,7 @@ int run_generate(int argc, char** argv) {
   std::string model, prompt, ids_text, tokenizer;
   int64_t max_new = 64;
   bool greedy = false, print_ids = false;
+  std::string device = "cpu";
   SamplingOptions opt;
   app.add_option("--model", model, "checkpoint directory (config.json + safetensors)")->required();
   auto* p = app.add_option("--prompt", prompt, "prompt text");
@@ -77,8 +81,13 @@ int run_generate(int argc, char** argv) {
   app.add_option("--top-p", opt.top_p, "nucleus sampling mass");
   app.add_option("--seed", opt.seed, "sampling seed");
   app.add_flag("--print-ids", print_ids, "print token ids instead of text");
+  app.add_option("--device", device, "cpu (reference) or cuda (bf16 on GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.parse(argc, argv);
   ZAYA_CHECK(!prompt.empty() || !ids_text.empty(), "give --prompt TEXT or --ids \"1 2 3\"");
+#if !ZAYA_HAVE_CUDA
+  ZAYA_CHECK(device == "cpu", "--device cuda: this zaya was built without CUDA");
+#endif
   opt.greedy = greedy;
   ZAYA_CHECK(opt.temperature > 0 || greedy, "--temperature must be positive, got {}",
              opt.temperature);
@@ -102,7 +111,7 @@ int run_generate(int argc, char** argv) {
     std::fputs(prompt.empty() ? tok->decode(ids, true).c_str() : prompt.c_str(), stdout);
   std::vector<int32_t> pending;
   std::string shown;
-  auto out = generate(m, ids, max_new, opt, stop, [&](int32_t t) {
+  auto on_token = [&](int32_t t) {
     if (print_ids) {
       std::printf("%d ", t);
     } else if (t != stop) {
@@ -113,7 +122,18 @@ int run_generate(int argc, char** argv) {
       shown = s;
     }
     std::fflush(stdout);
-  });
+  };
+  if (device == "cpu") {
+    generate(m, ids, max_new, opt, stop, on_token);
+  } else {
+#if ZAYA_HAVE_CUDA
+    cuda::CudaInferOptions io;
+    io.max_context = int64_t(ids.size()) + max_new;
+    io.max_prefill_tokens = std::min<int64_t>(io.max_context, 8192);
+    cuda::CudaInference inf(m, io);
+    cuda::generate_cuda(inf, ids, max_new, opt, stop, on_token);
+#endif
+  }
   std::printf("\n");
   return 0;
 }

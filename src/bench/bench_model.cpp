@@ -1,0 +1,79 @@
+#include "bench/bench_model.h"
+
+#include <algorithm>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+
+namespace zaya::bench {
+
+namespace {
+
+// normal(0, std) values, one counter-based stream per 1M-element chunk, chunks in parallel.
+void fill_normal(Tensor& t, uint64_t seed, float std) {
+  float* p = t.f32();
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  const int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
+  parallel_for(chunks, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; c++) {
+      Rng r(seed, uint64_t(c) << 32);
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) p[i] = r.normal() * std;
+    }
+  });
+}
+
+}  // namespace
+
+ZayaModel random_model(const ZayaConfig& cfg, uint64_t seed) {
+  ZayaConfig small = cfg;
+  small.num_hidden_layers = std::min<int64_t>(2, cfg.num_hidden_layers);
+  if (!small.layer_types.empty()) small.layer_types.resize(size_t(small.num_hidden_layers));
+  small.vocab_size = 128;
+  small.pad_token_id = 0, small.bos_token_id = 2, small.eos_token_id = 1;
+  ZayaModel m = ZayaModel::init(small, seed);
+  m.cfg = cfg;
+  m.embed = Tensor::empty({cfg.vocab_size, cfg.hidden_size}, DType::F32);
+  fill_normal(m.embed, seed ^ 0x9e3779b97f4a7c15ull, 0.02f);
+  m.layers.resize(size_t(cfg.num_hidden_layers));
+  // Layers 2.. start as copies of layer 1's handles (sharing its storage); give each its own.
+  for (int64_t l = 2; l < cfg.num_hidden_layers; l++) {
+    LayerWeights& w = m.layers[size_t(l)];
+    w = m.layers[1];
+    for (Tensor* t : {&w.ln_in,
+                      &w.ln_post,
+                      &w.wq,
+                      &w.wk,
+                      &w.wv_cur,
+                      &w.wv_del,
+                      &w.wo,
+                      &w.conv_dw_w,
+                      &w.conv_dw_b,
+                      &w.conv_g_w,
+                      &w.conv_g_b,
+                      &w.temp,
+                      &w.post_attn.hs,
+                      &w.post_attn.hb,
+                      &w.post_attn.rs,
+                      &w.post_attn.rb,
+                      &w.post_mlp.hs,
+                      &w.post_mlp.hb,
+                      &w.post_mlp.rs,
+                      &w.post_mlp.rb,
+                      &w.r_down_w,
+                      &w.r_down_b,
+                      &w.r_states_scale,
+                      &w.r_norm,
+                      &w.r_fc1_w,
+                      &w.r_fc1_b,
+                      &w.r_fc2_w,
+                      &w.r_fc2_b,
+                      &w.r_out_w,
+                      &w.balancing_bias,
+                      &w.experts_gate_up,
+                      &w.experts_down})
+      if (t->defined()) *t = t->clone();
+  }
+  return m;
+}
+
+}  // namespace zaya::bench

@@ -1,0 +1,153 @@
+// `zaya bench infer`: GPU inference speed of a preset at a chosen depth on random weights: prefill
+// tokens/s for a batch of prompts, and cached decode time per step with its fraction of the
+// memory-bandwidth roofline (bytes a step must read — active weights, LM head, K/V cache — over
+// the measured device copy bandwidth). tools/bench_infer_peer.py measures transformers' generate
+// on the same model shape for comparison. Deliberately not here: sampling (greedy on the device),
+// tokenization, mixed-length batches.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "bench/bench_model.h"
+#include "cli/command.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "io/atomic.h"
+#include "model/config.h"
+#if defined(ZAYA_HAVE_CUDA)
+#include "backend/cuda/infer_cuda.h"
+#endif
+
+namespace zaya::cli {
+
+int bench_infer_cli(int argc, char** argv);
+
+namespace {
+
+struct BenchInferArgs {
+  std::string preset = "zaya1-base", json;
+  int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
+  double copy_gbs = 4200.0;
+  bool no_graphs = false;
+  uint64_t seed = 1234;
+};
+
+#if defined(ZAYA_HAVE_CUDA)
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int run(const BenchInferArgs& a) {
+  ZayaConfig cfg = ZayaConfig::preset(a.preset);
+  if (a.layers > 0) {
+    cfg.num_hidden_layers = a.layers;
+    if (!cfg.layer_types.empty()) cfg.layer_types.resize(size_t(a.layers));
+  }
+  cfg.max_position_embeddings =
+      std::max(cfg.max_position_embeddings, a.prompt + a.decode + a.warmup);
+  cfg.validate("bench infer");
+  std::fprintf(stderr, "# building a random %s model with %lld layers ...\n", a.preset.c_str(),
+               (long long)cfg.num_hidden_layers);
+  ZayaModel m = bench::random_model(cfg, a.seed);
+  cuda::CudaInferOptions io;
+  io.max_batch = a.batch;
+  io.max_context = a.prompt + a.warmup + a.decode + 1;
+  io.max_prefill_tokens = a.batch * a.prompt;
+  io.graphs = !a.no_graphs;
+  cuda::CudaInference inf(m, io);
+  Rng rng(a.seed + 1);
+  std::vector<int32_t> ids(size_t(a.batch * a.prompt));
+  for (auto& t : ids) t = int32_t(rng.next_u32() % uint32_t(cfg.vocab_size));
+  // Prefill: median of `repeats` timed passes over the same prompts (after one untimed pass).
+  std::vector<double> pre;
+  for (int64_t r = 0; r <= a.repeats; r++) {
+    inf.reset(a.batch);
+    const double t0 = now_s();
+    inf.prefill(ids, a.prompt);  // returns after copying the logits to the host
+    if (r > 0) pre.push_back(now_s() - t0);
+  }
+  std::sort(pre.begin(), pre.end());
+  const double prefill_s = pre[pre.size() / 2];
+  // Decode: greedy steps on the device after a prefill; warm-up steps capture the graph.
+  std::vector<int32_t> first(size_t(a.batch));
+  for (int64_t b = 0; b < a.batch; b++) first[size_t(b)] = ids[size_t(b * a.prompt)];
+  auto next = inf.decode_greedy(first, a.warmup);
+  const double bytes0 = inf.decode_bytes_per_step();
+  std::vector<int32_t> last(next.end() - a.batch, next.end());
+  const double t0 = now_s();
+  inf.decode_greedy(last, a.decode);
+  const double decode_s = (now_s() - t0) / double(a.decode);
+  const double bytes = 0.5 * (bytes0 + inf.decode_bytes_per_step());
+  const double roofline_s = bytes / (a.copy_gbs * 1e9);
+  const double prefill_tps = double(a.batch * a.prompt) / prefill_s;
+  const double decode_tps = double(a.batch) / decode_s;
+  std::printf("# zaya bench infer: %s, %lld layers, batch %lld, prompt %lld, %lld decode steps%s\n",
+              a.preset.c_str(), (long long)cfg.num_hidden_layers, (long long)a.batch,
+              (long long)a.prompt, (long long)a.decode, a.no_graphs ? " (no graphs)" : "");
+  std::printf("%-28s %14.1f\n", "prefill tokens/s", prefill_tps);
+  std::printf("%-28s %14.3f\n", "prefill ms", prefill_s * 1e3);
+  std::printf("%-28s %14.3f\n", "decode ms/step", decode_s * 1e3);
+  std::printf("%-28s %14.1f\n", "decode tokens/s", decode_tps);
+  std::printf("%-28s %14.3f\n", "decode GB read/step", bytes / 1e9);
+  std::printf("%-28s %14.3f\n", "roofline ms/step", roofline_s * 1e3);
+  std::printf("%-28s %14.3f\n", "fraction of roofline", roofline_s / decode_s);
+  std::printf("%-28s %14.2f\n", "device GiB", double(inf.device_bytes()) / double(1 << 30));
+  if (!a.json.empty()) {
+    nlohmann::json j = {{"preset", a.preset},
+                        {"layers", cfg.num_hidden_layers},
+                        {"batch", a.batch},
+                        {"prompt", a.prompt},
+                        {"decode_steps", a.decode},
+                        {"graphs", !a.no_graphs},
+                        {"prefill_tokens_per_s", prefill_tps},
+                        {"prefill_ms", prefill_s * 1e3},
+                        {"decode_ms_per_step", decode_s * 1e3},
+                        {"decode_tokens_per_s", decode_tps},
+                        {"decode_bytes_per_step", bytes},
+                        {"copy_gbs", a.copy_gbs},
+                        {"roofline_ms_per_step", roofline_s * 1e3},
+                        {"roofline_fraction", roofline_s / decode_s},
+                        {"device_bytes", inf.device_bytes()}};
+    write_file_atomic(a.json, j.dump(1) + "\n");
+  }
+  return 0;
+}
+#endif
+
+}  // namespace
+
+int bench_infer_cli(int argc, char** argv) {
+  CLI::App app{
+      "GPU inference speed: prefill tokens/s, decode time per step vs the bandwidth roofline",
+      "zaya bench infer"};
+  BenchInferArgs a;
+  app.add_option("--preset", a.preset, "model preset (tiny, zaya1-base, zaya1-8b)");
+  app.add_option("--layers", a.layers, "layers (default: the preset's)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", a.batch, "sequences (1..8)")->check(CLI::Range(1, 8));
+  app.add_option("--prompt", a.prompt, "prompt tokens per sequence")->check(CLI::PositiveNumber);
+  app.add_option("--decode", a.decode, "timed decode steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", a.warmup, "untimed decode steps first")->check(CLI::PositiveNumber);
+  app.add_option("--repeats", a.repeats, "timed prefill passes (median)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--copy-gbs", a.copy_gbs, "device copy bandwidth for the roofline (GB/s)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--no-graphs", a.no_graphs, "launch decode kernels one by one (no CUDA graph)");
+  app.add_option("--json", a.json, "write the results as JSON");
+  app.add_option("--seed", a.seed, "weights and prompt seed");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+#if defined(ZAYA_HAVE_CUDA)
+  return run(a);
+#else
+  fail("zaya bench infer: this zaya was built without CUDA");
+#endif
+}
+
+}  // namespace zaya::cli

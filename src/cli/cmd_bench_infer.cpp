@@ -28,7 +28,7 @@ int bench_infer_cli(int argc, char** argv);
 namespace {
 
 struct BenchInferArgs {
-  std::string preset = "zaya1-base", json;
+  std::string preset = "zaya1-base", json, write_config;
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
   bool no_graphs = false;
@@ -49,6 +49,11 @@ int run(const BenchInferArgs& a) {
   cfg.max_position_embeddings =
       std::max(cfg.max_position_embeddings, a.prompt + a.decode + a.warmup);
   cfg.validate("bench infer");
+  if (!a.write_config.empty()) {  // the same shape for tools/bench_infer_peer.py
+    write_file_atomic(a.write_config, cfg.to_json().dump(2) + "\n");
+    std::printf("# wrote %s\n", a.write_config.c_str());
+    return 0;
+  }
   std::fprintf(stderr, "# building a random %s model with %lld layers ...\n", a.preset.c_str(),
                (long long)cfg.num_hidden_layers);
   ZayaModel m = bench::random_model(cfg, a.seed);
@@ -138,6 +143,8 @@ int bench_infer_cli(int argc, char** argv) {
   app.add_flag("--no-graphs", a.no_graphs, "launch decode kernels one by one (no CUDA graph)");
   app.add_option("--json", a.json, "write the results as JSON");
   app.add_option("--seed", a.seed, "weights and prompt seed");
+  app.add_option("--write-config", a.write_config,
+                 "only write the benchmarked model's config.json here (for the peer) and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

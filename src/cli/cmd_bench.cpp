@@ -140,9 +140,10 @@ int bench_comm(int argc, char** argv) {
 struct GemmCli {
   std::string dtypes = "bf16", ms, ns, ks, model, waves;
   int64_t tokens = 8192, knee_max = 16384, wave_k = 4096;
-  bool knee = false, list = false, nocheck = false, nogrouped = false;
-  double peak_bf16 = 0, peak_fp8 = 0;
-  int iters = 20, warmup = 5, autotune = 4, device = 0;
+  bool knee = false, list = false, nocheck = false, nogrouped = false, cublas = false;
+  double peak_bf16 = 0, peak_fp8 = 0, min_time_ms = 25, warm_ms = 20;
+  int iters = 20, max_iters = 200, warmup = 5, autotune = 32, device = 0;
+  int64_t workspace_mib = 32;
 
   void add(CLI::App& app) {
     app.add_option("--dtype", dtypes, "comma-separated: bf16, fp8 (e4m3; sm_89+)")
@@ -162,11 +163,21 @@ struct GemmCli {
                    "bf16 peak TFLOP/s (default: device spec, else measured)");
     app.add_option("--peak-fp8", peak_fp8,
                    "fp8 peak TFLOP/s (default: device spec, else measured)");
-    app.add_option("-n,--iters", iters, "timed iterations")->capture_default_str();
-    app.add_option("-w,--warmup", warmup, "untimed iterations")->capture_default_str();
-    app.add_option("--autotune", autotune, "cuBLASLt candidates timed per shape")
+    app.add_option("-n,--iters", iters, "timed iterations, at least")->capture_default_str();
+    app.add_option("--max-iters", max_iters, "timed iterations, at most")->capture_default_str();
+    app.add_option("--min-time-ms", min_time_ms, "timed iterations cover at least this GPU time")
+        ->capture_default_str();
+    app.add_option("-w,--warmup", warmup, "untimed iterations before the estimate")
+        ->capture_default_str();
+    app.add_option("--warm-ms", warm_ms, "then untimed iterations for this much GPU time")
+        ->capture_default_str();
+    app.add_option("--autotune", autotune, "cuBLASLt heuristic candidates timed per shape")
+        ->capture_default_str();
+    app.add_option("--workspace-mib", workspace_mib, "cuBLASLt/cuBLAS workspace (MiB)")
         ->capture_default_str();
     app.add_option("--device", device, "CUDA device")->capture_default_str();
+    app.add_flag("--cublas", cublas,
+                 "bf16: also time cuBLAS's default GEMM (what torch.matmul/bmm call)");
     app.add_flag("--no-check", nocheck, "skip the sampled CPU reference check");
     app.add_flag("--no-grouped", nogrouped, "expert GEMMs: only the batched cuBLASLt call");
     app.add_flag("--list", list, "print the shapes and exit (no GPU needed)");
@@ -205,12 +216,22 @@ struct GemmCli {
         o.shapes.push_back(s);
     }
     ZAYA_CHECK(iters > 0, "--iters must be positive (got {})", iters);
+    ZAYA_CHECK(max_iters >= iters, "--max-iters ({}) must be at least --iters ({})", max_iters,
+               iters);
     ZAYA_CHECK(warmup >= 0, "--warmup must not be negative (got {})", warmup);
+    ZAYA_CHECK(min_time_ms >= 0 && warm_ms >= 0, "--min-time-ms/--warm-ms must not be negative");
     ZAYA_CHECK(autotune >= 1, "--autotune must be at least 1 (got {})", autotune);
+    ZAYA_CHECK(workspace_mib >= 0 && workspace_mib <= 4096,
+               "--workspace-mib must be in 0..4096 (got {})", workspace_mib);
     ZAYA_CHECK(peak_bf16 >= 0 && peak_fp8 >= 0, "--peak-bf16/--peak-fp8 must not be negative");
-    o.iters = iters;
-    o.warmup = warmup;
+    o.timing.min_iters = iters;
+    o.timing.max_iters = max_iters;
+    o.timing.min_time_ms = min_time_ms;
+    o.timing.warmup = warmup;
+    o.timing.warm_ms = warm_ms;
     o.autotune = autotune;
+    o.workspace_bytes = size_t(workspace_mib) << 20;
+    o.cublas_rows = cublas;
     o.check = !nocheck;
     o.grouped_methods = !nogrouped;
     o.device = device;
@@ -314,9 +335,13 @@ int bench_gemm_cli(int argc, char** argv) {
     wrong += r.wrong;
   }
   const auto prof = profile_from_gemm(rs, dev, pb, pf);
-  fmt::print("# knee (bf16): 80% of peak at {} GFLOP, 90% at {} GFLOP\n",
-             prof["knee_gflop"]["p80"].dump(), prof["knee_gflop"]["p90"].dump());
-  if (!out.json.empty()) write_text_file_atomic(out.json, gemm_results_json(rs, dev, pb, pf));
+  fmt::print(
+      "# knee (bf16): 80% of the measured peak ({:.1f} TFLOP/s) at {} GFLOP, 90% at {} GFLOP; "
+      "of the spec peak ({:.1f}): {} / {} GFLOP\n",
+      measured_peak_tflops(rs, "bf16"), prof["knee_gflop"]["p80"].dump(),
+      prof["knee_gflop"]["p90"].dump(), pb, prof["knee_gflop_spec"]["p80"].dump(),
+      prof["knee_gflop_spec"]["p90"].dump());
+  if (!out.json.empty()) write_text_file_atomic(out.json, gemm_results_json(rs, dev, pb, pf, opt));
   if (!out.csv.empty()) write_text_file_atomic(out.csv, gemm_results_csv(rs));
   if (!out.svg.empty()) {
     write_text_file_atomic(out.svg, gemm_svg(rs, dev.name, false));

@@ -7,7 +7,8 @@
 // CMAKE_CUDA_STANDARD 17, this can become an ordinary src/bench/*.cu file.
 //
 // Kernels are extern "C" (stable names for cudaLibraryGetKernel) and include only CUDA headers.
-// The memory kernels move 16 bytes per access, 4 accesses per thread, one pass (no grid-stride
+// zaya_spin_ns holds a stream for a while (the timing protocol of gemm_bench.h). The memory
+// kernels move 16 bytes per access, 4 accesses per thread, one pass (no grid-stride
 // loop), streaming cache hints: the STREAM-style pattern that reaches ~90% of HBM peak on Hopper.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -92,6 +93,17 @@ __global__ void zaya_mem_triad(float4* __restrict__ a, const float4* __restrict_
 
 __global__ void zaya_fill_pattern(uint32_t* p, uint64_t n, uint32_t seed) {
   ZAYA_GRID_STRIDE(i, n) p[i] = pattern(i, seed);
+}
+
+// Holds the stream for `ns` nanoseconds of the global timer (one thread; __nanosleep keeps the
+// SM nearly idle), so a host can enqueue a timed loop before the GPU starts on it.
+__global__ void zaya_spin_ns(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
 }
 
 __global__ void zaya_check_pattern(const uint32_t* p, uint64_t n, uint32_t seed,

@@ -23,6 +23,10 @@ void mem_triad(void* a, const void* b, const void* c, uint64_t bytes, float s, v
 void fill_pattern(void* p, uint64_t bytes, uint32_t seed, void* stream);
 void count_pattern_mismatch(const void* p, uint64_t bytes, uint32_t seed,
                             unsigned long long* dev_count, void* stream);
+// Holds `stream` for `ns` nanoseconds (one thread spinning on the global timer): work enqueued
+// behind it starts only then, so the host can queue a timed loop ahead of the GPU.
+void spin(uint64_t ns, void* stream);
+
 uint32_t pattern_word(uint64_t i, uint32_t seed);  // host copy of the pattern, for spot checks
 
 }  // namespace zaya::bench::kernels

@@ -98,6 +98,12 @@ void count_pattern_mismatch(const void* p, uint64_t bytes, uint32_t seed,
   static const cudaKernel_t k = kernel("zaya_check_pattern");
   launch(k, grid_stride_blocks(bytes / 4), s, p, bytes / 4, seed, dev_count);
 }
+void spin(uint64_t ns, void* s) {
+  static const cudaKernel_t k = kernel("zaya_spin_ns");
+  void* argv[] = {static_cast<void*>(&ns)};
+  ZAYA_CUDA_CHECK(cudaLaunchKernel(reinterpret_cast<const void*>(k), dim3(1), dim3(1), argv, 0,
+                                   static_cast<cudaStream_t>(s)));
+}
 uint32_t pattern_word(uint64_t i, uint32_t seed) {
   return uint32_t(splitmix64((uint64_t(seed) << 40) ^ i));
 }

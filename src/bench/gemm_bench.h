@@ -54,25 +54,68 @@ inline double wave_count(int64_t tiles, int64_t sms) {
 struct GemmResult {
   GemmShape shape;
   std::string dtype;   // "bf16" or "fp8"
-  std::string method;  // "lt" (one cuBLASLt call), "lt-batched", "loop", "grouped"
+  std::string method;  // "lt" (one cuBLASLt call), "lt-batched", "loop", "grouped", "cublas"
   double time_us = 0, tflops = 0, fraction = 0;  // fraction of the peak
   int64_t tiles = 0;                             // 128x128 output tiles (an assumed tile size)
   double waves = 0;
-  int64_t checked = 0, wrong = 0;  // sampled outputs compared to the CPU fp32 reference
+  int64_t checked = 0, wrong = 0;  // sampled outputs compared to the CPU fp64 reference
   double max_rel_err = 0;
+  int sets = 1;        // operand sets rotated (together past 3x L2)
+  int iters = 0;       // timed launches (the median of their times is time_us)
+  int warm = 0;        // time-based warm-up launches before them (TimingPolicy)
+  int algo = -1;       // "lt"/"lt-batched": index of the kept algorithm in the heuristic's list
+  int candidates = 0;  // how many candidates the heuristic returned (and autotuning timed)
 };
 
-// The smallest work (GFLOP) at which the results reach `fraction` of `peak_tflops`: results are
-// ordered by work and the first one at or above the threshold wins. Negative when none does.
+// How every GEMM row is timed, by zaya and, identically, by the PyTorch peer
+// (tools/bench_peer.py reads these numbers and each row's sets/warm/iters from the gemm JSON):
+//   1. `warmup` launches;
+//   2. an estimate: the stream is held by a spin kernel for block_us(3) while the host enqueues
+//      3 launches between two events (so the estimate is GPU time, not launch cost);
+//   3. warm_launches(estimate) more launches (at least `warm_ms` of GPU work, so clocks and power
+//      settle at the level the shape itself sets, not the previous shape's);
+//   4. timed_iters(estimate) launches, enqueued while a spin kernel holds the stream for
+//      block_us(iters), each bracketed by consecutive CUDA events; the median is reported.
+// Launch i uses operand set i mod sets throughout. Holding the stream matters for launches shorter
+// than the host's launch cost (a few us in C++, ~20 us from Python): without it per-launch events
+// time the host, not the GPU.
+struct TimingPolicy {
+  int warmup = 5;           // untimed launches first
+  int min_iters = 20;       // timed launches: at least this many ...
+  int max_iters = 200;      // ... at most this many (the launch queue holds ~1000 entries)
+  double warm_ms = 20;      // time-based warm-up: this much GPU time of the shape itself
+  double min_time_ms = 25;  // timed launches cover at least this much GPU time
+  double block_base_us = 1000, block_per_iter_us = 50, block_max_us = 50000;
+};
+// ceil(warm_ms / estimate) launches, in [0, 1000]; 0 for a non-positive estimate.
+int warm_launches(const TimingPolicy& p, double est_us);
+// ceil(min_time_ms / estimate) launches, clamped to [min_iters, max(min_iters, max_iters)].
+int timed_iters(const TimingPolicy& p, double est_us);
+// How long the spin kernel holds the stream while `iters` launches are enqueued.
+double block_us(const TimingPolicy& p, int iters);
+
+// The best TFLOP/s of the single-call cuBLASLt rows ("lt", "lt-batched") of `dtype`: the
+// measured peak. 0 when there is none.
+double measured_peak_tflops(const std::vector<GemmResult>& results, const std::string& dtype);
+
+// The work (GFLOP) at which throughput first reaches `fraction` of `peak_tflops`: results are
+// ordered by work; if the first one at or above the threshold is not the smallest, the knee is
+// interpolated linearly in log(work) between it and the result before it (the sweep's steps are
+// 2.8x in work, too coarse to report a measured point alone). Negative when no result reaches the
+// threshold or the peak is not positive.
 double knee_gflop(const std::vector<GemmResult>& results, double peak_tflops, double fraction);
 
 struct GemmBenchOptions {
   std::vector<std::string> dtypes{"bf16"};  // "bf16", "fp8"
   std::vector<GemmShape> shapes;
-  int iters = 20, warmup = 5;
-  int autotune = 4;  // cuBLASLt heuristic candidates timed per shape; the fastest is kept
+  TimingPolicy timing;  // timing.warmup / timing.min_iters are --warmup / --iters
+  // cuBLASLt heuristic candidates requested per shape; all are timed on the real operands and
+  // the fastest kept (see run_gemm_bench).
+  int autotune = 32;
+  size_t workspace_bytes = size_t(32) << 20;  // PyTorch's cuBLAS workspace on Hopper, and ours
   bool check = true;
   bool grouped_methods = true;  // for groups > 1: also the per-expert loop and cuBLAS grouped
+  bool cublas_rows = false;     // bf16: also cuBLAS's default GEMM, the call torch.matmul makes
   int device = 0;
 };
 
@@ -89,14 +132,20 @@ struct DeviceInfo {
 #ifdef ZAYA_HAVE_CUDA
 DeviceInfo query_device(int device);
 // Runs every (shape, dtype); fp8 shapes are skipped (with a note on stderr) on devices without
-// FP8. Results carry no `fraction` (the caller knows the peak).
+// FP8. Per shape the "lt"/"lt-batched" row is autotuned: up to opt.autotune heuristic candidates
+// (with opt.workspace_bytes of workspace) are each launched once, the GPU is warmed with the first,
+// every candidate is timed briefly and the best three again in interleaved rounds; the fastest is
+// then measured with opt.timing. Results carry no `fraction` (the caller knows the peak).
 std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt);
 #endif
 
 std::string gemm_table_header();
 std::string gemm_table_row(const GemmResult& r);
+// JSON {"schema":"zaya.bench.gemm/1","device","sm_count","peak_tflops","peak_source",
+// "measured_peak_tflops","workspace_bytes","timing":{TimingPolicy fields},"results":[...]}.
 std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInfo& dev,
-                              double peak_bf16, double peak_fp8);
+                              double peak_bf16, double peak_fp8,
+                              const GemmBenchOptions& opt = GemmBenchOptions{});
 std::string gemm_results_csv(const std::vector<GemmResult>& rs);
 
 }  // namespace zaya::bench

@@ -1,5 +1,6 @@
 // The device-free half of `zaya bench gemm` (see gemm_bench.h): dimension ranges, the GEMM list
-// of a ZAYA training step, the knee, and the report writers.
+// of a ZAYA training step, the timing policy's arithmetic, the measured peak and the knee, and the
+// report writers.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -117,13 +118,47 @@ std::vector<GemmShape> model_gemm_shapes(const ZayaConfig& c, int64_t T) {
   return out;
 }
 
+int warm_launches(const TimingPolicy& p, double est_us) {
+  if (!(est_us > 0) || !(p.warm_ms > 0)) return 0;
+  return int(std::min(1000.0, std::ceil(p.warm_ms * 1e3 / est_us)));
+}
+
+int timed_iters(const TimingPolicy& p, double est_us) {
+  const int lo = std::max(1, p.min_iters), hi = std::max(lo, p.max_iters);
+  if (!(est_us > 0)) return hi;  // nothing measurable: as many as allowed
+  const double want = std::ceil(p.min_time_ms * 1e3 / est_us);
+  return int(std::clamp(want, double(lo), double(hi)));
+}
+
+double block_us(const TimingPolicy& p, int iters) {
+  return std::min(p.block_max_us, p.block_base_us + p.block_per_iter_us * double(iters));
+}
+
+double measured_peak_tflops(const std::vector<GemmResult>& results, const std::string& dtype) {
+  double best = 0;
+  for (const auto& r : results)
+    if (r.dtype == dtype && (r.method == "lt" || r.method == "lt-batched"))
+      best = std::max(best, r.tflops);
+  return best;
+}
+
 double knee_gflop(const std::vector<GemmResult>& results, double peak, double fraction) {
+  if (!(peak > 0)) return -1;
   std::vector<const GemmResult*> rs;
   for (const auto& r : results) rs.push_back(&r);
-  std::sort(rs.begin(), rs.end(),
-            [](auto* a, auto* b) { return a->shape.gflop() < b->shape.gflop(); });
-  for (const auto* r : rs)
-    if (peak > 0 && r->tflops >= fraction * peak) return r->shape.gflop();
+  std::stable_sort(rs.begin(), rs.end(),
+                   [](auto* a, auto* b) { return a->shape.gflop() < b->shape.gflop(); });
+  const double thr = fraction * peak;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    if (rs[i]->tflops < thr) continue;
+    const double w1 = rs[i]->shape.gflop();
+    if (i == 0) return w1;
+    const double w0 = rs[i - 1]->shape.gflop(), t0 = rs[i - 1]->tflops, t1 = rs[i]->tflops;
+    // t0 < thr <= t1 here; equal works (two rows of one shape) leave nothing to interpolate.
+    if (!(w0 > 0) || !(w1 > w0)) return w1;
+    const double u = (thr - t0) / (t1 - t0);
+    return std::exp(std::log(w0) + u * (std::log(w1) - std::log(w0)));
+  }
   return -1;
 }
 
@@ -144,13 +179,27 @@ std::string gemm_table_row(const GemmResult& r) {
 }
 
 std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInfo& dev,
-                              double peak_bf16, double peak_fp8) {
+                              double peak_bf16, double peak_fp8, const GemmBenchOptions& opt) {
   nlohmann::json j;
   j["schema"] = "zaya.bench.gemm/1";
   j["device"] = dev.name;
   j["sm_count"] = dev.sm_count;
   j["peak_tflops"] = {{"bf16", peak_bf16}, {"fp8", peak_fp8}};
   j["peak_source"] = dev.peak_source;
+  j["measured_peak_tflops"] = {{"bf16", measured_peak_tflops(rs, "bf16")},
+                               {"fp8", measured_peak_tflops(rs, "fp8")}};
+  j["workspace_bytes"] = opt.workspace_bytes;
+  j["autotune"] = opt.autotune;
+  // The protocol's numbers, for the peer (tools/bench_peer.py) to time PyTorch identically.
+  const TimingPolicy& t = opt.timing;
+  j["timing"] = {{"warmup", t.warmup},
+                 {"min_iters", t.min_iters},
+                 {"max_iters", t.max_iters},
+                 {"warm_ms", t.warm_ms},
+                 {"min_time_ms", t.min_time_ms},
+                 {"block_base_us", t.block_base_us},
+                 {"block_per_iter_us", t.block_per_iter_us},
+                 {"block_max_us", t.block_max_us}};
   auto& res = j["results"] = nlohmann::json::array();
   for (const auto& r : rs)
     res.push_back({{"name", r.shape.name},
@@ -169,19 +218,25 @@ std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInf
                    {"waves", r.waves},
                    {"checked", r.checked},
                    {"wrong", r.wrong},
-                   {"max_rel_err", r.max_rel_err}});
+                   {"max_rel_err", r.max_rel_err},
+                   {"sets", r.sets},
+                   {"iters", r.iters},
+                   {"warm", r.warm},
+                   {"algo", r.algo},
+                   {"candidates", r.candidates}});
   return j.dump(1) + "\n";
 }
 
 std::string gemm_results_csv(const std::vector<GemmResult>& rs) {
   std::string o =
       "name,m,n,k,groups,count,dtype,method,gflop,time_us,tflops,fraction,tiles,waves,checked,"
-      "wrong,max_rel_err\n";
+      "wrong,max_rel_err,sets,iters,algo,candidates\n";
   for (const auto& r : rs)
-    o += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.3f},{:.3f},{:.4f},{},{:.3f},{},{},{:.3g}\n",
-                     r.shape.name, r.shape.m, r.shape.n, r.shape.k, r.shape.groups, r.shape.count,
-                     r.dtype, r.method, r.shape.gflop(), r.time_us, r.tflops, r.fraction, r.tiles,
-                     r.waves, r.checked, r.wrong, r.max_rel_err);
+    o += fmt::format(
+        "{},{},{},{},{},{},{},{},{:.6f},{:.3f},{:.3f},{:.4f},{},{:.3f},{},{},{:.3g},{},{},{},{}\n",
+        r.shape.name, r.shape.m, r.shape.n, r.shape.k, r.shape.groups, r.shape.count, r.dtype,
+        r.method, r.shape.gflop(), r.time_us, r.tflops, r.fraction, r.tiles, r.waves, r.checked,
+        r.wrong, r.max_rel_err, r.sets, r.iters, r.algo, r.candidates);
   return o;
 }
 

@@ -4,7 +4,8 @@
 // several runs. Layout (documented in docs/BENCHMARKS.md):
 //   {"schema":"zaya.hardware/1","device","sm_count","peak_tflops":{"bf16","fp8"},
 //    "hbm_capacity_gib","copy_bandwidth_gbs","read_bandwidth_gbs","h2d_pinned_gbs",
-//    "d2h_pinned_gbs","knee_gflop":{"p80","p90"},
+//    "d2h_pinned_gbs","measured_peak_tflops":{"bf16","fp8"},
+//    "knee_gflop":{"p80","p90","reference_tflops","reference"},"knee_gflop_spec":{...},
 //    "gemm_efficiency":[{"m","n","k","dtype","tflops","fraction"}],
 //    "collectives":[{"op","ranks","bytes","busbw_gbs","backend","dtype","group"}]}
 #pragma once
@@ -30,7 +31,9 @@ void merge_profile_file(const std::string& path, const nlohmann::json& update);
 
 // The profile fields each benchmark contributes (see docs/BENCHMARKS.md for the table):
 // gemm: device, sm_count, hbm_capacity_gib, peak_tflops (the peaks used; null when unknown),
-// knee_gflop from the bf16 square sweep (else all bf16 single GEMMs; null when never reached),
+// measured_peak_tflops (best single-call row per dtype), knee_gflop from the bf16 square sweep
+// (else all bf16 single GEMMs) against the measured bf16 peak, knee_gflop_spec against
+// peak_tflops.bf16 (null where never reached),
 // gemm_efficiency (single and batched cuBLASLt rows). mem: device, sm_count, hbm_capacity_gib,
 // copy/read bandwidth past 4x L2, pinned host copies. comm: out-of-place rows with busbw > 0.
 nlohmann::json profile_from_gemm(const std::vector<GemmResult>& rs, const DeviceInfo& dev,

@@ -1,7 +1,9 @@
 // Tests of the benchmark report writers (comm JSON/CSV/SVG/table, gemm and mem writers), the GEMM
-// shape bookkeeping (ranges, a ZAYA config's GEMMs, knee) and the hardware profile merge.
+// shape bookkeeping (ranges, a ZAYA config's GEMMs, the knee on synthetic sweeps that do and do not
+// cross), the timing policy's arithmetic and the hardware profile merge.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -125,13 +127,129 @@ TEST(GemmShapes, KneeAndWaves) {
   rs[1].tflops = 850;
   rs[2].shape = {"square", 4096, 4096, 4096};  // 137 GFLOP
   rs[2].tflops = 920;
-  EXPECT_NEAR(knee_gflop(rs, 1000, 0.8), rs[1].shape.gflop(), 1e-12);
-  EXPECT_NEAR(knee_gflop(rs, 1000, 0.9), rs[2].shape.gflop(), 1e-12);
+  // 800 lies 70/75 of the way from 100 to 850: interpolated in log(work) between rows 0 and 1.
+  const double w0 = rs[0].shape.gflop(), w1 = rs[1].shape.gflop(), w2 = rs[2].shape.gflop();
+  EXPECT_NEAR(knee_gflop(rs, 1000, 0.8), std::exp(std::log(w0) + 70.0 / 75 * std::log(w1 / w0)),
+              1e-9);
+  EXPECT_NEAR(knee_gflop(rs, 1000, 0.9), std::exp(std::log(w1) + 50.0 / 70 * std::log(w2 / w1)),
+              1e-9);
   EXPECT_LT(knee_gflop(rs, 1000, 0.95), 0);
   EXPECT_EQ(tile_count(1024, 1024, 128, 128), 64);
   EXPECT_EQ(tile_count(1025, 1024, 128, 128), 72);
   EXPECT_DOUBLE_EQ(wave_count(264, 132), 2.0);
   EXPECT_EQ(wave_shapes(1024, 1280, 128, 4096).size(), 3u);
+}
+
+// A synthetic square sweep shaped like the H200's: throughput rises with work and saturates near
+// 80% of the 989.4 TFLOP/s spec, with a dip at one large size.
+std::vector<GemmResult> synthetic_sweep() {
+  const int64_t dims[] = {256, 512, 1024, 2048, 2944, 4096, 8192, 16384};
+  const double tflops[] = {3, 25, 216, 622, 743, 790, 689, 698};
+  std::vector<GemmResult> rs;
+  for (size_t i = 0; i < 8; ++i) {
+    GemmResult r;
+    r.shape = {"square", dims[i], dims[i], dims[i]};
+    r.dtype = "bf16";
+    r.method = "lt";
+    r.tflops = tflops[i];
+    rs.push_back(r);
+  }
+  // Listed out of order: the knee sorts by work itself.
+  std::swap(rs[0], rs[5]);
+  return rs;
+}
+
+TEST(GemmKnee, CrossesTheMeasuredPeak) {
+  const auto rs = synthetic_sweep();
+  const double peak = measured_peak_tflops(rs, "bf16");
+  EXPECT_DOUBLE_EQ(peak, 790);
+  const double w2048 = 2.0 * 2048 * 2048 * 2048 / 1e9, w2944 = 2.0 * 2944 * 2944 * 2944 / 1e9;
+  // 80% of 790 = 632: between 2048 (622) and 2944 (743), 10/121 of the way in log(work).
+  const double p80 = knee_gflop(rs, peak, 0.8);
+  EXPECT_NEAR(p80, std::exp(std::log(w2048) + 10.0 / 121 * std::log(w2944 / w2048)), 1e-9);
+  EXPECT_GT(p80, w2048);
+  EXPECT_LT(p80, w2944);
+  // 90% = 711: first reached at 2944 (743), (711-622)/(743-622) of the way from 2048.
+  const double p90 = knee_gflop(rs, peak, 0.9);
+  EXPECT_NEAR(p90, std::exp(std::log(w2048) + 89.0 / 121 * std::log(w2944 / w2048)), 1e-9);
+  EXPECT_GT(p90, p80);
+  // Against the measured peak the knee always exists: the peak row reaches 100%.
+  EXPECT_GT(knee_gflop(rs, peak, 1.0), 0);
+  // The smallest row already above the threshold is the knee itself (nothing to interpolate).
+  EXPECT_DOUBLE_EQ(knee_gflop(rs, peak, 0.001), 2.0 * 256 * 256 * 256 / 1e9);
+}
+
+TEST(GemmKnee, NeverCrossingIsNegative) {
+  const auto rs = synthetic_sweep();
+  // Against the spec peak the sweep never reaches 80% (790 < 791.5) nor 90%: the first H200
+  // profile's null knees.
+  EXPECT_LT(knee_gflop(rs, 989.4, 0.8), 0);
+  EXPECT_LT(knee_gflop(rs, 989.4, 0.9), 0);
+  EXPECT_LT(knee_gflop(rs, 0, 0.8), 0);  // no peak: no knee
+  EXPECT_LT(knee_gflop({}, 790, 0.8), 0);
+  EXPECT_DOUBLE_EQ(measured_peak_tflops(rs, "fp8"), 0);
+}
+
+TEST(GemmKnee, ProfileUsesTheMeasuredPeak) {
+  auto rs = synthetic_sweep();
+  GemmResult cublas = rs[0];  // a faster non-Lt row must not raise the reference
+  cublas.method = "cublas";
+  cublas.tflops = 900;
+  rs.push_back(cublas);
+  DeviceInfo dev;
+  dev.name = "NVIDIA H200";
+  dev.sm_count = 132;
+  const auto p = profile_from_gemm(rs, dev, 989.4, 1978.9);
+  EXPECT_DOUBLE_EQ(p["measured_peak_tflops"]["bf16"].get<double>(), 790);
+  EXPECT_TRUE(p["measured_peak_tflops"]["fp8"].is_null());
+  EXPECT_DOUBLE_EQ(p["knee_gflop"]["reference_tflops"].get<double>(), 790);
+  const auto lt_rows = synthetic_sweep();
+  EXPECT_NEAR(p["knee_gflop"]["p80"].get<double>(), knee_gflop(lt_rows, 790, 0.8), 1e-9);
+  EXPECT_NEAR(p["knee_gflop"]["p90"].get<double>(), knee_gflop(lt_rows, 790, 0.9), 1e-9);
+  EXPECT_TRUE(p["knee_gflop_spec"]["p80"].is_null());
+  EXPECT_TRUE(p["knee_gflop_spec"]["p90"].is_null());
+  EXPECT_DOUBLE_EQ(p["peak_tflops"]["bf16"].get<double>(), 989.4);
+}
+
+TEST(GemmTiming, PolicyArithmetic) {
+  TimingPolicy p;  // warm 20 ms, timed >= 25 ms, 20..200 iterations, hold 1 ms + 50 us/iter
+  EXPECT_EQ(timed_iters(p, 10), 200);     // 2500 wanted, capped
+  EXPECT_EQ(timed_iters(p, 1000), 25);    // 25 ms / 1 ms
+  EXPECT_EQ(timed_iters(p, 12600), 20);   // long GEMMs: the minimum
+  EXPECT_EQ(timed_iters(p, 0), 200);      // no estimate: as many as allowed
+  EXPECT_EQ(warm_launches(p, 10), 1000);  // capped
+  EXPECT_EQ(warm_launches(p, 1600), 13);  // ceil(20000 / 1600)
+  EXPECT_EQ(warm_launches(p, 0), 0);
+  EXPECT_DOUBLE_EQ(block_us(p, 20), 2000);
+  EXPECT_DOUBLE_EQ(block_us(p, 200), 11000);
+  p.block_max_us = 5000;
+  EXPECT_DOUBLE_EQ(block_us(p, 200), 5000);
+  p.max_iters = 5;  // below the minimum: the minimum wins
+  EXPECT_EQ(timed_iters(p, 10), 20);
+}
+
+TEST(GemmReport, JsonCarriesTheProtocolForThePeer) {
+  auto rs = synthetic_sweep();
+  rs[0].sets = 3;
+  rs[0].iters = 40;
+  rs[0].warm = 12;
+  rs[0].algo = 2;
+  rs[0].candidates = 17;
+  GemmBenchOptions opt;
+  opt.timing.min_time_ms = 30;
+  const auto j = nlohmann::json::parse(gemm_results_json(rs, DeviceInfo{}, 989.4, 0, opt));
+  EXPECT_EQ(j["workspace_bytes"], 32u << 20);
+  EXPECT_EQ(j["timing"]["min_time_ms"], 30.0);
+  EXPECT_EQ(j["timing"]["block_per_iter_us"], 50.0);
+  EXPECT_EQ(j["measured_peak_tflops"]["bf16"], 790.0);
+  EXPECT_EQ(j["results"][0]["sets"], 3);
+  EXPECT_EQ(j["results"][0]["iters"], 40);
+  EXPECT_EQ(j["results"][0]["warm"], 12);
+  EXPECT_EQ(j["results"][0]["algo"], 2);
+  EXPECT_EQ(j["results"][0]["candidates"], 17);
+  const std::string csv = gemm_results_csv(rs);
+  EXPECT_NE(csv.find(",sets,iters,algo,candidates\n"), std::string::npos);
+  EXPECT_NE(csv.find(",3,40,2,17\n"), std::string::npos);
 }
 
 TEST(MemReport, TestsBytesAndWriters) {

@@ -1,9 +1,10 @@
 // GPU tests of `zaya bench gemm|mem` (label gpu; skipped without a CUDA device): the PTX kernels
-// load and run, copies verify, and small GEMMs of every method match the CPU reference.
+// load and run (the spin kernel holds a stream for the time asked), copies verify, and small GEMMs
+// of every method (autotuned cuBLASLt, cuBLAS default, loop, grouped) match the CPU reference.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cuda_runtime.h>
-
+#include "bench/bench_kernels.h"
 #include "bench/gemm_bench.h"
 #include "bench/mem_bench.h"
 
@@ -30,6 +31,26 @@ TEST(BenchGpu, MemKernelsAndCopiesVerify) {
   }
 }
 
+TEST(BenchGpu, SpinHoldsTheStream) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  cudaStream_t st;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t a, b;
+  ASSERT_EQ(cudaEventCreate(&a), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&b), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(a, st), cudaSuccess);
+  kernels::spin(2'000'000, st);  // 2 ms
+  ASSERT_EQ(cudaEventRecord(b, st), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  float ms = 0;
+  ASSERT_EQ(cudaEventElapsedTime(&ms, a, b), cudaSuccess);
+  EXPECT_GE(ms, 1.9f);
+  EXPECT_LT(ms, 50.0f);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(st);
+}
+
 TEST(BenchGpu, GemmMethodsMatchReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const DeviceInfo dev = query_device(0);
@@ -37,16 +58,34 @@ TEST(BenchGpu, GemmMethodsMatchReference) {
   o.dtypes = {"bf16"};
   if (dev.cc_major * 10 + dev.cc_minor >= 89) o.dtypes.push_back("fp8");
   o.shapes = {{"a", 256, 512, 384}, {"b", 1000, 1040, 2048}, {"experts", 64, 256, 128, 4}};
-  o.iters = 3;
-  o.warmup = 1;
+  o.timing.min_iters = 3;
+  o.timing.max_iters = 10;
+  o.timing.warmup = 1;
+  o.timing.warm_ms = 1;
+  o.timing.min_time_ms = 1;
+  o.cublas_rows = true;
   const auto rs = run_gemm_bench(o);
   ASSERT_GE(rs.size(), 4u);
+  int cublas = 0;
   for (const auto& r : rs) {
     EXPECT_GT(r.tflops, 0) << r.shape.name << " " << r.method;
     EXPECT_GT(r.checked, 0);
-    EXPECT_EQ(r.wrong, 0) << r.shape.name << " " << r.dtype << " " << r.method
-                          << " max_rel_err " << r.max_rel_err;
+    EXPECT_EQ(r.wrong, 0) << r.shape.name << " " << r.dtype << " " << r.method << " max_rel_err "
+                          << r.max_rel_err;
+    EXPECT_GE(r.iters, 3);
+    EXPECT_LE(r.iters, 10);
+    EXPECT_GE(r.sets, 1);
+    if (r.method == "lt" || r.method == "lt-batched") {
+      EXPECT_GE(r.candidates, 1);
+      EXPECT_GE(r.algo, 0);
+      EXPECT_LT(r.algo, r.candidates);
+    }
+    if (r.method == "cublas") {
+      ++cublas;
+      EXPECT_EQ(r.dtype, "bf16");
+    }
   }
+  EXPECT_EQ(cublas, 3);  // one per bf16 shape, the grouped one as a strided batch
 }
 
 }  // namespace

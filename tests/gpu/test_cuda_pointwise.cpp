@@ -445,25 +445,37 @@ TEST(CudaPointwise, RouterEdaSelectAndBackward) {
   }
 }
 
-TEST(CudaPointwise, RouterSelectTiesGoToLowestIndex) {
-  SKIP_WITHOUT_GPU();
-  const int64_t N = 3, E1 = 40;
-  std::vector<float> logits(size_t(N * E1), 0.f), bias(size_t(E1), 0.f);
-  logits[size_t(0 * E1 + 7)] = logits[size_t(0 * E1 + 39)] = 2.f;  // exact tie: 7 wins
-  // Row 1: all equal → class 0. Row 2: the bias breaks the tie towards the later class.
-  logits[size_t(2 * E1 + 3)] = logits[size_t(2 * E1 + 35)] = 1.f;
-  bias[35] = 0.5f;
+// Runs router_select on the device and the reference; returns the device's choices.
+std::vector<int32_t> select_both(const std::vector<float>& logits, const std::vector<float>& bias,
+                                 int64_t N, int64_t E1, std::vector<int32_t>* ref) {
   Dev dev;
   float *d_l = dev.up(logits), *d_b = dev.up(bias), *d_p = dev.alloc<float>(size_t(N * E1)),
         *d_g = dev.alloc<float>(size_t(N));
   int32_t* d_c = dev.alloc<int32_t>(size_t(N));
   router_select(d_p, d_c, d_g, d_l, d_b, N, E1, nullptr);
-  CK(cudaDeviceSynchronize());
+  cudaDeviceSynchronize();
   std::vector<float> p(static_cast<size_t>(N * E1)), g(static_cast<size_t>(N));
-  std::vector<int32_t> c(static_cast<size_t>(N));
-  cpu::router_select(p.data(), c.data(), g.data(), logits.data(), bias.data(), N, E1);
-  EXPECT_EQ(down(d_c, size_t(N)), c);
-  EXPECT_EQ(c, (std::vector<int32_t>{7, 0, 35}));
+  ref->assign(size_t(N), -1);
+  cpu::router_select(p.data(), ref->data(), g.data(), logits.data(), bias.data(), N, E1);
+  return down(d_c, size_t(N));
+}
+
+TEST(CudaPointwise, RouterSelectTiesGoToLowestIndex) {
+  SKIP_WITHOUT_GPU();
+  const int64_t E1 = 40;
+  std::vector<int32_t> ref;
+  // Zero bias. Row 0: an exact tie between classes 7 and 39 (7 wins, across lanes 7 and 7+32);
+  // row 1: every class equal (class 0).
+  std::vector<float> logits(size_t(2 * E1), 0.f), bias(size_t(E1), 0.f);
+  logits[7] = logits[39] = 2.f;
+  EXPECT_EQ(select_both(logits, bias, 2, E1, &ref), ref);
+  EXPECT_EQ(ref, (std::vector<int32_t>{7, 0}));
+  // The bias decides between equal probabilities (towards the later class here).
+  std::vector<float> l2(size_t(E1), 0.f);
+  l2[3] = l2[35] = 1.f;
+  bias[35] = 0.5f;
+  EXPECT_EQ(select_both(l2, bias, 1, E1, &ref), ref);
+  EXPECT_EQ(ref, (std::vector<int32_t>{35}));
 }
 
 // Stable sort on the host: perm lists tokens class by class, each class in token order.

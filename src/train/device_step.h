@@ -62,6 +62,10 @@ class DeviceStep {
   virtual size_t device_bytes() const = 0;  // model arena + optimizer state
 };
 
+// Throws zaya::Error unless CUDA device `device` can train: the build has the CUDA backend and the
+// machine has the device. The loop calls it first, before any data or model work.
+void check_cuda_step_available(int device = 0);
+
 // The CUDA step over `host` (its weights are uploaded). Throws zaya::Error "built without CUDA"
 // in a build without the CUDA backend, and for a machine without a device.
 std::unique_ptr<DeviceStep> make_cuda_step(const ZayaModel& host, const OptimizerSettings& settings,

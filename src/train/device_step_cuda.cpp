@@ -17,12 +17,7 @@ class CudaStep final : public DeviceStep {
  public:
   CudaStep(const ZayaModel& host, const OptimizerSettings& settings, const DeviceStepOptions& o)
       : opt_(o), settings_(settings) {
-    int n = 0;
-    const cudaError_t e = cudaGetDeviceCount(&n);
-    ZAYA_CHECK(e == cudaSuccess && n > 0, "train.device = \"cuda\": no CUDA device ({})",
-               e == cudaSuccess ? std::string("none found") : std::string(cudaGetErrorString(e)));
-    ZAYA_CHECK(o.device >= 0 && o.device < n,
-               "train.device: CUDA device {} does not exist ({} found)", o.device, n);
+    check_cuda_step_available(o.device);
     ZAYA_CUDA_CHECK(cudaSetDevice(o.device));
     cudaDeviceProp prop{};
     ZAYA_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device));
@@ -136,6 +131,15 @@ class CudaStep final : public DeviceStep {
 };
 
 }  // namespace
+
+void check_cuda_step_available(int device) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  ZAYA_CHECK(e == cudaSuccess && n > 0, "train.device = \"cuda\": no CUDA device ({})",
+             e == cudaSuccess ? std::string("none found") : std::string(cudaGetErrorString(e)));
+  ZAYA_CHECK(device >= 0 && device < n, "train.device: CUDA device {} does not exist ({} found)",
+             device, n);
+}
 
 std::unique_ptr<DeviceStep> make_cuda_step(const ZayaModel& host, const OptimizerSettings& settings,
                                            const DeviceStepOptions& options) {

@@ -133,6 +133,7 @@ std::string find_resumable_checkpoint(const std::string& root, std::vector<std::
 TrainResult train(const TrainOptions& opts) {
   const RunConfig& rc = opts.config;
   const auto t_start = std::chrono::steady_clock::now();
+  if (rc.train.device == "cuda") check_cuda_step_available();
   fs::create_directories(opts.out_dir);
   {  // fail early, before any work, when the output directory is not writable
     const std::string probe = opts.out_dir + "/.write-test";

@@ -1,9 +1,7 @@
-// Blocked fp32 matrix products for the optimizers' host code (Muon's Newton–Schulz iteration).
-// Row-major, contiguous, no aliasing between output and inputs. Work is split over rows of the
-// output with zaya::parallel_for, and each output element is accumulated by one thread in a fixed
-// order (k ascending within fixed-size k-blocks), so the result is bit-identical for any thread
-// count. Deliberately not a general GEMM (no strides, no transposed-B variant beyond what
-// Newton–Schulz needs, no SIMD intrinsics): the model's matmuls live in backend/.
+// fp32 matrix products for the optimizers' host code (Muon's Newton–Schulz iteration), thin
+// wrappers of cpu::gemm (backend/cpu/gemm.h). Row-major, contiguous, no aliasing between output and
+// inputs. Each output element is accumulated by one thread in a fixed order (k ascending), so the
+// result is bit-identical for any thread count.
 #pragma once
 #include <cstdint>
 

@@ -772,6 +772,11 @@ Cases make_cases() {
   add_attention(cs, s++, 2, 1, 12, 7, 4, 2, 8, 0);
   add_attention(cs, s++, 1, 3, 10, 4, 4, 1, 6, 3);
   add_attention(cs, s++, 1, 1, 6, 5, 2, 2, 4, 2);
+  // More than one 64-row query block (the blocked implementation's boundary), with and without a
+  // window reaching across it, and a chunk of 66 queries after 4 cached keys.
+  add_attention(cs, s++, 1, 70, 70, 0, 2, 1, 4, 0);
+  add_attention(cs, s++, 1, 67, 67, 0, 2, 2, 3, 5);
+  add_attention(cs, s++, 1, 66, 70, 4, 2, 1, 4, 0);
   add_router_select(cs, s++, 16, 17, true);
   add_router_select(cs, s++, 7, 5, true);
   add_router_select(cs, s++, 9, 2, false);

@@ -1,8 +1,9 @@
-// The CPU reference ops: fp32, plain loops, multi-threaded with parallel_for over independent rows
-// so results do not depend on the thread count. Each op is the specification its CUDA counterpart
-// is tested against. Signatures: outputs first, then inputs, then sizes. Backward functions sit
-// next to their forward in the same file; their comments say which gradients are accumulated (+=)
-// and which are overwritten.
+// The CPU reference ops: fp32, plain loops around one packed matrix product (gemm.h),
+// multi-threaded with parallel_for over independent rows or output tiles so results do not depend
+// on the thread count. Each op is the specification its CUDA counterpart is tested against.
+// Signatures: outputs first, then inputs, then sizes. Backward functions sit next to their forward
+// in the same file; their comments say which gradients are accumulated (+=) and which are
+// overwritten.
 //
 // Legend: N tokens (B*S), B batch, S sequence, D hidden, K/O linear in/out widths, C conv channels,
 // Hq/Hkv query/key-value heads, d head dim, r rotary dim, E routed experts (E+1 router classes), V

@@ -1,9 +1,12 @@
 // CPU reference: linear layers, embedding, RMSNorm, residual scaling, activations, cross-entropy.
-// Dot products accumulate in fp32 in a fixed order (8 partial sums), so results are identical for
-// any thread count. Weights of other float dtypes are widened to fp32 once per call.
+// Linear layers of 4 rows or more are products of cpu::gemm (gemm.h: one sequential fp32 sum per
+// output element); decoding-sized ones (N < 4) and the norms use dot products with 8 partial sums
+// in a fixed order. Either way results are identical for any thread count. Weights of other float
+// dtypes are widened to fp32 once per call (row by row when decoding).
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/ops.h"
 #include "core/parallel.h"
 
@@ -19,10 +22,6 @@ inline float dot(const float* a, const float* b, int64_t K) {
   float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
   for (; k < K; k++) r += a[k] * b[k];
   return r;
-}
-
-inline void axpy(float* y, float a, const float* x, int64_t K) {
-  for (int64_t k = 0; k < K; k++) y[k] += a * x[k];
 }
 
 // Returns a pointer to W as fp32, converting into `tmp` when W is stored in another dtype.
@@ -79,51 +78,29 @@ void linear(float* y, const float* x, const Tensor& w, const float* bias, int64_
         16);
     return;
   }
-  parallel_for(
-      N,
-      [&](int64_t nb, int64_t ne) {
-        for (int64_t n0 = nb; n0 < ne; n0 += 4) {
-          const int64_t n1 = std::min(ne, n0 + 4);
-          for (int64_t o = 0; o < O; o++) {
-            const float* wr = W + o * K;
-            for (int64_t n = n0; n < n1; n++) {
-              float v = dot(x + n * K, wr, K) + (bias ? bias[o] : 0.0f);
-              y[n * O + o] = accumulate ? y[n * O + o] + v : v;
-            }
-          }
-        }
-      },
-      4);
+  // y[N,O] = x[N,K] · W^T
+  gemm(y, O, rows_of(x, K), transpose_of(W, K), N, K, O, 1.0f, accumulate ? 1.0f : 0.0f, bias);
 }
 
 void linear_backward_input(float* dx, const float* dy, const Tensor& w, int64_t N, int64_t K,
                            int64_t O, bool accumulate) {
   std::vector<float> tmp;
   const float* W = as_f32(w, O * K, tmp);
-  parallel_for(N, [&](int64_t nb, int64_t ne) {
-    for (int64_t n = nb; n < ne; n++) {
-      float* r = dx + n * K;
-      if (!accumulate)
-        for (int64_t k = 0; k < K; k++) r[k] = 0;
-      for (int64_t o = 0; o < O; o++) axpy(r, dy[n * O + o], W + o * K, K);
-    }
-  });
+  // dx[N,K] = dy[N,O] · W[O,K]
+  gemm(dx, K, rows_of(dy, O), rows_of(W, K), N, O, K, 1.0f, accumulate ? 1.0f : 0.0f);
 }
 
 void linear_backward_weight(float* dw, float* db, const float* dy, const float* x, int64_t N,
                             int64_t K, int64_t O) {
-  parallel_for(O, [&](int64_t ob, int64_t oe) {
-    for (int64_t o = ob; o < oe; o++) {
-      float* r = dw + o * K;
-      float bsum = 0;
-      for (int64_t n = 0; n < N; n++) {
-        const float g = dy[n * O + o];
-        bsum += g;
-        if (g != 0.0f) axpy(r, g, x + n * K, K);
-      }
-      if (db) db[o] += bsum;
-    }
-  });
+  // dW[O,K] += dy^T[O,N] · x[N,K]: each element sums its N products in order, then adds to dW.
+  gemm(dw, K, transpose_of(dy, O), rows_of(x, K), O, N, K, 1.0f, 1.0f);
+  if (db) {
+    // Σ_n dy[n,o] in n order for every o (rows are read contiguously).
+    std::vector<float> s(size_t(O), 0.0f);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t o = 0; o < O; o++) s[size_t(o)] += dy[n * O + o];
+    for (int64_t o = 0; o < O; o++) db[o] += s[size_t(o)];
+  }
 }
 
 void embedding(float* y, const int32_t* ids, const Tensor& table, int64_t N, int64_t D) {

@@ -334,6 +334,9 @@ CudaModel::Impl::Impl(const ZayaModel& m, const CudaModelOptions& o) : cfg(m.cfg
   ZAYA_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&h_count), sizeof(int32_t)));
   std::memset(h_counts, 0, size_t(L * E1) * 4);
   routed_rows.assign(size_t(L), 0);
+  // The set-up copies and memsets above ran on the legacy default stream, which the model's
+  // non-blocking stream does not wait for.
+  ZAYA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 CudaModel::Impl::~Impl() {
@@ -1021,9 +1024,10 @@ void CudaModel::download(ZayaModel& m) const {
     // Memory-mapped or narrower tensors are replaced by fresh fp32 ones.
     if (t.dtype() != DType::F32 || !t.is_contiguous() || t.read_only())
       t = Tensor::empty(p.shape, DType::F32);
-    ZAYA_CUDA_CHECK(
-        cudaMemcpy(t.f32(), p.master, size_t(p.numel) * sizeof(float), cudaMemcpyDeviceToHost));
+    ZAYA_CUDA_CHECK(cudaMemcpyAsync(t.f32(), p.master, size_t(p.numel) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, im.st));
   }
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(im.st));
 }
 
 void CudaModel::upload(const ZayaModel& m) {
@@ -1043,8 +1047,12 @@ void CudaModel::upload(const ZayaModel& m) {
     ZAYA_CHECK(dtype_is_float(t.dtype()), "CudaModel::upload: tensor '{}' has dtype {}", name,
                dtype_name(t.dtype()));
     const Tensor f = t.dtype() == DType::F32 && t.is_contiguous() ? t : t.to(DType::F32);
-    ZAYA_CUDA_CHECK(
-        cudaMemcpy(p.master, f.f32(), size_t(p.numel) * sizeof(float), cudaMemcpyHostToDevice));
+    // On the model's stream, so refresh_copies below is ordered after it. A converted temporary
+    // must outlive its copy: wait for it before it goes (keeping them all would double the host
+    // memory of a bf16 checkpoint).
+    ZAYA_CUDA_CHECK(cudaMemcpyAsync(p.master, f.f32(), size_t(p.numel) * sizeof(float),
+                                    cudaMemcpyHostToDevice, im.st));
+    if (f.raw() != t.raw()) ZAYA_CUDA_CHECK(cudaStreamSynchronize(im.st));
   }
   refresh_copies();
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(im.st));

@@ -2,13 +2,28 @@
 """Peer measurements for `zaya bench gemm|mem`, to check zaya's figures against PyTorch.
 
 GEMMs: for every single/batched cuBLASLt row of a `zaya bench gemm --json` file, the same problem
-in PyTorch (Y = X @ W^T with X [m,k], W [n,k]; torch.bmm for expert groups; torch._scaled_mm with
-unit scales for fp8), with the same harness as zaya: operand sets rotated so they exceed 3x L2,
-warm-up, per-iteration CUDA events, median. Memory: torch's device copy (dst.copy_(src)) and plain
-cudaMemcpyAsync device-to-device through ctypes, both counted as 2N bytes (read + write) like zaya.
-Writes one JSON file; compare with tools/device/bench_h200.sh's summary.
+in PyTorch: Y = X @ W^T with X [m,k], W [n,k] through torch.matmul(x, w.t(), out=y) (cuBLAS
+cublasGemmEx, PyTorch's default BLAS backend), torch.bmm(..., out=y) for expert groups
+(cublasGemmStridedBatchedEx), torch._scaled_mm with unit scales for fp8 (one call per expert for
+groups; PyTorch has no batched fp8 matmul). The harness is zaya's (src/bench/gemm_bench.h,
+TimingPolicy), with its numbers read from the JSON:
+  * inputs uniform in [-1, 1) (bf16, or fp8 e4m3 rounded from them), the row's `sets` operand
+    and output sets rotated (zaya sizes them to exceed 3x L2);
+  * `warmup` launches; a 3-launch estimate enqueued behind a hold of the stream; the row's `warm`
+    launches (zaya's count: at least warm_ms of GPU time); then the row's `iters` launches,
+    enqueued while torch.cuda._sleep holds the stream for block_us(iters) (so Python's ~20 us of
+    launch cost per call is not timed), each between consecutive CUDA events; the median.
+  * cuBLAS workspace 32 MiB (CUBLAS_WORKSPACE_CONFIG=:4096:8, PyTorch's own Hopper default,
+    stated explicitly so both sides are known to run with the same workspace as zaya's cuBLASLt).
+With --rounds R the whole GEMM list is measured R times in a row (rounds interleave with zaya's
+runs in tools/device/bench_h200.sh; the comparison takes the best round of each side).
 
-Usage: bench_peer.py --gemm-json gemm.json --out peer.json [--iters 20 --warmup 5]
+Memory: torch's device copy (dst.copy_(src)) and plain cudaMemcpyAsync device-to-device through
+ctypes, both counted as 2N bytes (read + write) like zaya, timed as `zaya bench mem` times its
+device tests (3 warm-up calls, then 20 calls each between CUDA events, median).
+
+Usage: bench_peer.py --gemm-json gemm.json --out peer.json [--rounds 2] [--skip-mem]
+Compare with tools/bench_peer_compare.py.
 """
 import argparse
 import ctypes
@@ -20,19 +35,97 @@ import os
 import statistics
 import sys
 
+# Before torch creates its cuBLAS handle (see the docstring).
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-def median_time_us(fn, sets, warmup, iters):
-    import torch
-    for i in range(warmup):
-        fn(i % sets)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
-    for i in range(iters):
-        starts[i].record()
-        fn(i % sets)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+DEFAULT_POLICY = {"warmup": 5, "min_iters": 20, "max_iters": 200, "warm_ms": 20.0,
+                  "min_time_ms": 25.0, "block_base_us": 1000.0, "block_per_iter_us": 50.0,
+                  "block_max_us": 50000.0}
+
+
+# The arithmetic of zaya's TimingPolicy (src/bench/gemm_shapes.cpp), used when a row lacks counts.
+def warm_launches(p, est_us):
+    if not est_us > 0 or not p["warm_ms"] > 0:
+        return 0
+    return int(min(1000.0, math.ceil(p["warm_ms"] * 1e3 / est_us)))
+
+
+def timed_iters(p, est_us):
+    lo = max(1, int(p["min_iters"]))
+    hi = max(lo, int(p["max_iters"]))
+    if not est_us > 0:
+        return hi
+    return int(min(max(math.ceil(p["min_time_ms"] * 1e3 / est_us), lo), hi))
+
+
+def block_us(p, iters):
+    return min(p["block_max_us"], p["block_base_us"] + p["block_per_iter_us"] * iters)
+
+
+def operand_sets(l2, m, n, k, g, es, free_bytes):
+    """zaya's make_buffers: 256-byte-rounded sets exceeding 3x L2, 1..32, within half the free."""
+    up = lambda v: (v + 255) // 256 * 256
+    set_bytes = up(g * n * k * es) + up(g * m * k * es) + up(g * m * n * 2)
+    sets = max(1, min(32, -(-3 * l2 // set_bytes)))
+    while sets > 1 and sets * set_bytes > free_bytes // 2:
+        sets -= 1
+    return sets
+
+
+class Timer:
+    """zaya's measurement protocol on the current PyTorch stream."""
+
+    def __init__(self, policy):
+        import torch
+        self.torch = torch
+        self.p = policy
+        # torch.cuda._sleep spins for a number of GPU clock cycles: calibrate cycles per
+        # microsecond once (the hold only needs to outlast the host's enqueueing).
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize()
+        cycles = 4_000_000
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        torch.cuda._sleep(cycles)
+        e.record()
+        torch.cuda.synchronize()
+        self.cycles_per_us = cycles / max(1.0, s.elapsed_time(e) * 1e3)
+
+    def hold(self, us):
+        if us > 0:
+            self.torch.cuda._sleep(int(us * self.cycles_per_us))
+
+    def measure(self, fn, sets, iters=None, warm=None):
+        """Returns (median us, iters, warm); iters/warm default to the policy's counts."""
+        torch, p = self.torch, self.p
+        nxt = 0
+        for _ in range(int(p["warmup"])):
+            fn(nxt % sets)
+            nxt += 1
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.hold(block_us(p, 3))
+        a.record()
+        for _ in range(3):
+            fn(nxt % sets)
+            nxt += 1
+        b.record()
+        torch.cuda.synchronize()
+        est = a.elapsed_time(b) * 1e3 / 3
+        warm = warm_launches(p, est) if warm is None else int(warm)
+        iters = timed_iters(p, est) if not iters else int(iters)
+        for _ in range(warm):
+            fn(nxt % sets)
+            nxt += 1
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+        self.hold(block_us(p, iters))
+        ev[0].record()
+        for i in range(iters):
+            fn(nxt % sets)
+            nxt += 1
+            ev[i + 1].record()
+        torch.cuda.synchronize()
+        return statistics.median(ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(iters)), \
+            iters, warm
 
 
 def l2_bytes():
@@ -41,7 +134,7 @@ def l2_bytes():
     return int(getattr(p, "L2_cache_size", 50 << 20))
 
 
-def gemm_peer(rows, warmup, iters):
+def gemm_peer(rows, timer):
     import torch
     out = []
     l2 = l2_bytes()
@@ -55,17 +148,19 @@ def gemm_peer(rows, warmup, iters):
         seen.add(key)
         m, n, k, g, dt = key
         es = 1 if dt == "fp8" else 2
-        set_bytes = g * (m * k + n * k) * es + g * m * n * 2
-        sets = max(1, min(32, math.ceil(3 * l2 / set_bytes)))
+        free, _ = torch.cuda.mem_get_info()
+        sets = int(r.get("sets") or operand_sets(l2, m, n, k, g, es, free))
+        xs, ws, ys = [], [], []
         try:
-            xs, ws = [], []
             for _ in range(sets):
-                x = torch.rand((g, m, k), device="cuda") * 2 - 1
-                w = torch.rand((g, n, k), device="cuda") * 2 - 1
+                x = torch.empty((g, m, k), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
+                w = torch.empty((g, n, k), device="cuda", dtype=torch.bfloat16).uniform_(-1, 1)
                 if dt == "fp8":
                     x, w = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
                 else:
-                    x, w = x.to(torch.bfloat16), w.to(torch.bfloat16)
+                    ys.append(torch.empty((g, m, n), device="cuda", dtype=torch.bfloat16))
+                    if g == 1:
+                        ys[-1] = ys[-1][0]
                 xs.append(x if g > 1 else x[0])
                 ws.append(w if g > 1 else w[0])
             if dt == "fp8":
@@ -81,18 +176,19 @@ def gemm_peer(rows, warmup, iters):
                                          out_dtype=torch.bfloat16, use_fast_accum=False)
             elif g > 1:
                 def fn(i):
-                    torch.bmm(xs[i], ws[i].transpose(1, 2))
+                    torch.bmm(xs[i], ws[i].transpose(1, 2), out=ys[i])
             else:
                 def fn(i):
-                    torch.matmul(xs[i], ws[i].t())
-            us = median_time_us(fn, sets, warmup, iters)
+                    torch.matmul(xs[i], ws[i].t(), out=ys[i])
+            us, iters, warm = timer.measure(fn, sets, r.get("iters"), r.get("warm"))
             gflop = 2.0 * m * n * k * g / 1e9
             out.append({"name": r["name"], "m": m, "n": n, "k": k, "groups": g, "dtype": dt,
-                        "time_us": us, "tflops": gflop / (us * 1e-6) / 1e3, "sets": sets})
+                        "time_us": us, "tflops": gflop / (us * 1e-6) / 1e3, "sets": sets,
+                        "iters": iters, "warm": warm})
         except Exception as e:  # a shape torch cannot run is reported, not fatal
             out.append({"name": r["name"], "m": m, "n": n, "k": k, "groups": g, "dtype": dt,
                         "error": str(e)[:200]})
-        del xs, ws
+        del xs, ws, ys
         torch.cuda.empty_cache()
     return out
 
@@ -115,6 +211,21 @@ def load_cudart():
     return None
 
 
+def median_events_us(fn, warmup, iters):
+    """`zaya bench mem`'s device timing: warm-up calls, then per-call CUDA events, median."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+          for _ in range(iters)]
+    for s, e in ev:
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in ev)
+
+
 def mem_peer(warmup, iters, max_bytes):
     import torch
     out = []
@@ -123,7 +234,7 @@ def mem_peer(warmup, iters, max_bytes):
     while size <= max_bytes:
         src = torch.empty(size, dtype=torch.uint8, device="cuda").random_(0, 255)
         dst = torch.empty_like(src)
-        us = median_time_us(lambda i: dst.copy_(src), 1, warmup, iters)
+        us = median_events_us(lambda: dst.copy_(src), warmup, iters)
         out.append({"name": "torch_copy", "size": size, "time_us": us,
                     "gbs": 2 * size / (us * 1e-6) / 1e9})
         if cudart is not None:
@@ -131,12 +242,13 @@ def mem_peer(warmup, iters, max_bytes):
             fn = cudart.cudaMemcpyAsync
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
                            ctypes.c_void_p]
-            def memcpy(i):
+
+            def memcpy():
                 rc = fn(ctypes.c_void_p(dst.data_ptr()), ctypes.c_void_p(src.data_ptr()), size, 3,
                         stream)  # 3 = cudaMemcpyDeviceToDevice
                 if rc != 0:
                     raise RuntimeError(f"cudaMemcpyAsync returned {rc}")
-            us = median_time_us(memcpy, 1, warmup, iters)
+            us = median_events_us(memcpy, warmup, iters)
             out.append({"name": "cudaMemcpy_d2d", "size": size, "time_us": us,
                         "gbs": 2 * size / (us * 1e-6) / 1e9})
         del src, dst
@@ -147,13 +259,15 @@ def mem_peer(warmup, iters, max_bytes):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gemm-json", help="zaya bench gemm --json output")
+    ap.add_argument("--gemm-json", help="zaya bench gemm --json output (shapes, counts, policy)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=1, help="measure the GEMM list this many times")
+    ap.add_argument("--skip-mem", action="store_true", help="GEMMs only")
+    ap.add_argument("--mem-iters", type=int, default=20, help="as `zaya bench mem -n`")
+    ap.add_argument("--mem-warmup", type=int, default=3, help="as `zaya bench mem -w`")
     ap.add_argument("--mem-max", default=str(4 << 30), help="largest copy in bytes")
     a = ap.parse_args()
-    result = {"schema": "zaya.bench.peer/1"}
+    result = {"schema": "zaya.bench.peer/2"}
     try:
         import torch
         assert torch.cuda.is_available(), "torch sees no CUDA device"
@@ -164,10 +278,33 @@ def main():
         return 2
     result["torch"] = torch.__version__
     result["device"] = torch.cuda.get_device_name(0)
+    result["cublas_workspace_config"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        result["blas_library"] = str(torch.backends.cuda.preferred_blas_library())
+    except Exception:  # older PyTorch: cuBLAS is the only choice
+        result["blas_library"] = "cublas"
+    result["bf16_reduced_precision_reduction"] = \
+        bool(torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
     if a.gemm_json:
-        rows = json.load(open(a.gemm_json))["results"]
-        result["gemm"] = gemm_peer(rows, a.warmup, a.iters)
-    result["mem"] = mem_peer(a.warmup, a.iters, int(a.mem_max))
+        doc = json.load(open(a.gemm_json))
+        policy = dict(DEFAULT_POLICY, **doc.get("timing", {}))
+        result["timing"] = policy
+        timer = Timer(policy)
+        result["sleep_cycles_per_us"] = timer.cycles_per_us
+        rounds = [gemm_peer(doc["results"], timer) for _ in range(max(1, a.rounds))]
+        result["gemm_rounds"] = rounds
+        # "gemm": the best round per shape (highest TFLOP/s), for readers of the old layout.
+        best = {}
+        for rnd in rounds:
+            for p in rnd:
+                key = (p["m"], p["n"], p["k"], p["groups"], p["dtype"])
+                if "tflops" in p and ("tflops" not in best.get(key, {}) or
+                                      p["tflops"] > best[key]["tflops"]):
+                    best[key] = p
+                best.setdefault(key, p)
+        result["gemm"] = list(best.values())
+    if not a.skip_mem:
+        result["mem"] = mem_peer(a.mem_warmup, a.mem_iters, int(a.mem_max))
     tmp = a.out + ".tmp"
     json.dump(result, open(tmp, "w"), indent=1)
     os.replace(tmp, a.out)

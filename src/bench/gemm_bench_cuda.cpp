@@ -256,25 +256,29 @@ int autotune(Context& ctx, const LtProblem& p, const TimingPolicy& pol, int sets
   const Launch first = [&](int i) { run_algo(ok[0], i); };
   const double est = estimate_us(ctx, pol, sets, next, first);
   for (int i = 0, w = warm_launches(pol, est); i < w; ++i) first(next++ % sets);
-  // Short holds suffice for C++ launches (a few microseconds each).
+  // Short holds suffice for C++ launches (a few microseconds each). Launches over a millisecond
+  // are timed fewer times: their times vary little, and 32 candidates of a 12 ms GEMM would
+  // otherwise cost seconds.
   auto hold = [](int n) { return 200.0 + 20.0 * n; };
-  // Pass 1: every candidate, one untimed and three timed launches.
+  const bool long_launch = est > 1000;
+  const int n1 = long_launch ? 1 : 3, n2 = long_launch ? 2 : 5;
+  // Pass 1: every candidate, one untimed launch (short ones) and n1 timed ones.
   std::vector<std::pair<double, int>> pass1;
   for (int a : ok) {
     const Launch l = [&](int i) { run_algo(a, i); };
-    l(next++ % sets);
-    pass1.push_back({median(sample_launches(ctx, 3, hold(3), sets, next, l)), a});
+    if (!long_launch) l(next++ % sets);
+    pass1.push_back({median(sample_launches(ctx, n1, hold(n1), sets, next, l)), a});
   }
   std::sort(pass1.begin(), pass1.end());
-  // Pass 2: the best three, interleaved rounds (so a clock drift hits them alike), 5 launches
-  // per round; the lowest median of each one's 15 samples wins.
+  // Pass 2: the best three, interleaved rounds (so a clock drift hits them alike), n2 launches
+  // per round; the lowest median of each one's samples wins.
   const size_t finalists = std::min<size_t>(3, pass1.size());
   std::vector<std::vector<double>> samples(finalists);
   for (int round = 0; round < 3; ++round)
     for (size_t f = 0; f < finalists; ++f) {
       const int a = pass1[f].second;
       const Launch l = [&](int i) { run_algo(a, i); };
-      const auto t = sample_launches(ctx, 5, hold(5), sets, next, l);
+      const auto t = sample_launches(ctx, n2, hold(n2), sets, next, l);
       samples[f].insert(samples[f].end(), t.begin(), t.end());
     }
   size_t best = 0;

@@ -196,8 +196,7 @@ TEST_P(CudaParity, LogitsLossAndArgmaxMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaParity, ::testing::Values("cfg_a", "cfg_b"));
 
-// ---- gradients against the CPU reference
-// ----------------------------------------------------------
+// ---- gradients against the CPU reference --------------------------------------------------------
 
 class CudaGrads : public ::testing::TestWithParam<SkipOutput> {};
 
@@ -256,8 +255,7 @@ INSTANTIATE_TEST_SUITE_P(SkipModes, CudaGrads,
                                                                              : "ScaledInput");
                          });
 
-// ---- determinism, recompute, round trips, profiling
-// ----------------------------------------------
+// ---- determinism, recompute, round trips, profiling ---------------------------------------------
 
 TEST(CudaModel, RepeatedStepsAreBitIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

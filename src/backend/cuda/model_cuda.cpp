@@ -632,8 +632,7 @@ void CudaModel::Impl::stage_ids(const int32_t* ids, const int32_t* targets, int6
   }
 }
 
-// ---- profiling
-// ------------------------------------------------------------------------------------
+// ---- profiling ----------------------------------------------------------------------------------
 
 int CudaModel::Impl::prof_start(OpClass c) {
   if (!opt.profile) return -1;
@@ -671,8 +670,7 @@ void CudaModel::Impl::prof_collect() {
   }
 }
 
-// ---- forward
-// ---------------------------------------------------------------------------------------
+// ---- forward ------------------------------------------------------------------------------------
 
 void CudaModel::Impl::forward(int64_t B, int64_t S) {
   const int64_t N = B * S;
@@ -812,8 +810,7 @@ void CudaModel::Impl::head_loss(int64_t N, bool backward, float grad_scale) {
   sum_loss(d_loss_sum, d_count, loss_n, d_targets, N, wsr(), st);
 }
 
-// ---- backward
-// --------------------------------------------------------------------------------------
+// ---- backward -----------------------------------------------------------------------------------
 
 void CudaModel::Impl::backward(int64_t B, int64_t S) {
   const int64_t N = B * S;
@@ -973,8 +970,7 @@ void CudaModel::Impl::attention_backward(int64_t li, int64_t B, int64_t S) {
   dgrad(dx, GemmType::F32, 0.0f, dqkv, N, D, LD, P.wq->copy, GemmType::BF16);
 }
 
-// ---- CudaModel
-// ---------------------------------------------------------------------------------------
+// ---- CudaModel ----------------------------------------------------------------------------------
 
 CudaModel::CudaModel(const ZayaModel& m, const CudaModelOptions& opt)
     : impl_(std::make_unique<Impl>(m, opt)) {

@@ -1,13 +1,15 @@
-// The packed, register-tiled fp32 matrix product of the CPU reference (see gemm.h for the
-// numerics contract).
+// The register-tiled fp32 matrix product of the CPU reference (see gemm.h for the numerics
+// contract).
 //
-// A is packed into panels of kMR rows (k × kMR, row index fastest) and B into strips of kNR
-// columns (k × kNR), zero-padded at the edges, so the micro-kernel reads both with unit stride
-// whatever the views' strides were. The micro-kernel keeps a kMR × kNR block of C in vector
-// registers (6 accumulators of 16 lanes: 6 zmm with AVX-512, 12 ymm with AVX2) and walks the whole
-// of k, so each output element is one sequential sum. GCC vector extensions instead of intrinsics:
-// the same source compiles for every clone, and lane-wise `acc += a * b` is exactly the scalar
-// loop's arithmetic (contraction is switched off below, so no clone fuses them).
+// The micro-kernel keeps a kMR × kNR block of C in vector registers (6 accumulators of 16 lanes:
+// 6 zmm with AVX-512, 12 ymm with AVX2) and walks the whole of k, so each output element is one
+// sequential sum. It broadcasts A's elements straight from the caller's strided view (six row
+// pointers; rows past m repeat the last row and their results are dropped), and reads B as 16
+// contiguous floats per k: in place when B's rows are contiguous, else from a copy packed into
+// strips of 16 columns (k × 16, zero-padded), which is also how the last, partial strip is read.
+// Packing A as well would cost as much as the products when n is small (n = 16 or 32 is common
+// here: head dims, router widths), and reading it in place is as fast for the sizes we have.
+// GCC vector extensions instead of intrinsics: the same source compiles for every clone.
 #include "backend/cpu/gemm.h"
 
 #include <algorithm>
@@ -37,22 +39,6 @@ float* scratch(std::vector<float>& buf, int64_t n) {
   return reinterpret_cast<float*>((a + 63) & ~uintptr_t(63));
 }
 
-void pack_a(float* dst, MatView A, int64_t m, int64_t k, int64_t panel) {
-  float* d = dst + panel * k * kMR;
-  const int64_t i0 = panel * kMR, rows = std::min(kMR, m - i0);
-  if (A.cs == 1) {  // rows of A are contiguous: read them in order
-    for (int64_t r = 0; r < rows; r++) {
-      const float* src = A.p + (i0 + r) * A.rs;
-      for (int64_t p = 0; p < k; p++) d[p * kMR + r] = src[p];
-    }
-  } else {
-    for (int64_t p = 0; p < k; p++)
-      for (int64_t r = 0; r < rows; r++) d[p * kMR + r] = A.p[(i0 + r) * A.rs + p * A.cs];
-  }
-  for (int64_t r = rows; r < kMR; r++)
-    for (int64_t p = 0; p < k; p++) d[p * kMR + r] = 0.0f;
-}
-
 void pack_b(float* dst, MatView B, int64_t k, int64_t n, int64_t strip) {
   float* d = dst + strip * k * kNR;
   const int64_t j0 = strip * kNR, cols = std::min(kNR, n - j0);
@@ -73,28 +59,30 @@ void pack_b(float* dst, MatView B, int64_t k, int64_t n, int64_t strip) {
 }
 
 struct TileJob {
-  const float* Ap;
-  const float* Bp;
+  MatView A;
+  const float* Bp;  // packed strips (k × kNR each), or null when B is read in place
+  MatView B;
   float* C;
   int64_t ldc, m, k, n, strips;
   float alpha, beta;
   const float* bias;
 };
 
-// The kMR × kNR block of A-panel · B-strip products into out (row-major kMR × kNR).
-[[gnu::always_inline]] inline void micro_kernel(const float* a, const float* b, int64_t k,
-                                                float* out) {
+// The kMR × kNR block Σ_p a_r[p·acs] · b[p·bs + 0..15] into out (row-major kMR × kNR).
+[[gnu::always_inline]] inline void micro_kernel(const float* const* a, int64_t acs, const float* b,
+                                                int64_t bs, int64_t k, float* out) {
+  const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
   v16 c0 = {}, c1 = {}, c2 = {}, c3 = {}, c4 = {}, c5 = {};
   for (int64_t p = 0; p < k; p++) {
     v16 bv;
-    std::memcpy(&bv, b + p * kNR, sizeof(bv));
-    const float* ap = a + p * kMR;
-    c0 += ap[0] * bv;
-    c1 += ap[1] * bv;
-    c2 += ap[2] * bv;
-    c3 += ap[3] * bv;
-    c4 += ap[4] * bv;
-    c5 += ap[5] * bv;
+    std::memcpy(&bv, b + p * bs, sizeof(bv));
+    const int64_t o = p * acs;
+    c0 += a0[o] * bv;
+    c1 += a1[o] * bv;
+    c2 += a2[o] * bv;
+    c3 += a3[o] * bv;
+    c4 += a4[o] * bv;
+    c5 += a5[o] * bv;
   }
   std::memcpy(out + 0 * kNR, &c0, sizeof(c0));
   std::memcpy(out + 1 * kNR, &c1, sizeof(c1));
@@ -104,16 +92,22 @@ struct TileJob {
   std::memcpy(out + 5 * kNR, &c5, sizeof(c5));
 }
 
-// Tiles [t_begin, t_end) in panel-major order (t = panel · strips + strip).
+// Tiles [t_begin, t_end) in panel-major order (t = panel · strips + strip), so consecutive tiles
+// of one thread share their six rows of A.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void run_tiles(const TileJob& J,
                                                                             int64_t t_begin,
                                                                             int64_t t_end) {
   alignas(64) float out[kMR * kNR];
+  const float* arows[kMR];
   for (int64_t t = t_begin; t < t_end; t++) {
     const int64_t panel = t / J.strips, strip = t % J.strips;
-    micro_kernel(J.Ap + panel * J.k * kMR, J.Bp + strip * J.k * kNR, J.k, out);
     const int64_t i0 = panel * kMR, j0 = strip * kNR;
     const int64_t rows = std::min(kMR, J.m - i0), cols = std::min(kNR, J.n - j0);
+    for (int64_t r = 0; r < kMR; r++) arows[r] = J.A.p + std::min(i0 + r, J.m - 1) * J.A.rs;
+    if (J.Bp)
+      micro_kernel(arows, J.A.cs, J.Bp + strip * J.k * kNR, kNR, J.k, out);
+    else
+      micro_kernel(arows, J.A.cs, J.B.p + j0, J.B.rs, J.k, out);
     for (int64_t r = 0; r < rows; r++) {
       float* c = J.C + (i0 + r) * J.ldc + j0;
       const float* o = out + r * kNR;
@@ -134,25 +128,22 @@ void gemm(float* C, int64_t ldc, MatView A, MatView B, int64_t m, int64_t k, int
   if (m <= 0 || n <= 0) return;
   k = std::max<int64_t>(k, 0);
   const int64_t panels = (m + kMR - 1) / kMR, strips = (n + kNR - 1) / kNR;
-  thread_local std::vector<float> abuf, bbuf;
-  float* Ap = scratch(abuf, panels * k * kMR);
-  float* Bp = scratch(bbuf, strips * k * kNR);
-  // Packing moves k·(m + n) floats against k·m·n multiply-adds: split it only when it is large.
-  const int64_t pack_chunk_a = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, k * kMR));
-  const int64_t pack_chunk_b = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, k * kNR));
-  parallel_for(
-      panels,
-      [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; i++) pack_a(Ap, A, m, k, i);
-      },
-      pack_chunk_a);
-  parallel_for(
-      strips,
-      [&](int64_t b, int64_t e) {
-        for (int64_t s = b; s < e; s++) pack_b(Bp, B, k, n, s);
-      },
-      pack_chunk_b);
-  const TileJob job{Ap, Bp, C, ldc, m, k, n, strips, alpha, beta, bias};
+  // B is read in place when each of its rows holds 16 contiguous floats per strip; a partial
+  // last strip would read past the row, so then (and for transposed B) it is packed.
+  const bool in_place = B.cs == 1 && n % kNR == 0;
+  thread_local std::vector<float> bbuf;
+  float* Bp = nullptr;
+  if (!in_place) {
+    Bp = scratch(bbuf, strips * k * kNR);
+    const int64_t chunk = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, k * kNR));
+    parallel_for(
+        strips,
+        [&](int64_t b, int64_t e) {
+          for (int64_t s = b; s < e; s++) pack_b(Bp, B, k, n, s);
+        },
+        chunk);
+  }
+  const TileJob job{A, Bp, B, C, ldc, m, k, n, strips, alpha, beta, bias};
   // About 64K multiply-adds per chunk before a second thread is worth waking.
   const int64_t tile_chunk = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, k * kMR * kNR));
   parallel_for(

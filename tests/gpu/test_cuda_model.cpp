@@ -92,10 +92,17 @@ Batch random_batch(int64_t V, int64_t B, int64_t S, uint64_t seed) {
   return b;
 }
 
-// The tiny preset with a sliding-window layer, fresh random weights made bf16-representable (so
-// the device's bf16 weight copies are exact and the remaining differences come from activations),
-// perturbed vectors (so scales and biases take part in the math), and a skip-class balancing bias
-// of 0 so that some tokens choose the skip class.
+// The tiny preset with a sliding-window layer and fresh random weights, adjusted so that the test
+// exercises what it should:
+// - every bias (input, residual-scale, router, conv) is small and random. ZayaModel::init sets the
+//   residual-scale biases to 1 (its "_scale" rule matches their set's name), which adds the same
+//   constant to every token's h, drowns the token signal and routes every token of a layer to one
+//   class; scales and norm weights get ±10% noise;
+// - the router matrices are 5-10× larger so that the router MLP sees token-dependent inputs and
+//   produces decisive, varied choices;
+// - the skip class's balancing bias is 0, so some tokens choose it;
+// - all values are bf16-representable, so the device's bf16 weight copies are exact and the
+//   remaining differences come from activations.
 ZayaModel test_model(SkipOutput skip, uint64_t seed) {
   ZayaConfig c = ZayaConfig::preset("tiny");
   c.skip_output = skip;
@@ -110,9 +117,16 @@ ZayaModel test_model(SkipOutput skip, uint64_t seed) {
       continue;
     }
     const bool vec = t.dim() == 1 && name.find("temp") == std::string::npos;
+    const bool bias = vec && name.find("bias") != std::string::npos;
+    float gain = 1.0f;
+    if (!vec && name.find("mlp.gate.") != std::string::npos)
+      gain = name.find("out_proj") != std::string::npos ? 5.0f : 10.0f;
     for (int64_t i = 0; i < t.numel(); i++) {
-      if (vec) p[i] += 0.1f * rng.normal();
-      if (name.find("out_proj") != std::string::npos) p[i] *= 20.0f;  // decisive gates
+      if (bias)
+        p[i] = 0.01f * rng.normal();
+      else if (vec)
+        p[i] += 0.1f * rng.normal();
+      p[i] *= gain;
       p[i] = zaya::bf16_to_f32(zaya::f32_to_bf16(p[i]));
     }
   }

@@ -152,10 +152,12 @@ ZayaModel ZayaModel::init(const ZayaConfig& cfg, uint64_t seed, float init_std) 
         t = filled(sh, 0.0f);
       else
         t = randn(sh, rng, 1.0f / std::sqrt(float(sh[1] * sh[2])));
+    } else if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
+      // Biases first: the residual-scale biases live under "..._residual_scale." and must not
+      // take the scales' 1.
+      t = filled(sh, 0.0f);
     } else if (ends("temp") || ends("_scale") || ends("norm.weight") || ends("layernorm")) {
       t = filled(sh, 1.0f);
-    } else if (ends("bias")) {
-      t = filled(sh, 0.0f);
     } else if (ends("o_proj") || ends("experts.down_proj")) {
       t = randn(sh, rng, out_std);
     } else {

@@ -1,6 +1,7 @@
 #include "bench/bench_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -29,6 +30,7 @@ ZayaModel random_model(const ZayaConfig& cfg, uint64_t seed) {
   small.num_hidden_layers = std::min<int64_t>(2, cfg.num_hidden_layers);
   if (!small.layer_types.empty()) small.layer_types.resize(size_t(small.num_hidden_layers));
   small.vocab_size = 128;
+  small.num_experts = 1;  // the experts (most of the weights) are filled in parallel below
   small.pad_token_id = 0, small.bos_token_id = 2, small.eos_token_id = 1;
   ZayaModel m = ZayaModel::init(small, seed);
   m.cfg = cfg;
@@ -72,6 +74,21 @@ ZayaModel random_model(const ZayaConfig& cfg, uint64_t seed) {
                       &w.experts_gate_up,
                       &w.experts_down})
       if (t->defined()) *t = t->clone();
+  }
+  const int64_t E = cfg.num_experts, I = cfg.moe_intermediate_size, D = cfg.hidden_size,
+                R = cfg.router_hidden_size;
+  const float out_std = 0.02f / std::sqrt(2.0f * float(cfg.num_hidden_layers));
+  for (int64_t l = 0; l < cfg.num_hidden_layers; l++) {
+    LayerWeights& w = m.layers[size_t(l)];
+    const uint64_t ls = seed + 0x100000001b3ull * uint64_t(l + 1);
+    w.experts_gate_up = Tensor::empty({E, 2 * I, D}, DType::F32);
+    fill_normal(w.experts_gate_up, ls ^ 1, 0.02f);
+    w.experts_down = Tensor::empty({E, D, I}, DType::F32);
+    fill_normal(w.experts_down, ls ^ 2, out_std);
+    w.r_out_w = Tensor::empty({E + 1, R}, DType::F32);
+    fill_normal(w.r_out_w, ls ^ 3, 0.02f);
+    w.balancing_bias = Tensor::zeros({E + 1});
+    w.balancing_bias.f32()[E] = -1.0f;  // skip class, as ZayaModel::init
   }
   return m;
 }

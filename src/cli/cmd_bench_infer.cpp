@@ -31,7 +31,7 @@ struct BenchInferArgs {
   std::string preset = "zaya1-base", json, write_config;
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
-  bool no_graphs = false;
+  bool no_graphs = false, profile = false;
   uint64_t seed = 1234;
 };
 
@@ -100,6 +100,17 @@ int run(const BenchInferArgs& a) {
   std::printf("%-28s %14.3f\n", "roofline ms/step", roofline_s * 1e3);
   std::printf("%-28s %14.3f\n", "fraction of roofline", roofline_s / decode_s);
   std::printf("%-28s %14.2f\n", "device GiB", double(inf.device_bytes()) / double(1 << 30));
+  nlohmann::json prof = nlohmann::json::object();
+  if (a.profile) {  // one eager step, events between ops (launch gaps included)
+    const auto ops = inf.profile_decode(last);
+    double total = 0;
+    for (const auto& [name, ms] : ops) total += ms;
+    std::printf("# one eager decode step by op class (%.3f ms, launch gaps included):\n", total);
+    for (const auto& [name, ms] : ops) {
+      std::printf("  %-28s %9.3f ms %6.1f%%\n", name.c_str(), ms, 100.0 * ms / total);
+      prof[name] = ms;
+    }
+  }
   if (!a.json.empty()) {
     nlohmann::json j = {{"preset", a.preset},
                         {"layers", cfg.num_hidden_layers},
@@ -115,7 +126,8 @@ int run(const BenchInferArgs& a) {
                         {"copy_gbs", a.copy_gbs},
                         {"roofline_ms_per_step", roofline_s * 1e3},
                         {"roofline_fraction", roofline_s / decode_s},
-                        {"device_bytes", inf.device_bytes()}};
+                        {"device_bytes", inf.device_bytes()},
+                        {"eager_step_profile_ms", prof}};
     write_file_atomic(a.json, j.dump(1) + "\n");
   }
   return 0;
@@ -141,6 +153,7 @@ int bench_infer_cli(int argc, char** argv) {
   app.add_option("--copy-gbs", a.copy_gbs, "device copy bandwidth for the roofline (GB/s)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-graphs", a.no_graphs, "launch decode kernels one by one (no CUDA graph)");
+  app.add_flag("--profile", a.profile, "also time one eager decode step by op class");
   app.add_option("--json", a.json, "write the results as JSON");
   app.add_option("--seed", a.seed, "weights and prompt seed");
   app.add_option("--write-config", a.write_config,

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_model.h"
 #include "bench/profile.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -31,7 +32,7 @@ namespace zaya::cli {
 namespace {
 
 struct BenchTrainArgs {
-  std::string preset = "zaya1-base", json, ns_precision = "bf16";
+  std::string preset = "zaya1-base", json, ns_precision = "bf16", optimizer = "adamw";
   int64_t layers = 8, batch = 4, seq = 4096, steps = 10, warmup = 3;
   uint64_t seed = 1234;
   double peak_tflops = 790.0, lr = 1e-4;
@@ -50,76 +51,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// Overwrites t with normal(0, std) values in parallel (one counter-based stream per chunk), so a
-// multi-gigabyte embedding initialises in seconds rather than minutes.
-void fill_normal(Tensor& t, uint64_t seed, float std) {
-  float* p = t.f32();
-  constexpr int64_t kChunk = int64_t(1) << 20;
-  const int64_t n = t.numel(), chunks = (n + kChunk - 1) / kChunk;
-  parallel_for(chunks, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; c++) {
-      Rng r(seed, uint64_t(c) << 32);
-      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); i++) p[i] = r.normal() * std;
-    }
-  });
-}
-
-// A random-init model of `cfg`, built quickly: ZayaModel::init (serial RNG) runs on a two-layer,
-// small-vocabulary copy of the config, layers 2.. are deep copies of layer 1 (layer 0 differs: it
-// has no router state scale), and the embedding is filled in parallel. The values only need to be
-// those of a freshly initialised model in distribution; the benchmark measures speed.
-ZayaModel bench_model(const ZayaConfig& cfg, uint64_t seed) {
-  ZayaConfig small = cfg;
-  small.num_hidden_layers = std::min<int64_t>(2, cfg.num_hidden_layers);
-  if (!small.layer_types.empty()) small.layer_types.resize(size_t(small.num_hidden_layers));
-  small.vocab_size = 128;
-  small.pad_token_id = 0, small.bos_token_id = 2, small.eos_token_id = 1;
-  ZayaModel m = ZayaModel::init(small, seed);
-  m.cfg = cfg;
-  m.embed = Tensor::empty({cfg.vocab_size, cfg.hidden_size}, DType::F32);
-  fill_normal(m.embed, seed ^ 0x9e3779b97f4a7c15ull, 0.02f);
-  m.layers.resize(size_t(cfg.num_hidden_layers));
-  for (int64_t l = 2; l < cfg.num_hidden_layers; l++) {
-    const LayerWeights& src = m.layers[1];
-    LayerWeights& dst = m.layers[size_t(l)];
-    dst = src;  // shares storage; replace every defined tensor by a copy
-    for (Tensor* t : {&dst.ln_in,
-                      &dst.ln_post,
-                      &dst.wq,
-                      &dst.wk,
-                      &dst.wv_cur,
-                      &dst.wv_del,
-                      &dst.wo,
-                      &dst.conv_dw_w,
-                      &dst.conv_dw_b,
-                      &dst.conv_g_w,
-                      &dst.conv_g_b,
-                      &dst.temp,
-                      &dst.post_attn.hs,
-                      &dst.post_attn.hb,
-                      &dst.post_attn.rs,
-                      &dst.post_attn.rb,
-                      &dst.post_mlp.hs,
-                      &dst.post_mlp.hb,
-                      &dst.post_mlp.rs,
-                      &dst.post_mlp.rb,
-                      &dst.r_down_w,
-                      &dst.r_down_b,
-                      &dst.r_states_scale,
-                      &dst.r_norm,
-                      &dst.r_fc1_w,
-                      &dst.r_fc1_b,
-                      &dst.r_fc2_w,
-                      &dst.r_fc2_b,
-                      &dst.r_out_w,
-                      &dst.balancing_bias,
-                      &dst.experts_gate_up,
-                      &dst.experts_down})
-      if (t->defined()) *t = t->clone();
-  }
-  return m;
 }
 
 nlohmann::json profile_json(const cuda::OpClassTimes& p) {
@@ -151,7 +82,7 @@ int run(const BenchTrainArgs& a) {
       double(cfg.params_active(true)) / 1e6, flops_per_token / 1e9);
 
   double t0 = now_s();
-  ZayaModel host = bench_model(cfg, a.seed);
+  ZayaModel host = bench::random_model(cfg, a.seed);
   const double init_s = now_s() - t0;
 
   // Random tokens (uniform over the vocabulary; targets are the next token, last one ignored).
@@ -180,7 +111,12 @@ int run(const BenchTrainArgs& a) {
   t0 = now_s();
   {
     cuda::CudaModel cm(host, mo);
-    cuda::CudaOptimizer opt(cm.params(), OptimizerSettings{}, cm.gemm(), cm.stream(), oo);
+    OptimizerSettings os;
+    if (a.optimizer == "adamw") {  // the peer's optimizer: every parameter on AdamW
+      os.default_rules = false;
+      os.rules = {ParamRule{"*", OptimizerKind::AdamW}};
+    }
+    cuda::CudaOptimizer opt(cm.params(), os, cm.gemm(), cm.stream(), oo);
     const double setup_s = now_s() - t0;
     fmt::print("# host init {:.1f} s, device setup (upload, arena, optimizer state) {:.1f} s\n",
                init_s, setup_s);
@@ -271,6 +207,7 @@ int run(const BenchTrainArgs& a) {
                         {"impl", "zaya"},
                         {"device", prop.name},
                         {"preset", a.preset},
+                        {"optimizer", a.optimizer},
                         {"layers", a.layers},
                         {"batch", a.batch},
                         {"seq", a.seq},
@@ -330,6 +267,11 @@ int bench_train_cli(int argc, char** argv) {
   app.add_option("--steps", a.steps, "timed steps")->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed steps first")->capture_default_str();
   app.add_flag("--recompute", a.recompute, "recompute activations in backward");
+  app.add_option("--optimizer", a.optimizer,
+                 "adamw (every parameter, as the PyTorch peer) or muon (the ZAYA1 rules: Muon on "
+                 "matrices, AdamW elsewhere)")
+      ->check(CLI::IsMember({"adamw", "muon"}))
+      ->capture_default_str();
   app.add_option("--ns-precision", a.ns_precision, "Muon Newton–Schulz GEMMs: bf16 or fp32")
       ->capture_default_str();
   app.add_option("--peak-tflops", a.peak_tflops, "bf16 GEMM peak the throughput is compared to")

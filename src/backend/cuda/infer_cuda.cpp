@@ -79,6 +79,16 @@ struct CudaInference::Impl {
   cudaGraphExec_t graph_exec = nullptr;
   int64_t graph_batch = 0;
   int decode_steps_run = 0;
+  // Per-op timing of an eager decode step (profile_decode): events recorded between ops.
+  bool profiling = false;
+  std::vector<std::pair<const char*, cudaEvent_t>> marks;
+  void mark(const char* what) {
+    if (!profiling) return;
+    cudaEvent_t e;
+    ZAYA_CUDA_CHECK(cudaEventCreate(&e));
+    ZAYA_CUDA_CHECK(cudaEventRecord(e, st));
+    marks.emplace_back(what, e);
+  }
 
   Impl(const ZayaModel& m, const CudaInferOptions& o);
   ~Impl();
@@ -104,6 +114,10 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   R = c.router_hidden_size, E = c.num_experts, E1 = E + 1, I = c.moe_intermediate_size;
   V = c.vocab_size, P = (c.cca_time0 - 1) + (c.cca_time1 - 1), NL = c.num_hidden_layers;
   NP = std::max(o.max_prefill_tokens, o.max_batch);
+  ZAYA_CHECK(d == 32 || d == 64 || d == 128,
+             "cuda inference: head dim {} is not supported by the GPU attention and CCA kernels "
+             "(32, 64 or 128)",
+             d);
   L.resize(size_t(NL));
   ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   gemm = std::make_unique<GemmContext>();
@@ -493,6 +507,35 @@ std::vector<int32_t> CudaInference::decode_greedy(const std::vector<int32_t>& fi
     ZAYA_CUDA_CHECK(cudaStreamSynchronize(s.st));
     out.insert(out.end(), s.next_host, s.next_host + s.B);
   }
+  return out;
+}
+
+std::vector<std::pair<std::string, double>> CudaInference::profile_decode(
+    const std::vector<int32_t>& ids) {
+  Impl& s = *impl_;
+  ZAYA_CHECK(int64_t(ids.size()) == s.B, "cuda decode: {} ids for batch {}", ids.size(), s.B);
+  ZAYA_CHECK(s.length >= 1 && s.length + 1 <= s.opt.max_context,
+             "cuda decode profile: needs a prefilled cache with room for one more token");
+  check_ids(ids, s.V);
+  ZAYA_CUDA_CHECK(cudaMemcpyAsync(s.ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice, s.st));
+  s.profiling = true;
+  s.run_decode_step();
+  s.profiling = false;
+  s.length += 1;
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(s.st));
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 1; i < s.marks.size(); i++) {
+    float ms = 0;
+    ZAYA_CUDA_CHECK(cudaEventElapsedTime(&ms, s.marks[i - 1].second, s.marks[i].second));
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const auto& p) { return p.first == s.marks[i].first; });
+    if (it == out.end())
+      out.emplace_back(s.marks[i].first, double(ms));
+    else
+      it->second += double(ms);
+  }
+  for (auto& [name, e] : s.marks) cudaEventDestroy(e);
+  s.marks.clear();
   return out;
 }
 

@@ -11,6 +11,8 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -49,6 +51,10 @@ class CudaInference {
   // n greedy decode steps entirely on the device (the argmax of each step feeds the next), starting
   // from one token per sequence; returns the n new tokens per sequence, [n][B] flattened.
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& first, int64_t n);
+
+  // One eager decode step (no graph) with CUDA events between ops: milliseconds per op class, in
+  // the order first seen. Advances the cache like decode(). For `zaya bench infer --profile`.
+  std::vector<std::pair<std::string, double>> profile_decode(const std::vector<int32_t>& ids);
 
   size_t device_bytes() const;  // weights + cache + activations held on the device
   // Bytes a batch-1 decode step must read at the current length: the weights of the active path

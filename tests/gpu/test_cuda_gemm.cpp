@@ -510,7 +510,19 @@ class CudaConvert : public CudaGemm {};
 
 // Conversions are bit-exact against the host's round-to-nearest-even (NaN only checked to stay
 // NaN); sizes cover the vector body, the scalar tail, and misaligned pointers (scalar path).
+//
+// Every copy goes through cudaMemcpyAsync on the test's stream. st is a non-blocking stream, and a
+// plain cudaMemcpy from pageable memory may return before its DMA has landed; nothing then orders
+// it before a kernel on st, which at n ≈ 1M read stale y or had its result overwritten by the late
+// copy (errors of ~2 and NaN from the b = 0 case's NaN-filled y).
 TEST_F(CudaConvert, ConversionsAndArithmetic) {
+  auto upload = [&](void* dst, const void* src, size_t bytes) {
+    ZAYA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st));
+  };
+  auto download = [&](void* dst, const void* src, size_t bytes) {
+    ZAYA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st));
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  };
   for (const int64_t n : {int64_t(1), int64_t(3), int64_t(1003), int64_t(1 << 20) + 5})
     for (const int64_t shift : {int64_t(0), int64_t(1)}) {
       SCOPED_TRACE("n=" + std::to_string(n) + " shift=" + std::to_string(shift));
@@ -531,12 +543,11 @@ TEST_F(CudaConvert, ConversionsAndArithmetic) {
       float* px = dx.as<float>() + shift;
       float* py = dy.as<float>() + shift;
       bf16* pb = db.as<bf16>() + shift;
-      ZAYA_CUDA_CHECK(cudaMemcpy(px, x.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      upload(px, x.data(), size_t(n) * 4);
 
       f32_to_bf16(pb, px, n, st);
       std::vector<uint16_t> hb(static_cast<size_t>(n));
-      ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-      ZAYA_CUDA_CHECK(cudaMemcpy(hb.data(), pb, size_t(n) * 2, cudaMemcpyDeviceToHost));
+      download(hb.data(), pb, size_t(n) * 2);
       int64_t wrong = 0;
       for (int64_t i = 0; i < n; ++i) {
         const uint16_t want = zaya::f32_to_bf16(x[size_t(i)]);
@@ -549,8 +560,7 @@ TEST_F(CudaConvert, ConversionsAndArithmetic) {
 
       bf16_to_f32(py, pb, n, st);
       std::vector<float> back(static_cast<size_t>(n));
-      ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-      ZAYA_CUDA_CHECK(cudaMemcpy(back.data(), py, size_t(n) * 4, cudaMemcpyDeviceToHost));
+      download(back.data(), py, size_t(n) * 4);
       wrong = 0;
       for (int64_t i = 0; i < n; ++i) {
         const float want = zaya::bf16_to_f32(hb[size_t(i)]);
@@ -561,11 +571,10 @@ TEST_F(CudaConvert, ConversionsAndArithmetic) {
 
       // Arithmetic on finite inputs (drop the specials).
       x = random_values(size_t(n), rng, GemmType::F32, -3.f, 3.f);
-      ZAYA_CUDA_CHECK(cudaMemcpy(px, x.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      upload(px, x.data(), size_t(n) * 4);
       auto check = [&](const char* what, auto&& want_of) {
         std::vector<float> got(static_cast<size_t>(n));
-        ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-        ZAYA_CUDA_CHECK(cudaMemcpy(got.data(), py, size_t(n) * 4, cudaMemcpyDeviceToHost));
+        download(got.data(), py, size_t(n) * 4);
         double max_err = 0;
         for (int64_t i = 0; i < n; ++i) {
           const double want = want_of(size_t(i));
@@ -575,23 +584,28 @@ TEST_F(CudaConvert, ConversionsAndArithmetic) {
         }
         EXPECT_LE(max_err, 1e-6) << what;
       };
-      ZAYA_CUDA_CHECK(cudaMemcpy(py, y.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      upload(py, y.data(), size_t(n) * 4);
       add_f32(py, px, n, st);
       check("add_f32", [&](size_t i) { return double(y[i]) + double(x[i]); });
 
-      ZAYA_CUDA_CHECK(cudaMemcpy(py, y.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      upload(py, y.data(), size_t(n) * 4);
       scale_f32(py, -0.375f, n, st);
       check("scale_f32", [&](size_t i) { return -0.375 * double(y[i]); });
 
-      ZAYA_CUDA_CHECK(cudaMemcpy(py, y.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      upload(py, y.data(), size_t(n) * 4);
       axpby_f32(py, 0.25f, px, -1.5f, n, st);
       check("axpby_f32", [&](size_t i) { return 0.25 * double(x[i]) - 1.5 * double(y[i]); });
 
       // b = 0 does not read y: NaN in y must not leak into y = a·x.
       const std::vector<float> nans(size_t(n), std::numeric_limits<float>::quiet_NaN());
-      ZAYA_CUDA_CHECK(cudaMemcpy(py, nans.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      upload(py, nans.data(), size_t(n) * 4);
       axpby_f32(py, 2.f, px, 0.f, n, st);
       check("axpby_f32 b=0", [&](size_t i) { return 2.0 * double(x[i]); });
+
+      // x may alias y: every element is read and written by the same thread.
+      upload(py, y.data(), size_t(n) * 4);
+      axpby_f32(py, 0.5f, py, 2.f, n, st);
+      check("axpby_f32 x=y", [&](size_t i) { return 2.5 * double(y[i]); });
     }
   // n = 0 is a no-op.
   EXPECT_NO_THROW(add_f32(nullptr, nullptr, 0, st));

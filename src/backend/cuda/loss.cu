@@ -20,15 +20,17 @@ using namespace kern;
 
 constexpr int kCeThreads = 256;
 
-// Running (max, sum of exp(x − max)) pairs; m = −inf means "empty" (s = 0).
+// Running (max, sum of exp(x − max)) pairs; m = −inf means "no value above −inf yet": s is then 0,
+// or NaN once a NaN logit was seen. The reference's exp(NaN − max) makes its sum and loss NaN, so a
+// NaN must survive every fold and merge; an empty side is therefore added unscaled (its s is 0 or
+// NaN) rather than dropped, and exp(−inf − −inf) = NaN is never evaluated for an empty side.
 struct MaxSum {
   float m, s;
 };
 __device__ __forceinline__ MaxSum combine(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
-  if (m == -INFINITY) return MaxSum{m, 0.f};
-  const float sa = a.m == -INFINITY ? 0.f : a.s * expf(a.m - m);
-  const float sb = b.m == -INFINITY ? 0.f : b.s * expf(b.m - m);
+  const float sa = a.m == -INFINITY ? a.s : a.s * expf(a.m - m);
+  const float sb = b.m == -INFINITY ? b.s : b.s * expf(b.m - m);
   return MaxSum{m, sa + sb};
 }
 
@@ -42,7 +44,12 @@ __device__ __forceinline__ void fold(MaxSum& r, const float (&v)[W]) {
     r.s = r.m == -INFINITY ? 0.f : r.s * expf(r.m - mw);
     r.m = mw;
   }
-  if (r.m == -INFINITY) return;  // every value so far is −inf
+  if (r.m == -INFINITY) {  // every value so far is −inf or NaN: only a NaN is recorded
+#pragma unroll
+    for (int j = 0; j < W; j++)
+      if (isnan(v[j])) r.s = v[j];
+    return;
+  }
 #pragma unroll
   for (int j = 0; j < W; j++) r.s += expf(v[j] - r.m);
 }

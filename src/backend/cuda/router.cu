@@ -4,10 +4,10 @@
 // moe_forward and model/backward.cpp's moe_bwd, cpu::router_select.
 //
 // router_select keeps cpu::router_select's decision rule: fp32 softmax (max, exp(l − max), sum,
-// divide), choice = the first index of the largest p + bias (ties to the lowest index; if no value
-// compares greater than −inf, class 0 like the reference). One warp per token; the per-lane sums
-// are combined by a fixed butterfly, so probabilities differ from the reference only by rounding
-// and decisions agree except on ties closer than that rounding.
+// divide), choice = the first index of the largest p + bias (ties to the lowest index; class 0,
+// like the reference, when class 0's value is NaN or no value compares greater than −inf). One warp
+// per token; the per-lane sums are combined by a fixed butterfly, so probabilities differ from the
+// reference only by rounding and decisions agree except on ties closer than that rounding.
 //
 // sort_by_expert is a stable counting sort in three kernels over tiles of 1024 tokens: per-tile
 // class counts (shared-memory integer atomics: exact), one block turning them into class offsets
@@ -64,10 +64,12 @@ __global__ void router_select_kernel(float* probs, int32_t* choice, float* gate,
   // larger value and, on equal values, the lower index: the reference's first maximum.
   float bv = -INFINITY;
   int32_t bi = INT32_MAX;
+  bool v0_nan = false;  // lane 0 only: the reference starts from v[0], and nothing beats a NaN
   for (int64_t e = lane; e < E1; e += 32) {
     const float p = expf(l[e] - mx) / s;
     probs[n * E1 + e] = p;
     const float v = p + (bias ? bias[e] : 0.0f);
+    if (e == 0) v0_nan = isnan(v);
     if (v > bv) {
       bv = v;
       bi = int32_t(e);
@@ -83,7 +85,9 @@ __global__ void router_select_kernel(float* probs, int32_t* choice, float* gate,
     }
   }
   if (lane == 0) {
-    if (bi >= E1) bi = 0;  // nothing compared greater than −inf (NaN or −inf rows): the reference's
+    // The reference keeps class 0 when v[0] is NaN (no '>' against it holds) and when nothing
+    // compares greater than −inf (NaN or −inf rows).
+    if (bi >= E1 || v0_nan) bi = 0;
     choice[n] = bi;
     gate[n] = expf(l[bi] - mx) / s;  // the same expression that produced probs[n, bi]
   }

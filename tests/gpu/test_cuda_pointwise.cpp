@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -476,6 +477,10 @@ TEST(CudaPointwise, RouterSelectTiesGoToLowestIndex) {
   bias[35] = 0.5f;
   EXPECT_EQ(select_both(l2, bias, 1, E1, &ref), ref);
   EXPECT_EQ(ref, (std::vector<int32_t>{35}));
+  // A NaN value for class 0: the reference scan starts there and no '>' beats it (class 0).
+  bias[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(select_both(l2, bias, 1, E1, &ref), ref);
+  EXPECT_EQ(ref, (std::vector<int32_t>{0}));
 }
 
 // Stable sort on the host: perm lists tokens class by class, each class in token order.
@@ -643,10 +648,15 @@ void ce_case(int64_t N, int64_t V, const std::vector<int64_t>& chunk_edges, uint
   expect_close("ce loss", down(d_loss, size_t(N)), loss_ref, 2e-6, 1e-4);
   const double sum = down(d_sum, 1)[0];
   EXPECT_EQ(down(d_count, 1)[0], int32_t(count));
-  EXPECT_NEAR(sum / double(count), mean_ref, 2e-5 * std::max(1.0, mean_ref));
+  // With every target ignored the sum is exactly 0 and the mean is 0 as in cpu::cross_entropy
+  // (dividing by the zero count would be the test's own 0/0).
+  if (count == 0)
+    EXPECT_EQ(sum, 0.0);
+  else
+    EXPECT_NEAR(sum / double(count), mean_ref, 2e-5 * std::max(1.0, mean_ref));
 
   // Gradient per chunk: scale · (softmax − onehot), zero rows for ignored targets.
-  const float scale = 1.0f / float(count);
+  const float scale = count ? 1.0f / float(count) : 0.f;
   for (size_t k = 0; k + 1 < chunk_edges.size(); k++) {
     const int64_t v0 = chunk_edges[k], Vc = chunk_edges[k + 1] - v0;
     bf16* d_g = dev.alloc<bf16>(size_t(N * Vc));
@@ -665,7 +675,8 @@ TEST(CudaPointwise, CrossEntropyChunks) {
   ce_case(37, 1000, {0, 1000}, 70);                 // one full-vocabulary chunk (4-wide path)
   ce_case(37, 1000, {0, 333, 334, 801, 1000}, 71);  // uneven chunks, v0 > 0, a 1-wide chunk
   ce_case(4, 262272, {0, 262272}, 72);              // the real vocabulary width
-  ce_case(1, 5, {0, 2, 5}, 73);
+  ce_case(1, 5, {0, 2, 5}, 73);                     // the only target is ignored: count 0
+  ce_case(2, 5, {0, 2, 5}, 74);                     // the same chunks with one counted target
 }
 
 TEST(CudaPointwise, CrossEntropyExtremeLogits) {
@@ -695,6 +706,40 @@ TEST(CudaPointwise, CrossEntropyExtremeLogits) {
   }
 }
 
+TEST(CudaPointwise, CrossEntropyNanLogitsStayNan) {
+  SKIP_WITHOUT_GPU();
+  // A NaN logit makes the reference's sum of exp NaN. Row 0's first 4-wide group is all NaN, so the
+  // thread that reads it has no finite maximum yet; row 1 has one NaN after finite values; row 2
+  // is finite and must stay unaffected. Chunks of [0, 4) and [4, V) also merge an all-NaN chunk.
+  const int64_t N = 3, V = 300;
+  Rng rng(75);
+  std::vector<float> logits = rng.uniform(size_t(N * V), -4, 4);
+  for (int64_t v = 0; v < 4; v++) logits[size_t(v)] = std::numeric_limits<float>::quiet_NaN();
+  logits[size_t(V + 150)] = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<int32_t> targets = {10, 20, 30};
+  for (const auto& edges : {std::vector<int64_t>{0, V}, std::vector<int64_t>{0, 4, V}}) {
+    Dev dev;
+    int32_t* d_t = dev.up(targets);
+    float *d_max = dev.alloc<float>(size_t(N)), *d_se = dev.alloc<float>(size_t(N)),
+          *d_tl = dev.alloc<float>(size_t(N)), *d_loss = dev.alloc<float>(size_t(N)),
+          *d_lse = dev.alloc<float>(size_t(N));
+    ce_init(d_max, d_se, d_tl, N, nullptr);
+    for (size_t k = 0; k + 1 < edges.size(); k++) {
+      const int64_t v0 = edges[k], Vc = edges[k + 1] - v0;
+      std::vector<float> c(static_cast<size_t>(N * Vc));
+      for (int64_t n = 0; n < N; n++)
+        std::copy_n(logits.data() + n * V + v0, Vc, c.data() + n * Vc);
+      ce_chunk_stats(d_max, d_se, d_tl, dev.up(c), d_t, v0, N, Vc, nullptr);
+    }
+    ce_finalize(d_loss, d_lse, d_max, d_se, d_tl, d_t, N, nullptr);
+    CK(cudaDeviceSynchronize());
+    const auto loss = down(d_loss, size_t(N));
+    EXPECT_TRUE(std::isnan(loss[0])) << "chunks " << edges.size() - 1 << ": " << loss[0];
+    EXPECT_TRUE(std::isnan(loss[1])) << "chunks " << edges.size() - 1 << ": " << loss[1];
+    EXPECT_TRUE(std::isfinite(loss[2])) << "chunks " << edges.size() - 1 << ": " << loss[2];
+  }
+}
+
 // ---- optimizer
 // -------------------------------------------------------------------------------------
 TEST(CudaPointwise, SumOfSquaresDeterministicFp64) {
@@ -702,8 +747,18 @@ TEST(CudaPointwise, SumOfSquaresDeterministicFp64) {
   for (int64_t n : {int64_t(1), int64_t(1003), int64_t(1) << 22}) {
     Rng rng{uint64_t(n)};
     const auto x = rng.uniform(size_t(n), -3, 3);
-    double ref = 0;
-    for (float v : x) ref += double(v) * double(v);
+    // The reference must be more accurate than the kernel: a plain sequential fp64 sum of 4M
+    // squares drifts by ~1.5e-12 relative (it was the reference, not the kernel, that missed the
+    // old 1e-12 bound). Neumaier-compensated summation of the exact fp64 squares is correct to
+    // ~1 ulp; the kernel's fp64 tree (depth ≈ 50 additions) is within ~50·2^-53 ≈ 6e-15.
+    double ref = 0, comp = 0;
+    for (float v : x) {
+      const double sq = double(v) * double(v);  // exact: 24-bit × 24-bit fits 53 bits
+      const double t = ref + sq;
+      comp += std::fabs(ref) >= std::fabs(sq) ? (ref - t) + sq : (sq - t) + ref;
+      ref = t;
+    }
+    ref += comp;
     Dev dev;
     // The same data at an aligned and at a misaligned address give the same bits.
     float* d_al = dev.up(x);
@@ -715,7 +770,7 @@ TEST(CudaPointwise, SumOfSquaresDeterministicFp64) {
     sumsq(d_out + 1, d_buf + 1, n, dev.ws, nullptr);
     CK(cudaDeviceSynchronize());
     const auto got = down(d_out, 2);
-    EXPECT_NEAR(got[0], ref, 1e-12 * ref);
+    EXPECT_NEAR(got[0], ref, 1e-13 * ref);
     EXPECT_EQ(got[0], got[1]);
   }
 }

@@ -237,6 +237,9 @@ void CudaInference::Impl::upload(const ZayaModel& m) {
     put_f32(l.fc2_w, w.r_fc2_w, R * R), put_f32(l.fc2_b, w.r_fc2_b, R);
     put_f32(l.out_w, w.r_out_w, E1 * R), put_f32(l.balancing, w.balancing_bias, E1);
   }
+  // cudaMemcpy from pageable memory may return before its DMA lands, and the work that follows
+  // runs on a non-blocking stream that does not wait for the legacy stream: finish it here.
+  ZAYA_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void CudaInference::Impl::zero_cache() {

@@ -40,9 +40,6 @@ namespace zaya::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
-// Budget for the fp32 logits of one chunk of tokens of the fused LM head + cross-entropy.
-constexpr size_t kLogitsChunkBytes = size_t(512) << 20;
-
 size_t align_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
 }
@@ -300,7 +297,7 @@ CudaModel::Impl::Impl(const ZayaModel& m, const CudaModelOptions& o) : cfg(m.cfg
              "CudaModel: head_dim {} is not supported by the attention kernels (32, 64 or 128)", d);
 
   // Chunk of tokens whose fp32 logits fit the budget; a multiple of 128 rows when it can be.
-  int64_t ct = int64_t(kLogitsChunkBytes / (size_t(V) * sizeof(float)));
+  int64_t ct = int64_t(opt.logits_chunk_bytes / (size_t(V) * sizeof(float)));
   if (ct >= 128) ct = ct / 128 * 128;
   chunk_tokens = std::clamp<int64_t>(ct, 1, opt.max_tokens);
 

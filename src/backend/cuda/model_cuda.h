@@ -1,14 +1,14 @@
 // The ZAYA1 model on one CUDA device: fp32 master weights and their bf16 copies in device memory,
 // the training forward + backward (bf16 GEMMs on cuBLASLt, fused CCA and attention kernels, grouped
-// expert GEMMs over tokens sorted by expert, chunked cross-entropy fused with the tied LM head), and
-// inference with a device-resident CCA cache. It computes what ZayaModel::forward and
+// expert GEMMs over tokens sorted by expert, chunked cross-entropy fused with the tied LM head),
+// and inference with a device-resident CCA cache. It computes what ZayaModel::forward and
 // forward_backward (model/backward.h) compute, within bf16 tolerance; tests/gpu checks it against
 // them.
 //
 // One arena, sized at construction for the largest micro-batch (max_tokens), holds every activation
-// and workspace: a step allocates nothing. Parameters are the tensors of ZayaModel::named_tensors(),
-// same names, shapes and order, so the optimizer rules, checkpoints and the CPU path share one
-// naming.
+// and workspace: a step allocates nothing. Parameters are the tensors of
+// ZayaModel::named_tensors(), same names, shapes and order, so the optimizer rules, checkpoints and
+// the CPU path share one naming.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -28,7 +28,13 @@ struct CudaModelOptions {
   int64_t max_tokens = 4096;  // largest B*S of a micro-batch (sizes the activation arena)
   int64_t max_seq = 4096;     // longest sequence (attention workspace, decode cache default)
   bool recompute = false;     // keep only layer inputs; recompute each layer in backward
-  bool profile = false;       // time op classes with CUDA events (adds synchronisation)
+  // Budget for the fp32 logits of one chunk of tokens in the fused LM head + cross-entropy (the
+  // bf16 dlogits of the chunk take half as much again). Each chunk's embedding-gradient GEMM reads
+  // and writes the whole fp32 [V,D] gradient, so fewer, larger chunks move far fewer bytes: at
+  // ZAYA1's vocabulary 4 GiB is 4096 tokens per chunk (512 MiB would be 384 tokens, 11x the
+  // traffic).
+  size_t logits_chunk_bytes = size_t(4) << 30;
+  bool profile = false;  // time op classes with CUDA events (adds synchronisation)
   int device = 0;
 };
 

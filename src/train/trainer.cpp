@@ -358,6 +358,16 @@ TrainResult train(const TrainOptions& opts) {
     if (!opts.quiet || final_one) ZAYA_INFO("checkpoint {}", final_dir);
     return final_dir;
   };
+  // A save that fails (disk full, I/O error) has removed its staging directory by the time the
+  // error arrives here, and committed checkpoints are never touched: say which one failed.
+  auto save_checkpoint_or_fail = [&](bool final_one) -> std::string {
+    try {
+      return save_checkpoint(final_one);
+    } catch (const Error& e) {
+      fail("checkpoint {}/{} was not saved (the earlier checkpoints are intact): {}", ckpt_root,
+           step_dir_name(st.step), e.what());
+    }
+  };
 
   TrainResult res;
   fmt::print(stderr, "zaya train: resolved config\n{}\n", rc.to_toml());
@@ -480,6 +490,8 @@ TrainResult train(const TrainOptions& opts) {
     }
     metrics << mj.dump() << "\n";
     metrics.flush();
+    ZAYA_CHECK(metrics.good(), "appending step {} to {} failed (disk full?)", st.step,
+               metrics_path);
     if (!opts.quiet && (st.step % std::max<int64_t>(1, rc.train.log_every) == 0 || do_eval ||
                         st.step == start_step + 1))
       fmt::print(
@@ -490,7 +502,7 @@ TrainResult train(const TrainOptions& opts) {
           dev ? fmt::format(" (step {:.0f}, MFU {:.1f}%)", step_tps, 100.0 * mfu) : std::string(),
           fmt_duration(eta));
     if (rc.checkpoint.every > 0 && st.step % rc.checkpoint.every == 0 && st.step < total_steps)
-      save_checkpoint(false);
+      save_checkpoint_or_fail(false);
   }
   res.steps = st.step;
   res.tokens = st.tokens;
@@ -500,7 +512,7 @@ TrainResult train(const TrainOptions& opts) {
     make_loaders(phase);
     if (!st.cursor.is_null()) loader->restore(DataCursor::from_json(st.cursor));
   }
-  res.final_checkpoint = save_checkpoint(true);
+  res.final_checkpoint = save_checkpoint_or_fail(true);
   // The trained model, ready for `zaya generate --model`.
   res.model_dir = opts.out_dir + "/model";
   model.save(res.model_dir, DType::F32);

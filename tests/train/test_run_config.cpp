@@ -60,27 +60,29 @@ TEST(RunConfig, ParsesTheTinyExample) {
   EXPECT_DOUBLE_EQ(c.optim.beta2, 0.95);
   EXPECT_DOUBLE_EQ(c.optim.balancing.beta2, 0.999);
   EXPECT_EQ(c.schedule.kind, ScheduleKind::Cosine);
-  EXPECT_EQ(c.schedule.warmup_steps, 30);
-  EXPECT_EQ(c.resolved_schedule().total_steps, 400);  // total_steps 0 → train.steps
+  EXPECT_EQ(c.schedule.warmup_steps, 50);
+  EXPECT_EQ(c.resolved_schedule().total_steps, 1000);  // total_steps 0 → train.steps
   EXPECT_EQ(c.data.corpus, "brown");
   EXPECT_TRUE(c.data.blend.empty());
   EXPECT_EQ(c.checkpoint.keep_last, 2);
   EXPECT_EQ(c.train.device, "cpu");
   // Two phases: short context first, then context extension with a larger RoPE θ.
   ASSERT_EQ(c.phases.size(), 2u);
-  EXPECT_EQ(c.phases[0].steps, 150);
+  EXPECT_EQ(c.phases[0].steps, 250);
   EXPECT_EQ(c.resolve_model().num_hidden_layers, ZayaConfig::preset("tiny").num_hidden_layers);
   auto st = c.phase_at(0, 0, 1, 1e4);
   EXPECT_EQ(st.name, "short-context");
   EXPECT_EQ(st.seq_len, 64);
-  EXPECT_EQ(st.batch_size, 8);
-  EXPECT_EQ(st.micro_steps, 1);
+  EXPECT_EQ(st.batch_size, 16);  // two micro-batches of 8
+  EXPECT_EQ(st.micro_steps, 2);
   EXPECT_DOUBLE_EQ(st.rope_theta, 1e4);  // the model's
-  auto lc = c.phase_at(150, 150 * 8 * 64, 1, 1e4);
+  auto lc = c.phase_at(250, 250 * 16 * 64, 1, 1e4);
   EXPECT_EQ(lc.name, "long-context");
-  EXPECT_EQ(lc.seq_len, 128);
+  EXPECT_EQ(lc.seq_len, 256);
+  EXPECT_EQ(lc.batch_size, 8);
+  EXPECT_EQ(lc.micro_steps, 1);
   EXPECT_DOUBLE_EQ(lc.rope_theta, 1e5);
-  EXPECT_EQ(c.phase_at(149, 0, 1, 1e4).name, "short-context");
+  EXPECT_EQ(c.phase_at(249, 0, 1, 1e4).name, "short-context");
   auto os = c.optim.optimizer_settings();
   EXPECT_DOUBLE_EQ(os.adamw.beta1, 0.9);
   EXPECT_TRUE(os.default_rules);

@@ -28,7 +28,9 @@ note() { echo "$*" | tee -a "$summary"; }
 finish() {
   cp "$summary" "$OUT/summary.txt" 2>/dev/null
   for f in bench_train.json bench_train_peer.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
-  tar -C "$(dirname "$W")" -czf "$OUT/logs.tgz" gpu_all 2>/dev/null
+  [ -f "$W/gpu_tests.log" ] && cp "$W/gpu_tests.log" "$OUT/"
+  tar -C "$(dirname "$W")" --exclude=tinydata --exclude='*.safetensors' --exclude='*.bin' \
+    -czf "$OUT/logs.tgz" gpu_all 2>/dev/null
   echo "results: $OUT/summary.txt, $OUT/logs.tgz"
 }
 trap finish EXIT
@@ -69,15 +71,13 @@ fi
 
 # ---- 2. build ----
 B=build-gpu-all
-configure() {
-  cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZAYA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=OFF "$@"
-}
-if stage configure 90 configure -DZAYA_TESTS=ON; then
+CONF=(cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZAYA_CUDA=ON
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=OFF)
+if stage configure 90 "${CONF[@]}" -DZAYA_TESTS=ON; then
   targets="zaya zaya_gpu_tests"
 else
   note "configure with tests failed (GTest missing?): building zaya alone"
-  stage configure_notests 60 configure -DZAYA_TESTS=OFF
+  stage configure_notests 60 "${CONF[@]}" -DZAYA_TESTS=OFF
   targets="zaya"
 fi
 # shellcheck disable=SC2086
@@ -101,7 +101,7 @@ if [ -x "$Z" ]; then
   grep -E "^(tokens/s|model TFLOP|fwd\+bwd TFLOP|optimizer|device memory|profiled|  [a-z_]+ )" \
     "$W/bench_train.log" | sed 's/^/    /' | tee -a "$summary"
 fi
-stage bench_train_peer 170 python3 tools/bench_train_peer.py "${BT[@]}" \
+[ -z "${SKIP_PEER:-}" ] && stage bench_train_peer 170 python3 tools/bench_train_peer.py "${BT[@]}" \
   --json "$W/bench_train_peer.json"
 grep -E "^(tokens/s|model TFLOP|fwd\+bwd TFLOP|device memory|# experts)" \
   "$W/bench_train_peer.log" | sed 's/^/    /' | tee -a "$summary"

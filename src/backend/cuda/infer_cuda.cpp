@@ -352,33 +352,46 @@ void CudaInference::Impl::run_prefill(int64_t S, bool all_logits) {
 void CudaInference::Impl::run_decode_step() {
   const int64_t M = B;
   const float eps = float(c.rms_norm_eps);
+  mark("start");
   embed_affine_fwd(h, ids, embed, in_s, in_b, bad, M, D, V, st);
   rmsnorm_fwd(x, rstd, h, L[0].ln_in, eps, M, D, st);
+  mark("embedding, norms, residuals");
   for (int64_t li = 0; li < NL; li++) {
     DevLayer& l = L[size_t(li)];
     const RopeSettings& rs = c.rope_for_layer(li);
     const int64_t rot = int64_t(double(d) * rs.partial_rotary_factor);
     const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
     gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
+    mark("qkv, o projections");
     cca_conv_fwd(conv, nullptr, qkv, LD, l.hist, true, l.conv_dw_w, l.conv_dw_b, l.conv_g_w,
                  l.conv_g_b, M, 1, C, d, c.cca_time0, c.cca_time1, st);
+    mark("cca conv");
     decode_qkv_finish(q, l.kc, l.vc, l.vd_last, conv, qkv, LD, l.temp, len, opt.max_context,
                       float(rs.theta), rot, M, Hq, Hkv, d, st);
+    mark("cca qk-norm, rope, cache");
     decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st);
+    mark("attention");
     gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
+    mark("qkv, o projections");
     residual_scale_rmsnorm_fwd(h, x, rstd, a, h, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps,
                                M, D, st);
+    mark("embedding, norms, residuals");
     router(li, M, true);
+    mark("router");
     expert_gemv(gu, x, D, l.gate_up, 2 * I * D, choice, E, M, 2 * I, D, st);
     swiglu_fwd(act, gu, M, I, st);
     expert_gemv(ys, act, I, l.down, D * I, choice, E, M, D, I, st);
     moe_combine_rows(a, ys, x, gate, choice, E, c.skip_output == SkipOutput::ScaledInput, M, D, st);
+    mark("experts");
     residual_scale_rmsnorm_fwd(h, x, rstd, a, h, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li),
                                eps, M, D, st);
+    mark("embedding, norms, residuals");
   }
   gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
+  mark("lm head");
   argmax_rows(next_ids, logits, M, V, st);
   advance_lengths(len, 1, M, st);
+  mark("argmax, lengths");
 }
 
 // Runs one decode step: eagerly the first time (module loading, kernel attributes), then from a

@@ -39,8 +39,8 @@ float* scratch(std::vector<float>& buf, int64_t n) {
   return reinterpret_cast<float*>((a + 63) & ~uintptr_t(63));
 }
 
-void pack_b(float* dst, MatView B, int64_t k, int64_t n, int64_t strip) {
-  float* d = dst + strip * k * kNR;
+// Strip `strip` of B (columns strip·16 .. +15, zero-padded past n) into d as k rows of 16.
+void pack_b(float* d, MatView B, int64_t k, int64_t n, int64_t strip) {
   const int64_t j0 = strip * kNR, cols = std::min(kNR, n - j0);
   if (B.cs == 1) {  // rows of B are contiguous
     for (int64_t p = 0; p < k; p++) {
@@ -60,8 +60,8 @@ void pack_b(float* dst, MatView B, int64_t k, int64_t n, int64_t strip) {
 
 struct TileJob {
   MatView A;
-  const float* Bp;  // packed strips (k × kNR each), or null when B is read in place
   MatView B;
+  float* Bp;  // this thread's packed strip (k × kNR), or null when B is read in place
   float* C;
   int64_t ldc, m, k, n, strips;
   float alpha, beta;
@@ -92,22 +92,30 @@ struct TileJob {
   std::memcpy(out + 5 * kNR, &c5, sizeof(c5));
 }
 
-// Tiles [t_begin, t_end) in panel-major order (t = panel · strips + strip), so consecutive tiles
-// of one thread share their six rows of A.
+// Tiles [t_begin, t_end). Read in place, B is walked panel-major (t = panel · strips + strip), so
+// consecutive tiles share their six rows of A; packed, it is walked strip-major (t = strip · panels
+// + panel), so each thread packs each strip it needs once, into J.Bp, and no copy of the whole of
+// B is ever held (for a vocabulary-sized weight that copy would be as large as the weight).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void run_tiles(const TileJob& J,
                                                                             int64_t t_begin,
                                                                             int64_t t_end) {
   alignas(64) float out[kMR * kNR];
   const float* arows[kMR];
+  const int64_t panels = (J.m + kMR - 1) / kMR;
+  int64_t packed = -1;  // the strip now in J.Bp
   for (int64_t t = t_begin; t < t_end; t++) {
-    const int64_t panel = t / J.strips, strip = t % J.strips;
+    const int64_t panel = J.Bp ? t % panels : t / J.strips;
+    const int64_t strip = J.Bp ? t / panels : t % J.strips;
     const int64_t i0 = panel * kMR, j0 = strip * kNR;
     const int64_t rows = std::min(kMR, J.m - i0), cols = std::min(kNR, J.n - j0);
     for (int64_t r = 0; r < kMR; r++) arows[r] = J.A.p + std::min(i0 + r, J.m - 1) * J.A.rs;
-    if (J.Bp)
-      micro_kernel(arows, J.A.cs, J.Bp + strip * J.k * kNR, kNR, J.k, out);
-    else
+    if (J.Bp) {
+      if (strip != packed) pack_b(J.Bp, J.B, J.k, J.n, strip);
+      packed = strip;
+      micro_kernel(arows, J.A.cs, J.Bp, kNR, J.k, out);
+    } else {
       micro_kernel(arows, J.A.cs, J.B.p + j0, J.B.rs, J.k, out);
+    }
     for (int64_t r = 0; r < rows; r++) {
       float* c = J.C + (i0 + r) * J.ldc + j0;
       const float* o = out + r * kNR;
@@ -129,25 +137,21 @@ void gemm(float* C, int64_t ldc, MatView A, MatView B, int64_t m, int64_t k, int
   k = std::max<int64_t>(k, 0);
   const int64_t panels = (m + kMR - 1) / kMR, strips = (n + kNR - 1) / kNR;
   // B is read in place when each of its rows holds 16 contiguous floats per strip; a partial
-  // last strip would read past the row, so then (and for transposed B) it is packed.
+  // last strip would read past the row, so then (and for transposed B) strips are packed.
   const bool in_place = B.cs == 1 && n % kNR == 0;
-  thread_local std::vector<float> bbuf;
-  float* Bp = nullptr;
-  if (!in_place) {
-    Bp = scratch(bbuf, strips * k * kNR);
-    const int64_t chunk = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, k * kNR));
-    parallel_for(
-        strips,
-        [&](int64_t b, int64_t e) {
-          for (int64_t s = b; s < e; s++) pack_b(Bp, B, k, n, s);
-        },
-        chunk);
-  }
-  const TileJob job{A, Bp, B, C, ldc, m, k, n, strips, alpha, beta, bias};
   // About 64K multiply-adds per chunk before a second thread is worth waking.
   const int64_t tile_chunk = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, k * kMR * kNR));
   parallel_for(
-      panels * strips, [&](int64_t b, int64_t e) { run_tiles(job, b, e); }, tile_chunk);
+      panels * strips,
+      [&](int64_t b, int64_t e) {
+        thread_local std::vector<float> strip_buf;
+        const TileJob job{A,     B,    in_place ? nullptr : scratch(strip_buf, k * kNR),
+                          C,     ldc,  m,
+                          k,     n,    strips,
+                          alpha, beta, bias};
+        run_tiles(job, b, e);
+      },
+      tile_chunk);
 }
 
 }  // namespace zaya::cpu

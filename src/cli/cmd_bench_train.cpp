@@ -55,7 +55,8 @@ double median(std::vector<double> v) {
 
 nlohmann::json profile_json(const cuda::OpClassTimes& p) {
   return {{"gemm", p.gemm},   {"attention", p.attention}, {"moe_dispatch", p.moe_dispatch},
-          {"norms", p.norms}, {"loss", p.loss},           {"other", p.other}};
+          {"norms", p.norms}, {"loss", p.loss},           {"cca", p.cca},
+          {"other", p.other}};
 }
 
 int run(const BenchTrainArgs& a) {
@@ -190,14 +191,15 @@ int run(const BenchTrainArgs& a) {
              double(in_use) / double(1 << 30), double(arena) / double(1 << 30),
              double(opt_bytes) / double(1 << 30));
   if (have_prof) {
-    const double sum =
-        prof.gemm + prof.attention + prof.moe_dispatch + prof.norms + prof.loss + prof.other;
+    const double sum = prof.gemm + prof.attention + prof.moe_dispatch + prof.norms + prof.loss +
+                       prof.cca + prof.other;
     fmt::print("profiled fwd+bwd    {:.2f} ms by op class:\n", sum);
     for (auto [name, ms] : {std::pair{"gemm", prof.gemm},
                             {"attention", prof.attention},
                             {"moe_dispatch", prof.moe_dispatch},
                             {"norms", prof.norms},
                             {"loss", prof.loss},
+                            {"cca conv/norm/rope", prof.cca},
                             {"other", prof.other}})
       fmt::print("  {:<14} {:9.2f} ms  {:5.1f}%\n", name, ms, sum > 0 ? 100.0 * ms / sum : 0.0);
   }

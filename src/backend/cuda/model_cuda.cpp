@@ -63,7 +63,7 @@ class Carver {
   size_t off_ = 0;
 };
 
-enum OpClass : int { kGemm, kAttention, kMoeDispatch, kNorms, kLoss, kOther, kNumClasses };
+enum OpClass : int { kGemm, kAttention, kMoeDispatch, kNorms, kLoss, kCca, kOther, kNumClasses };
 
 bool ends_with(const std::string& s, const char* suffix) {
   const size_t n = std::strlen(suffix);
@@ -658,8 +658,8 @@ void CudaModel::Impl::prof_begin_step() {
 void CudaModel::Impl::prof_collect() {
   if (!opt.profile) return;
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-  double* slot[kNumClasses] = {&times.gemm,  &times.attention, &times.moe_dispatch,
-                               &times.norms, &times.loss,      &times.other};
+  double* slot[kNumClasses] = {&times.gemm, &times.attention, &times.moe_dispatch, &times.norms,
+                               &times.loss, &times.cca,       &times.other};
   for (size_t i = 0; i < events_used; i++) {
     float ms = 0;
     ZAYA_CUDA_CHECK(cudaEventElapsedTime(&ms, events[2 * i], events[2 * i + 1]));
@@ -695,7 +695,7 @@ void CudaModel::Impl::layer_forward(int64_t li, int64_t B, int64_t S, bool finis
   // ---- CCA attention ----
   linear(A.qkv, GemmType::BF16, A.xin, D, P.wq->copy, N, D, LD, GemmType::BF16, nullptr);
   {
-    Scope s(this, kOther);
+    Scope s(this, kCca);
     cca_conv_fwd(A.conv, A.mid, A.qkv, LD, nullptr, false, P.conv_dw_w->master, P.conv_dw_b->master,
                  P.conv_g_w->master, P.conv_g_b->master, B, S, C, d, t0, t1, st);
     cca_qkv_finish_fwd(A.q, A.k, A.v, A.norms, A.conv, A.qkv, LD, P.temp->master, nullptr, false, 0,
@@ -953,7 +953,7 @@ void CudaModel::Impl::attention_backward(int64_t li, int64_t B, int64_t S) {
     attention_bwd(dq, dk, dv, datt, A.o, A.lse, A.q, A.k, A.v, B, S, Hq, Hkv, d, window, wsr(), st);
   }
   {
-    Scope s(this, kOther);
+    Scope s(this, kCca);
     // finish_bwd writes every channel of dqkv (q0/k0 with the mean-skip path); conv_bwd then adds
     // its input gradient into the q0/k0 channels (ops.h's ordering note).
     cca_qkv_finish_bwd(dconv, dqkv, LD, P.temp->grad, dq, dk, dv, A.conv, A.qkv, A.norms,

@@ -51,7 +51,7 @@ struct DeviceParam {
 
 // Milliseconds per op class of the last profiled step (CudaModelOptions::profile).
 struct OpClassTimes {
-  double gemm = 0, attention = 0, moe_dispatch = 0, norms = 0, loss = 0, other = 0;
+  double gemm = 0, attention = 0, moe_dispatch = 0, norms = 0, loss = 0, cca = 0, other = 0;
 };
 
 class CudaModel {

@@ -39,10 +39,17 @@ void cca_mean_skip(float* mq, float* mk, const float* q0, const float* k0, int64
 
 namespace {
 
-// Grows a per-thread scratch buffer to n floats and returns it (contents unspecified).
+// Grows a per-thread scratch buffer to n floats and returns it (contents unspecified). Training
+// calls the same shapes every step, so the buffers are kept between calls ...
 float* scratch(std::vector<float>& buf, int64_t n) {
   if (int64_t(buf.size()) < n) buf.resize(size_t(n));
   return buf.data();
+}
+
+// ... unless they are large (a long prefill of a big model), which would otherwise pin that much
+// memory for the life of the thread.
+void release_if_large(std::vector<float>& buf) {
+  if (buf.size() > (size_t(8) << 20)) std::vector<float>().swap(buf);
 }
 
 // unf[n, c, j] = u[b, t + j, c] for token n = (b, t): the grouped convolution's inputs of every
@@ -101,6 +108,8 @@ void cca_conv(float* y, float* mid, const float* x, const float* hist, const flo
     gemm(y + c0, C, rows_of(unf + c0 * t1, C * t1), transpose_of(wg + c0 * KU, KU), B * S, KU, d,
          1.0f, 0.0f, bg + c0);
   }
+  release_if_large(ubuf);
+  release_if_large(unfbuf);
 }
 
 void cca_conv_backward(float* dx, float* dwdw, float* dbdw, float* dwg, float* dbg, const float* dy,
@@ -177,6 +186,9 @@ void cca_conv_backward(float* dx, float* dwdw, float* dbdw, float* dwg, float* d
       }
     }
   });
+  release_if_large(unfbuf);
+  release_if_large(dunfbuf);
+  release_if_large(dubuf);
 }
 
 void qk_norm(float* y, float* norm, const float* x, const float* temp, int64_t N, int64_t H,

@@ -3,6 +3,7 @@
 // output element); decoding-sized ones (N < 4) and the norms use dot products with 8 partial sums
 // in a fixed order. Either way results are identical for any thread count. Weights of other float
 // dtypes are widened to fp32 once per call (row by row when decoding).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -201,39 +202,65 @@ void residual_scale_backward(float* da, float* dh, float* dhs, float* dhb, float
 }
 
 void affine(float* y, const float* x, const float* s, const float* b, int64_t N, int64_t D) {
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t i = 0; i < D; i++) y[n * D + i] = (x[n * D + i] + b[i]) * s[i];
+  parallel_for(N, [&](int64_t nb, int64_t ne) {
+    for (int64_t n = nb; n < ne; n++)
+      for (int64_t i = 0; i < D; i++) y[n * D + i] = (x[n * D + i] + b[i]) * s[i];
+  });
 }
 
+// Elementwise ops split over blocks of this many elements (each computed by one thread).
+constexpr int64_t kElementChunk = 4096;
+
 void gelu(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * float(M_SQRT1_2)));
+  parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; i++)
+          y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * float(M_SQRT1_2)));
+      },
+      kElementChunk);
 }
 
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    const float cdf = 0.5f * (1.0f + std::erf(x[i] * float(M_SQRT1_2)));
-    const float pdf = std::exp(-0.5f * x[i] * x[i]) * 0.3989422804014327f;
-    dx[i] = dy[i] * (cdf + x[i] * pdf);
-  }
+  parallel_for(
+      n,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; i++) {
+          const float cdf = 0.5f * (1.0f + std::erf(x[i] * float(M_SQRT1_2)));
+          const float pdf = std::exp(-0.5f * x[i] * x[i]) * 0.3989422804014327f;
+          dx[i] = dy[i] * (cdf + x[i] * pdf);
+        }
+      },
+      kElementChunk);
 }
 
 void swiglu(float* y, const float* gu, int64_t N, int64_t I) {
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t i = 0; i < I; i++) {
-      const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
-      y[n * I + i] = g / (1.0f + std::exp(-g)) * u;
-    }
+  parallel_for(
+      N,
+      [&](int64_t nb, int64_t ne) {
+        for (int64_t n = nb; n < ne; n++)
+          for (int64_t i = 0; i < I; i++) {
+            const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
+            y[n * I + i] = g / (1.0f + std::exp(-g)) * u;
+          }
+      },
+      std::max<int64_t>(1, kElementChunk / std::max<int64_t>(1, I)));
 }
 
 void swiglu_backward(float* dgu, const float* dy, const float* gu, int64_t N, int64_t I) {
-  for (int64_t n = 0; n < N; n++)
-    for (int64_t i = 0; i < I; i++) {
-      const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
-      const float sg = 1.0f / (1.0f + std::exp(-g));
-      const float silu = g * sg;
-      dgu[n * 2 * I + i] = dy[n * I + i] * u * (sg + silu * (1.0f - sg));
-      dgu[n * 2 * I + I + i] = dy[n * I + i] * silu;
-    }
+  parallel_for(
+      N,
+      [&](int64_t nb, int64_t ne) {
+        for (int64_t n = nb; n < ne; n++)
+          for (int64_t i = 0; i < I; i++) {
+            const float g = gu[n * 2 * I + i], u = gu[n * 2 * I + I + i];
+            const float sg = 1.0f / (1.0f + std::exp(-g));
+            const float silu = g * sg;
+            dgu[n * 2 * I + i] = dy[n * I + i] * u * (sg + silu * (1.0f - sg));
+            dgu[n * 2 * I + I + i] = dy[n * I + i] * silu;
+          }
+      },
+      std::max<int64_t>(1, kElementChunk / std::max<int64_t>(1, I)));
 }
 
 double cross_entropy(float* dlogits, const float* logits, const int32_t* targets, int64_t N,

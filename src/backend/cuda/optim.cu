@@ -7,8 +7,9 @@
 //          formed on the host in double and rounded once to fp32 (as the reference does; its
 //          betas are doubles while ours arrive as floats, so scalars may differ by an fp32 ulp);
 //   Muon:  buf = mu·buf + g;  u = g + mu·buf (Nesterov) or buf;  w = w·decay − lr·scale·O.
-// g is the stored gradient times gs (the clipping factor). nvcc may contract a·b + c into one
-// FMA where the host reference rounds twice: results agree to fp32 rounding, not bit for bit.
+// g is the stored gradient times gs (the clipping factor). The device rounds each step as written
+// with explicit fused multiply-adds where the host reference rounds twice: results agree with the
+// reference to fp32 rounding, and with themselves bit for bit whatever the access path.
 //
 // Elementwise kernels are grid-stride loops over 4-element groups (16-byte accesses when every
 // pointer is 16-byte aligned, else scalar accesses of the same elements). sumsq assigns element
@@ -82,15 +83,31 @@ struct AdamScalars {
   float gs, b1, b2, c1, c2, decay, step, inv_sqrt_bc2, eps;
 };
 
+// Every rounding is spelled out (…_rn intrinsics, explicit FMAs), so the compiler cannot contract
+// differently in the 16-byte and the scalar paths: which path a tensor takes depends on the
+// alignment of its pointers, which may differ between a run and its resumption, and the update
+// must be bit-identical either way.
 __device__ __forceinline__ float adamw_elem(float& p, float& m, float& v, float g,
                                             const AdamScalars& k) {
-  const float gi = g * k.gs;
-  const float mi = k.b1 * m + k.c1 * gi;
-  const float vi = k.b2 * v + k.c2 * gi * gi;
+  const float gi = __fmul_rn(g, k.gs);
+  const float mi = __fmaf_rn(k.b1, m, __fmul_rn(k.c1, gi));
+  const float vi = __fmaf_rn(k.b2, v, __fmul_rn(__fmul_rn(k.c2, gi), gi));
   m = mi;
   v = vi;
-  p = p * k.decay - k.step * mi / (sqrtf(vi) * k.inv_sqrt_bc2 + k.eps);
+  const float den = __fmaf_rn(__fsqrt_rn(vi), k.inv_sqrt_bc2, k.eps);
+  p = __fmaf_rn(p, k.decay, -__fdiv_rn(__fmul_rn(k.step, mi), den));
   return p;
+}
+
+__device__ __forceinline__ void muon_elem(float& b, float& o, float g, float gs, float mu,
+                                          bool nesterov) {
+  const float gg = __fmul_rn(g, gs);
+  b = __fmaf_rn(mu, b, gg);
+  o = nesterov ? __fmaf_rn(mu, b, gg) : b;
+}
+
+__device__ __forceinline__ float update_elem(float p, float o, float decay, float step) {
+  return __fmaf_rn(p, decay, -__fmul_rn(step, o));
 }
 
 __global__ void adamw_kernel(float* p, bf16* pb, float* m, float* v, const float* g, AdamScalars k,
@@ -135,19 +152,15 @@ __global__ void muon_momentum_kernel(float* buf, float* u, const float* g, float
       load4(buf + i, b);
       load4(g + i, gv);
 #pragma unroll
-      for (int j = 0; j < 4; j++) {
-        const float gg = gv[j] * gs;
-        b[j] = mu * b[j] + gg;
-        o[j] = nesterov ? gg + mu * b[j] : b[j];
-      }
+      for (int j = 0; j < 4; j++) muon_elem(b[j], o[j], gv[j], gs, mu, nesterov);
       store4(buf + i, b);
       store4(u + i, o);
     } else {
       for (int64_t e = i; e < i + 4 && e < n; e++) {
-        const float gg = g[e] * gs;
-        const float b = mu * buf[e] + gg;
+        float b = buf[e], o = 0.f;
+        muon_elem(b, o, g[e], gs, mu, nesterov);
         buf[e] = b;
-        u[e] = nesterov ? gg + mu * b : b;
+        u[e] = o;
       }
     }
   }
@@ -164,12 +177,12 @@ __global__ void apply_update_kernel(float* p, bf16* pb, const float* o, float de
       load4(p + i, pv);
       load4(o + i, ov);
 #pragma unroll
-      for (int j = 0; j < 4; j++) pv[j] = pv[j] * decay - step * ov[j];
+      for (int j = 0; j < 4; j++) pv[j] = update_elem(pv[j], ov[j], decay, step);
       store4(p + i, pv);
       if (pb) store4(pb + i, pv);
     } else {
       for (int64_t e = i; e < i + 4 && e < n; e++) {
-        const float r = p[e] * decay - step * o[e];
+        const float r = update_elem(p[e], o[e], decay, step);
         p[e] = r;
         if (pb) pb[e] = __float2bfloat16_rn(r);
       }

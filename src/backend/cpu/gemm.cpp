@@ -19,9 +19,13 @@
 #include "core/parallel.h"
 
 // AVX-512F carries fused multiply-add instructions, and GCC contracts `acc += a * b` into them
-// under its default -ffp-contract=fast; the contract of gemm.h is separate rounding of product and
-// sum on every clone, so contraction is off for this file.
+// under its default -ffp-contract=fast (clang under its default "on"); the contract of gemm.h is
+// separate rounding of product and sum on every clone, so contraction is off for this file.
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace zaya::cpu {
 
@@ -145,10 +149,8 @@ void gemm(float* C, int64_t ldc, MatView A, MatView B, int64_t m, int64_t k, int
       panels * strips,
       [&](int64_t b, int64_t e) {
         thread_local std::vector<float> strip_buf;
-        const TileJob job{A,     B,    in_place ? nullptr : scratch(strip_buf, k * kNR),
-                          C,     ldc,  m,
-                          k,     n,    strips,
-                          alpha, beta, bias};
+        TileJob job{A, B, nullptr, C, ldc, m, k, n, strips, alpha, beta, bias};
+        if (!in_place) job.Bp = scratch(strip_buf, k * kNR);
         run_tiles(job, b, e);
       },
       tile_chunk);

@@ -1,5 +1,6 @@
 // The CPU reference's one matrix product: C = alpha·A·B (+ bias) (+ beta·C) in fp32 over strided
-// views, packed into panels and computed by a register-tiled micro-kernel (6 rows × 16 columns).
+// views, computed by a register-tiled micro-kernel (6 rows × 16 columns; B packed into 16-column
+// strips when its rows are not contiguous).
 // Every linear layer, the CCA convolution, attention's score/gradient products and the
 // optimizers' Newton–Schulz products go through it.
 //

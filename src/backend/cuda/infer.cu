@@ -15,7 +15,6 @@ namespace {
 
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;  // one output row per warp
-constexpr int kAttnChunk = 128;   // keys per split-context block
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -215,22 +214,25 @@ __global__ void decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache
     vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
 }
 
-// Split-context attention: block (chunk, kv head g, sequence m) scores its chunk of keys for the
-// G query heads of g and writes unnormalised partial outputs with their max and sum.
-// Shared memory: G·d floats of q, G·kAttnChunk floats of scores.
-__global__ void decode_attn_partial_kernel(float* part_o, float* part_ml, const bf16* q,
-                                           const bf16* kcache, const bf16* vcache,
-                                           const int32_t* len, int64_t cap, int64_t window, int Hq,
-                                           int Hkv, int d, int nchunks) {
+// Split-context attention: block (chunk, kv head g, sequence m) scores its chunk of `ch` keys for
+// the G query heads of g and writes unnormalised partial outputs with their max and sum. Four
+// warps split the chunk's keys; within a warp the lanes split the head dim (d/32 values each), so
+// every K and V row is read once, coalesced, and the loads of different keys are in flight
+// together. Shared memory: G·d floats of q, G·ch scores, 4·G·d partial outputs.
+constexpr int kAttnWarps = 4;
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    decode_attn_partial_kernel(float* part_o, float* part_ml, const bf16* q, const bf16* kcache,
+                               const bf16* vcache, const int32_t* len, int64_t cap, int64_t window,
+                               int Hq, int Hkv, int d, int ch, int nchunks) {
   extern __shared__ float sh[];
   const int c = blockIdx.x, g = blockIdx.y, m = blockIdx.z;
-  const int G = Hq / Hkv;
-  const int64_t pos = len[m];  // the new token (already in the cache) sits at index pos
-  int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
-  const int64_t k0 = int64_t(c) * kAttnChunk;
+  const int G = Hq / Hkv, per = d / kWarp;  // head-dim values per lane (1, 2 or 4)
+  const int64_t pos = len[m];               // the new token (already in the cache) is at pos
+  const int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
+  const int64_t k0 = int64_t(c) * ch;
   const int64_t kb = k0 > lo ? k0 : lo;
-  const int64_t ke = (k0 + kAttnChunk < pos + 1) ? k0 + kAttnChunk : pos + 1;
-  const int64_t slot = ((int64_t(m) * Hq + g * G) * nchunks + c);  // + t * nchunks per head t
+  const int64_t ke = (k0 + ch < pos + 1) ? k0 + ch : pos + 1;
+  const int64_t slot = (int64_t(m) * Hq + int64_t(g) * G) * nchunks + c;  // + t·nchunks per head
   if (kb >= ke) {
     if (threadIdx.x < G) {
       part_ml[2 * (slot + int64_t(threadIdx.x) * nchunks)] = -INFINITY;
@@ -238,44 +240,40 @@ __global__ void decode_attn_partial_kernel(float* part_o, float* part_ml, const 
     }
     return;
   }
-  float* qs = sh;          // [G, d]
-  float* sc = sh + G * d;  // [G, kAttnChunk]
+  float* qs = sh;           // [G, d], pre-scaled by 1/sqrt(d)
+  float* sc = qs + G * d;   // [G, ch]
+  float* po = sc + G * ch;  // [warps, G, d]
   const float scale = rsqrtf(float(d));
   for (int i = threadIdx.x; i < G * d; i += blockDim.x)
-    qs[i] = __bfloat162float(q[(int64_t(m) * Hq + g * G) * d + i]) * scale;
+    qs[i] = __bfloat162float(q[(int64_t(m) * Hq + int64_t(g) * G) * d + i]) * scale;
   __syncthreads();
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int n = int(ke - kb);
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const bf16* kr = kcache + ((int64_t(m) * cap + kb + j) * Hkv + g) * d;
-    float s[8];
+  const int64_t row = int64_t(Hkv) * d;  // elements between consecutive keys in the cache
+  const bf16* kbase = kcache + (int64_t(m) * cap + kb) * row + int64_t(g) * d + lane * per;
+  const bf16* vbase = vcache + (int64_t(m) * cap + kb) * row + int64_t(g) * d + lane * per;
+  for (int j = warp; j < n; j += kAttnWarps) {
+    float kf[4];
+    for (int e = 0; e < per; e++) kf[e] = __bfloat162float(kbase[int64_t(j) * row + e]);
 #pragma unroll
-    for (int t = 0; t < 8; t++) s[t] = 0.f;
-    for (int i = 0; i < d; i += 8) {
-      float kf[8];
-      bf16x8_to_f32(*reinterpret_cast<const uint4*>(kr + i), kf);
-#pragma unroll
-      for (int t = 0; t < 8; t++)
-        if (t < G) {
-          const float* qt = qs + t * d + i;
-#pragma unroll
-          for (int u = 0; u < 8; u++) s[t] = fmaf(qt[u], kf[u], s[t]);
-        }
+    for (int t = 0; t < 8; t++) {
+      if (t >= G) break;
+      float s = 0.f;
+      for (int e = 0; e < per; e++) s = fmaf(qs[t * d + lane * per + e], kf[e], s);
+      s = warp_sum(s);
+      if (lane == 0) sc[t * ch + j] = s;
     }
-#pragma unroll
-    for (int t = 0; t < 8; t++)
-      if (t < G) sc[t * kAttnChunk + j] = s[t];
   }
   __syncthreads();
   // Per head: max and sum over the chunk (one warp per head), probabilities in place.
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, nwarps = blockDim.x / kWarp;
-  for (int t = warp; t < G; t += nwarps) {
+  for (int t = warp; t < G; t += kAttnWarps) {
     float mx = -INFINITY;
-    for (int j = lane; j < n; j += kWarp) mx = fmaxf(mx, sc[t * kAttnChunk + j]);
+    for (int j = lane; j < n; j += kWarp) mx = fmaxf(mx, sc[t * ch + j]);
     for (int o = kWarp / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0.f;
     for (int j = lane; j < n; j += kWarp) {
-      const float p = expf(sc[t * kAttnChunk + j] - mx);
-      sc[t * kAttnChunk + j] = p;
+      const float p = expf(sc[t * ch + j] - mx);
+      sc[t * ch + j] = p;
       sum += p;
     }
     sum = warp_sum(sum);
@@ -285,19 +283,37 @@ __global__ void decode_attn_partial_kernel(float* part_o, float* part_ml, const 
     }
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float acc[8];
+  // P·V: warps split the keys again, lanes the head dim; then the warps' sums are added in order.
+  float acc[8][4];
 #pragma unroll
-    for (int t = 0; t < 8; t++) acc[t] = 0.f;
-    for (int j = 0; j < n; j++) {
-      const float v = __bfloat162float(vcache[((int64_t(m) * cap + kb + j) * Hkv + g) * d + i]);
+  for (int t = 0; t < 8; t++)
 #pragma unroll
-      for (int t = 0; t < 8; t++)
-        if (t < G) acc[t] = fmaf(sc[t * kAttnChunk + j], v, acc[t]);
+    for (int e = 0; e < 4; e++) acc[t][e] = 0.f;
+  for (int j = warp; j < n; j += kAttnWarps) {
+    float vf[4];
+    for (int e = 0; e < per; e++) vf[e] = __bfloat162float(vbase[int64_t(j) * row + e]);
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+      if (t >= G) break;
+      const float p = sc[t * ch + j];
+#pragma unroll
+      for (int e = 0; e < 4; e++)
+        if (e < per) acc[t][e] = fmaf(p, vf[e], acc[t][e]);
     }
+  }
 #pragma unroll
-    for (int t = 0; t < 8; t++)
-      if (t < G) part_o[(slot + int64_t(t) * nchunks) * d + i] = acc[t];
+  for (int t = 0; t < 8; t++) {
+    if (t >= G) break;
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      if (e < per) po[(warp * G + t) * d + lane * per + e] = acc[t][e];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
+    float s = 0.f;
+    for (int w = 0; w < kAttnWarps; w++) s += po[w * G * d + i];
+    const int t = i / d, e = i % d;
+    part_o[(slot + int64_t(t) * nchunks) * d + e] = s;
   }
 }
 
@@ -316,6 +332,40 @@ __global__ void decode_attn_combine_kernel(bf16* o, const float* part_o, const f
       if (ml[2 * c + 1] > 0.f) acc += part_o[(mh * nchunks + c) * d + i] * expf(ml[2 * c] - mx);
     o[mh * d + i] = __float2bfloat16(l > 0.f ? acc / l : 0.f);
   }
+}
+
+// Row kernels for decode (a few rows of D): one 256-thread block per row, so a row's loads are
+// spread over the block instead of one warp (the training kernels' layout, which leaves a single
+// row latency-bound). Same arithmetic as residual_scale_rmsnorm_fwd / rmsnorm_fwd.
+constexpr int kRowThreads = 256;
+
+__device__ float block_sum_rows(float v, float* red) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < kRowThreads / kWarp; w++) t += red[w];  // same order in every thread
+  return t;
+}
+
+__global__ void __launch_bounds__(kRowThreads)
+    decode_residual_norm_kernel(float* h, bf16* y, const bf16* a, const float* hs, const float* hb,
+                                const float* rs, const float* rb, const float* w, float eps,
+                                int64_t D) {
+  __shared__ float red[kRowThreads / kWarp];
+  const int64_t m = blockIdx.x;
+  float* hr = h + m * D;
+  float ss = 0.f;
+  for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
+    const float v =
+        a ? (__bfloat162float(a[m * D + i]) + hb[i]) * hs[i] + (hr[i] + rb[i]) * rs[i] : hr[i];
+    hr[i] = v;
+    ss += v * v;
+  }
+  const float rstd = 1.0f / sqrtf(block_sum_rows(ss, red) / float(D) + eps);
+  for (int64_t i = threadIdx.x; i < D; i += kRowThreads)
+    y[m * D + i] = __float2bfloat16(w[i] * hr[i] * rstd);
 }
 
 __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int64_t past,
@@ -410,8 +460,9 @@ void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t l
 #define ZAYA_GEMV_CASE(n) \
   case n: launch_gemv_bf16<n>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, st); break;
     ZAYA_GEMV_CASE(1)
-    ZAYA_GEMV_CASE(2) ZAYA_GEMV_CASE(3) ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6)
-        ZAYA_GEMV_CASE(7) ZAYA_GEMV_CASE(8)
+    ZAYA_GEMV_CASE(2)
+    ZAYA_GEMV_CASE(3) ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6) ZAYA_GEMV_CASE(7)
+        ZAYA_GEMV_CASE(8)
 #undef ZAYA_GEMV_CASE
   }
   ZAYA_CUDA_CHECK(cudaGetLastError());
@@ -425,8 +476,9 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 #define ZAYA_GEMV_CASE(n) \
   case n: launch_gemv_f32<n>(y, ldy, x, ldx, W, ldw, bias, O, K, st); break;
     ZAYA_GEMV_CASE(1)
-    ZAYA_GEMV_CASE(2) ZAYA_GEMV_CASE(3) ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6)
-        ZAYA_GEMV_CASE(7) ZAYA_GEMV_CASE(8)
+    ZAYA_GEMV_CASE(2)
+    ZAYA_GEMV_CASE(3) ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6) ZAYA_GEMV_CASE(7)
+        ZAYA_GEMV_CASE(8)
 #undef ZAYA_GEMV_CASE
   }
   ZAYA_CUDA_CHECK(cudaGetLastError());
@@ -472,8 +524,17 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
+// Keys per split-context block: small enough that a short context still spreads over the SMs
+// (about two blocks per SM for one sequence), at most 256 so the scores fit shared memory.
+int attn_chunk(int64_t M, int64_t Hkv, int64_t cap) {
+  int ch = 32;
+  while (ch < 256 && (cap + ch - 1) / ch * Hkv * M > 512) ch *= 2;
+  return ch;
+}
+
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap) {
-  const int64_t nchunks = (cap + kAttnChunk - 1) / kAttnChunk;
+  // The largest chunk count any batch up to M takes (smaller batches may use smaller chunks).
+  const int64_t nchunks = (cap + 31) / 32;
   return size_t(M * Hq * nchunks * (d + 2)) * sizeof(float);
 }
 
@@ -481,19 +542,28 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st) {
   const int64_t G = Hq / Hkv;
-  check(Hq % Hkv == 0 && G <= 8 && d % 8 == 0,
-        "decode_attention: needs Hq/Hkv <= 8 and a head dim that is a multiple of 8");
-  const int nchunks = int((cap + kAttnChunk - 1) / kAttnChunk);
+  check(Hq % Hkv == 0 && G <= 8 && d % kWarp == 0 && d <= 4 * kWarp,
+        "decode_attention: needs Hq/Hkv <= 8 and a head dim of 32, 64, 96 or 128");
+  const int ch = attn_chunk(M, Hkv, cap);
+  const int nchunks = int((cap + ch - 1) / ch);
   float* part_o = static_cast<float*>(ws);
   float* part_ml = part_o + M * Hq * nchunks * d;
-  const size_t smem = size_t(G * d + G * kAttnChunk) * sizeof(float);
+  const size_t smem = size_t(G * d + G * ch + kAttnWarps * G * d) * sizeof(float);
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
-  decode_attn_partial_kernel<<<grid, kAttnChunk, smem, st>>>(part_o, part_ml, q_MHd, kcache, vcache,
-                                                             len_B, cap, window, int(Hq), int(Hkv),
-                                                             int(d), nchunks);
+  decode_attn_partial_kernel<<<grid, kAttnWarps * kWarp, smem, st>>>(
+      part_o, part_ml, q_MHd, kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), int(d), ch,
+      nchunks);
   ZAYA_CUDA_CHECK(cudaGetLastError());
   decode_attn_combine_kernel<<<unsigned(M * Hq), 128, 0, st>>>(o_MHd, part_o, part_ml, nchunks,
                                                                int(d));
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
+                          const float* hb_D, const float* rs_D, const float* rb_D,
+                          const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st) {
+  decode_residual_norm_kernel<<<unsigned(M), kRowThreads, 0, st>>>(h_MD, y_MD, a_MD, hs_D, hb_D,
+                                                                   rs_D, rb_D, norm_w_D, eps, D);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -354,7 +354,8 @@ void CudaInference::Impl::run_decode_step() {
   const float eps = float(c.rms_norm_eps);
   mark("start");
   embed_affine_fwd(h, ids, embed, in_s, in_b, bad, M, D, V, st);
-  rmsnorm_fwd(x, rstd, h, L[0].ln_in, eps, M, D, st);
+  decode_residual_norm(h, x, nullptr, nullptr, nullptr, nullptr, nullptr, L[0].ln_in, eps, M, D,
+                       st);
   mark("embedding, norms, residuals");
   for (int64_t li = 0; li < NL; li++) {
     DevLayer& l = L[size_t(li)];
@@ -373,8 +374,7 @@ void CudaInference::Impl::run_decode_step() {
     mark("attention");
     gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
     mark("qkv, o projections");
-    residual_scale_rmsnorm_fwd(h, x, rstd, a, h, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps,
-                               M, D, st);
+    decode_residual_norm(h, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st);
     mark("embedding, norms, residuals");
     router(li, M, true);
     mark("router");
@@ -383,8 +383,7 @@ void CudaInference::Impl::run_decode_step() {
     expert_gemv(ys, act, I, l.down, D * I, choice, E, M, D, I, st);
     moe_combine_rows(a, ys, x, gate, choice, E, c.skip_output == SkipOutput::ScaledInput, M, D, st);
     mark("experts");
-    residual_scale_rmsnorm_fwd(h, x, rstd, a, h, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li),
-                               eps, M, D, st);
+    decode_residual_norm(h, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D, st);
     mark("embedding, norms, residuals");
   }
   gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);

@@ -55,6 +55,11 @@ size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st);
+// Decode rows (block per row): h = (a + hb)⊙hs + (h + rb)⊙rs in place (skipped when a is null),
+// then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
+void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
+                          const float* hb_D, const float* rs_D, const float* rb_D,
+                          const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st);
 // Copies S new k and v rows per sequence (bf16 [B,S,Hkv,d]) into the cache at offset `past`
 // (prefill: the host knows the position).
 void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,

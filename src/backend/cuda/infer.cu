@@ -368,6 +368,150 @@ __global__ void __launch_bounds__(kRowThreads)
     y[m * D + i] = __float2bfloat16(w[i] * hr[i] * rstd);
 }
 
+// The router after its down projection, for a few decode rows, in one block per row: EDA state,
+// RMSNorm, fc1 + GELU, fc2 + GELU, the class logits, fp32 softmax and the biased top-1 choice
+// (ties to the lowest class) — the chain router_eda_fwd … router_select of the training path, in
+// one launch instead of eight. Shared memory: 3·R + E1 floats.
+constexpr int kRouterThreads = 256;
+
+__device__ __forceinline__ float gelu_exact(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+}
+
+// y[o] = Σ_k W[o,k] x[k] + b[o] for o < O, one warp per output row, x in shared memory.
+__device__ void block_matvec(float* y, const float* x, const float* W, const float* b, int O, int K,
+                             bool gelu) {
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  for (int o = warp; o < O; o += kRouterThreads / kWarp) {
+    const float* w = W + int64_t(o) * K;
+    float s = 0.f;
+    for (int k = lane; k < K; k += kWarp) s = fmaf(w[k], x[k], s);
+    s = warp_sum(s) + (b ? b[o] : 0.f);
+    if (lane == 0) y[o] = gelu ? gelu_exact(s) : s;
+  }
+}
+
+__global__ void __launch_bounds__(kRouterThreads)
+    decode_router_tail_kernel(float* r, float* probs, int32_t* choice, float* gate,
+                              const float* state, const float* scale, const float* norm_w,
+                              float eps, const float* fc1_w, const float* fc1_b, const float* fc2_w,
+                              const float* fc2_b, const float* out_w, const float* bal, int R,
+                              int E1) {
+  extern __shared__ float sh[];
+  __shared__ float red[kRouterThreads / kWarp];
+  const int64_t m = blockIdx.x;
+  float* rn = sh;          // [R]
+  float* h1 = sh + R;      // [R]
+  float* h2 = sh + 2 * R;  // [R]
+  float* lg = sh + 3 * R;  // [E1]
+  float* rr = r + m * R;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < R; i += kRouterThreads) {
+    float v = rr[i];
+    if (state) v += state[m * R + i] * scale[i];
+    rr[i] = v;  // the next layer's EDA state
+    rn[i] = v;
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = ss;
+  __syncthreads();
+  float tot = 0.f;
+  for (int w = 0; w < kRouterThreads / kWarp; w++) tot += red[w];
+  const float rstd = 1.0f / sqrtf(tot / float(R) + eps);
+  for (int i = threadIdx.x; i < R; i += kRouterThreads) rn[i] = norm_w[i] * (rn[i] * rstd);
+  __syncthreads();
+  block_matvec(h1, rn, fc1_w, fc1_b, R, R, true);
+  __syncthreads();
+  block_matvec(h2, h1, fc2_w, fc2_b, R, R, true);
+  __syncthreads();
+  block_matvec(lg, h2, out_w, nullptr, E1, R, false);
+  __syncthreads();
+  if (threadIdx.x < kWarp) {  // softmax and choice: one warp, as router_select
+    const int lane = threadIdx.x;
+    float mx = -INFINITY;
+    for (int e = lane; e < E1; e += kWarp) mx = fmaxf(mx, lg[e]);
+    for (int o = kWarp / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float sum = 0.f;
+    for (int e = lane; e < E1; e += kWarp) sum += expf(lg[e] - mx);
+    sum = warp_sum(sum);
+    float bv = -INFINITY;
+    int bi = E1;
+    for (int e = lane; e < E1; e += kWarp) {
+      const float p = expf(lg[e] - mx) / sum;
+      probs[m * E1 + e] = p;
+      const float v = p + bal[e];
+      if (bi == E1 || v > bv) {
+        bv = v;
+        bi = e;
+      }
+    }
+    for (int o = kWarp / 2; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) {
+      if (bi >= E1) bi = 0;
+      choice[m] = bi;
+      gate[m] = probs[m * E1 + bi];
+    }
+  }
+}
+
+// Argmax over long rows in two passes: 256 blocks per row each reduce a slice to (value, index),
+// then one block per row reduces the slices in order. Ties go to the lowest index throughout.
+constexpr int kArgmaxSlices = 256;
+
+__device__ void argmax_merge(float& bv, int64_t& bi, float ov, int64_t oi) {
+  if (ov > bv || (ov == bv && oi < bi) || (bi < 0 && oi >= 0)) {
+    bv = ov;
+    bi = oi;
+  }
+}
+
+__device__ void block_argmax(float& bv, int64_t& bi) {
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  for (int o = kWarp / 2; o > 0; o >>= 1)
+    argmax_merge(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) sv[warp] = bv, si[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < int(blockDim.x) / kWarp; w++) argmax_merge(bv, bi, sv[w], si[w]);
+  }
+}
+
+__global__ void argmax_slices_kernel(float* part_v, int64_t* part_i, const float* logits,
+                                     int64_t V) {
+  const int64_t m = blockIdx.y, slice = blockIdx.x;
+  const int64_t per = (V + kArgmaxSlices - 1) / kArgmaxSlices;
+  const int64_t v0 = slice * per, v1 = v0 + per < V ? v0 + per : V;
+  float bv = -INFINITY;
+  int64_t bi = -1;
+  for (int64_t v = v0 + threadIdx.x; v < v1; v += blockDim.x)
+    argmax_merge(bv, bi, logits[m * V + v], v);
+  block_argmax(bv, bi);
+  if (threadIdx.x == 0) {
+    part_v[m * kArgmaxSlices + slice] = bv;
+    part_i[m * kArgmaxSlices + slice] = bi;
+  }
+}
+
+__global__ void argmax_final_kernel(int32_t* out, const float* part_v, const int64_t* part_i) {
+  const int64_t m = blockIdx.x;
+  float bv = -INFINITY;
+  int64_t bi = -1;
+  for (int s = threadIdx.x; s < kArgmaxSlices; s += blockDim.x)
+    argmax_merge(bv, bi, part_v[m * kArgmaxSlices + s], part_i[m * kArgmaxSlices + s]);
+  block_argmax(bv, bi);
+  if (threadIdx.x == 0) out[m] = int32_t(bi < 0 ? 0 : bi);
+}
+
 __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int64_t past,
                                  int64_t cap, int64_t S, int64_t row) {
   const int64_t bt = blockIdx.x;  // b·S + t
@@ -377,37 +521,6 @@ __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* 
     kc[dst + i] = k[bt * row + i];
     vc[dst + i] = v[bt * row + i];
   }
-}
-
-__global__ void argmax_kernel(int32_t* out, const float* logits, int64_t V) {
-  const int64_t m = blockIdx.x;
-  const float* row = logits + m * V;
-  float best = -INFINITY;
-  int64_t bi = V;  // V: nothing seen yet; a strict > keeps the lowest id among ties
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    const float x = row[v];
-    if (bi == V || x > best) {
-      best = x;
-      bi = v;
-    }
-  }
-  __shared__ float sb[1024];
-  __shared__ int64_t si[1024];
-  sb[threadIdx.x] = best;
-  si[threadIdx.x] = bi;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) {
-      const float ob = sb[threadIdx.x + s];
-      const int64_t oi = si[threadIdx.x + s];
-      if (ob > sb[threadIdx.x] || (ob == sb[threadIdx.x] && oi < si[threadIdx.x])) {
-        sb[threadIdx.x] = ob;
-        si[threadIdx.x] = oi;
-      }
-    }
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[m] = int32_t(si[0] < V ? si[0] : 0);
 }
 
 __global__ void advance_kernel(int32_t* len, int32_t n, int64_t B) {
@@ -461,8 +574,8 @@ void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t l
   case n: launch_gemv_bf16<n>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, st); break;
     ZAYA_GEMV_CASE(1)
     ZAYA_GEMV_CASE(2)
-    ZAYA_GEMV_CASE(3) ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6) ZAYA_GEMV_CASE(7)
-        ZAYA_GEMV_CASE(8)
+    ZAYA_GEMV_CASE(3)
+    ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6) ZAYA_GEMV_CASE(7) ZAYA_GEMV_CASE(8)
 #undef ZAYA_GEMV_CASE
   }
   ZAYA_CUDA_CHECK(cudaGetLastError());
@@ -477,8 +590,8 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
   case n: launch_gemv_f32<n>(y, ldy, x, ldx, W, ldw, bias, O, K, st); break;
     ZAYA_GEMV_CASE(1)
     ZAYA_GEMV_CASE(2)
-    ZAYA_GEMV_CASE(3) ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6) ZAYA_GEMV_CASE(7)
-        ZAYA_GEMV_CASE(8)
+    ZAYA_GEMV_CASE(3)
+    ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6) ZAYA_GEMV_CASE(7) ZAYA_GEMV_CASE(8)
 #undef ZAYA_GEMV_CASE
   }
   ZAYA_CUDA_CHECK(cudaGetLastError());
@@ -574,8 +687,31 @@ void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
-void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, cudaStream_t st) {
-  argmax_kernel<<<unsigned(M), 1024, 0, st>>>(ids_out, logits_MV, V);
+size_t argmax_workspace_bytes(int64_t M) {
+  return size_t(M) * kArgmaxSlices * (sizeof(float) + sizeof(int64_t)) + 16;
+}
+
+void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, void* ws,
+                 cudaStream_t st) {
+  int64_t* part_i = static_cast<int64_t*>(ws);
+  float* part_v = reinterpret_cast<float*>(part_i + M * kArgmaxSlices);
+  argmax_slices_kernel<<<dim3{unsigned(kArgmaxSlices), unsigned(M)}, 256, 0, st>>>(part_v, part_i,
+                                                                                   logits_MV, V);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+  argmax_final_kernel<<<unsigned(M), 256, 0, st>>>(ids_out, part_v, part_i);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void decode_router_tail(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
+                        const float* state_MR, const float* scale_R, const float* norm_w_R,
+                        float eps, const float* fc1_w, const float* fc1_b, const float* fc2_w,
+                        const float* fc2_b, const float* out_w, const float* balancing_E1,
+                        int64_t M, int64_t R, int64_t E1, cudaStream_t st) {
+  const size_t smem = size_t(3 * R + E1) * sizeof(float);
+  check(smem <= 48 * 1024, "decode_router_tail: router width too large for one block");
+  decode_router_tail_kernel<<<unsigned(M), kRouterThreads, smem, st>>>(
+      r_MR, probs_ME1, choice_M, gate_M, state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w,
+      fc2_b, out_w, balancing_E1, int(R), int(E1));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

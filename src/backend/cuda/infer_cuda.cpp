@@ -67,6 +67,7 @@ struct CudaInference::Impl {
   float *h = nullptr, *rstd = nullptr, *conv = nullptr, *r[2] = {nullptr, nullptr}, *rn = nullptr,
         *t1 = nullptr, *t2 = nullptr, *rlog = nullptr, *probs = nullptr, *gate = nullptr,
         *logits = nullptr, *attn_ws = nullptr;
+  void* argmax_ws = nullptr;
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
@@ -184,6 +185,7 @@ void CudaInference::Impl::plan(Carver& cv) {
   logits_rows = std::max<int64_t>(MB, std::min<int64_t>(N, (int64_t(256) << 20) / (4 * V)));
   logits = cv.take<float>(logits_rows * V);
   attn_ws = cv.take<float>(int64_t(decode_attention_workspace_bytes(MB, Hq, d, cap) / 4) + 1);
+  argmax_ws = cv.take<char>(int64_t(argmax_workspace_bytes(MB)));
   ws_bytes = sort_by_expert_workspace_bytes(N, E1) + 4096;
   char* wsp = cv.take<char>(int64_t(ws_bytes));
   ws.base = wsp, ws.capacity = ws_bytes, ws.used = 0;
@@ -268,24 +270,22 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv) {
   else
     s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R,
                  GemmType::BF16, GemmType::F32, l.r_down_b, s.st);
+  if (gemv) {  // decode rows: the rest of the router in one launch
+    decode_router_tail(rc, s.probs, s.choice, s.gate, li > 0 ? rp : nullptr, l.r_scale, l.r_norm,
+                       float(s.c.rms_norm_eps), l.fc1_w, l.fc1_b, l.fc2_w, l.fc2_b, l.out_w,
+                       l.balancing, N, s.R, s.E1, s.st);
+    return;
+  }
   if (li > 0) router_eda_fwd(rc, rp, l.r_scale, N, s.R, s.st);
   rmsnorm_fwd_f32(s.rn, s.rstd, rc, l.r_norm, float(s.c.rms_norm_eps), N, s.R, s.st);
-  if (gemv) {
-    gemv_f32(s.t1, s.R, s.rn, s.R, l.fc1_w, s.R, l.fc1_b, N, s.R, s.R, s.st);
-    bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
-    gemv_f32(s.t1, s.R, s.t2, s.R, l.fc2_w, s.R, l.fc2_b, N, s.R, s.R, s.st);
-    bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
-    gemv_f32(s.rlog, s.E1, s.t2, s.R, l.out_w, s.R, nullptr, N, s.E1, s.R, s.st);
-  } else {
-    s.gemm->gemm(false, true, N, s.R, s.R, 1.f, s.rn, s.R, l.fc1_w, s.R, 0.f, s.t1, s.R,
-                 GemmType::F32, GemmType::F32, l.fc1_b, s.st);
-    bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
-    s.gemm->gemm(false, true, N, s.R, s.R, 1.f, s.t2, s.R, l.fc2_w, s.R, 0.f, s.t1, s.R,
-                 GemmType::F32, GemmType::F32, l.fc2_b, s.st);
-    bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
-    s.gemm->gemm(false, true, N, s.E1, s.R, 1.f, s.t2, s.R, l.out_w, s.R, 0.f, s.rlog, s.E1,
-                 GemmType::F32, GemmType::F32, nullptr, s.st);
-  }
+  s.gemm->gemm(false, true, N, s.R, s.R, 1.f, s.rn, s.R, l.fc1_w, s.R, 0.f, s.t1, s.R,
+               GemmType::F32, GemmType::F32, l.fc1_b, s.st);
+  bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
+  s.gemm->gemm(false, true, N, s.R, s.R, 1.f, s.t2, s.R, l.fc2_w, s.R, 0.f, s.t1, s.R,
+               GemmType::F32, GemmType::F32, l.fc2_b, s.st);
+  bias_gelu_fwd(s.t2, s.t1, nullptr, N, s.R, s.st);
+  s.gemm->gemm(false, true, N, s.E1, s.R, 1.f, s.t2, s.R, l.out_w, s.R, 0.f, s.rlog, s.E1,
+               GemmType::F32, GemmType::F32, nullptr, s.st);
   router_select(s.probs, s.choice, s.gate, s.rlog, l.balancing, N, s.E1, s.st);
 }
 
@@ -388,7 +388,7 @@ void CudaInference::Impl::run_decode_step() {
   }
   gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
   mark("lm head");
-  argmax_rows(next_ids, logits, M, V, st);
+  argmax_rows(next_ids, logits, M, V, argmax_ws, st);
   advance_lengths(len, 1, M, st);
   mark("argmax, lengths");
 }

@@ -64,8 +64,20 @@ void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float
 // (prefill: the host knows the position).
 void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,
                int64_t B, int64_t S, int64_t Hkv, int64_t d, cudaStream_t st);
-// ids_out[m] = argmax_v logits[m,v] (ties to the lowest id); logits fp32 [M, V].
-void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, cudaStream_t st);
+// ids_out[m] = argmax_v logits[m,v] (ties to the lowest id); logits fp32 [M, V]. Two passes over
+// slices of each row (ws: argmax_workspace_bytes(M)).
+size_t argmax_workspace_bytes(int64_t M);
+void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, void* ws,
+                 cudaStream_t st);
+// The router after its down projection (r = x·W_down + b, fp32 [M,R]) for decode rows, one launch:
+// r += state ⊙ scale (EDA; state null in layer 0; r keeps the result as the next layer's state),
+// RMSNorm, fc1 + exact GELU, fc2 + GELU, class logits, fp32 softmax (probs), choice = argmax of
+// probs + balancing bias (ties to the lowest class), gate = probs[choice].
+void decode_router_tail(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
+                        const float* state_MR, const float* scale_R, const float* norm_w_R,
+                        float eps, const float* fc1_w, const float* fc1_b, const float* fc2_w,
+                        const float* fc2_b, const float* out_w, const float* balancing_E1,
+                        int64_t M, int64_t R, int64_t E1, cudaStream_t st);
 // len_B[b] += n for every sequence.
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);
 

@@ -23,6 +23,7 @@ using namespace zaya::bench;
 
 namespace zaya::cli {
 int bench_train_cli(int argc, char** argv);  // cmd_bench_train.cpp
+int bench_infer_cli(int argc, char** argv);  // cmd_bench_infer.cpp
 }  // namespace zaya::cli
 
 namespace {
@@ -479,7 +480,8 @@ int run_bench(int argc, char** argv) {
       "  gemm     cuBLASLt GEMM throughput: shape sweeps, model GEMMs, knee, tile quantization\n"
       "  mem      device memory and host<->device copy bandwidth\n"
       "  profile  run gemm and mem and write a zaya.hardware/1 profile\n"
-      "  train    the CUDA training step: tokens/s, model TFLOP/s, memory, time by op class\n";
+      "  train    the CUDA training step: tokens/s, model TFLOP/s, memory, time by op class\n"
+      "  infer    GPU inference: prefill tokens/s, decode time per step vs the bandwidth roofline\n";
   if (argc < 2) {
     std::fprintf(stderr, "zaya bench: missing sub-command\n%s", usage.c_str());
     return 2;
@@ -494,6 +496,7 @@ int run_bench(int argc, char** argv) {
   if (sub == "mem") return bench_mem_cli(argc - 1, argv + 1);
   if (sub == "profile") return bench_profile_cli(argc - 1, argv + 1);
   if (sub == "train") return zaya::cli::bench_train_cli(argc - 1, argv + 1);
+  if (sub == "infer") return zaya::cli::bench_infer_cli(argc - 1, argv + 1);
   std::fprintf(stderr, "zaya bench: unknown sub-command '%s'\n%s", sub.c_str(), usage.c_str());
   return 2;
 }

@@ -4,13 +4,16 @@
 // with temperature on k, partial NeoX RoPE, delayed values), on random bf16-representable packed
 // projections; bit-identical repeated backward (determinism); and decoding with the conv history
 // and the delayed-value state (prefix, then short segments including S < P) against the full
-// sequence.
+// sequence. ZAYA_CCA_BENCH=1 additionally enables CudaCca.Benchmark (ZAYA1 training shape and a
+// decode step; prints ms per call, GB/s and GFLOP/s).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -374,6 +377,12 @@ TEST(CudaCca, TrainD32Hq8Hkv2Kernel2x3FullRotary) {
   check_train({2, 97, 8, 2, 32, 2, 3, 32, 10000.0}, 4);
 }
 
+TEST(CudaCca, TrainD64Hq2Hkv1Kernel2x2) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // d 64: the conv GEMMs' 64-column tile (4 columns per thread), the one d 128 and 32 miss.
+  check_train({2, 130, 2, 1, 64, 2, 2, 32, 10000.0}, 7);
+}
+
 // Decoding: the full sequence in one call (no history) against a prefix followed by short segments
 // that carry the conv history and the last delayed value; segments shorter than P included.
 void check_decode(const Shape& full, const std::vector<int64_t>& segments, uint64_t seed) {
@@ -450,6 +459,129 @@ TEST(CudaCca, DecodeMatchesFullSequenceKernel3x2ShortSegments) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   // P = 3: segments of 1 and 2 tokens are shorter than the history.
   check_decode({2, 10, 4, 2, 32, 3, 2, 16, 10000.0}, {3, 1, 2, 1, 1, 2}, 6);
+}
+
+// ZAYA_CCA_BENCH=1: times the four CCA calls at the ZAYA1 training shape of one layer (B 4, S 4096,
+// Hq 8, Hkv 2, d 128, t0 = t1 = 2, packed row stride C + Hkv·d = 1536, r 64) and a decode step
+// (B 4, S 1, with history); prints ms per call, effective GB/s (the bytes each call must move at
+// the API: inputs read once, outputs written once, no workspace traffic) and, for the convs,
+// GFLOP/s of the grouped conv (2·N·C·d·t1 forward, twice that backward).
+TEST(CudaCca, Benchmark) {
+  const char* env = std::getenv("ZAYA_CCA_BENCH");
+  if (!env || std::string(env) != "1") GTEST_SKIP() << "set ZAYA_CCA_BENCH=1 to run";
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t B = 4, S = 4096, Hq = 8, Hkv = 2, d = 128, t0 = 2, t1 = 2, r = 64;
+  const double theta = 10000.0;
+  const int64_t N = B * S, H = Hq + Hkv, C = H * d, KD = Hkv * d, ld = C + KD, M = S + t1 - 1,
+                P = (t0 - 1) + (t1 - 1);
+  Rng g(7);
+  std::vector<float> qkv_f = randn(g, size_t(N * ld), 0.5f);
+  const auto qkv_b = to_bf16(qkv_f);
+  std::vector<float> dq_f = randn(g, size_t(N * Hq * d), 0.05f),
+                     dk_f = randn(g, size_t(N * KD), 0.05f), dv_f = randn(g, size_t(N * KD), 0.05f);
+  const auto dq_b = to_bf16(dq_f), dk_b = to_bf16(dk_f), dv_b = to_bf16(dv_f);
+  const Params p = make_params({B, S, Hq, Hkv, d, t0, t1, r, theta}, g);
+
+  DeviceBuffers db;
+  bf16* d_qkv = db.upload_bf16(qkv_b);
+  float *d_wdw = db.upload(p.wdw), *d_bdw = db.upload(p.bdw), *d_wg = db.upload(p.wg),
+        *d_bg = db.upload(p.bg), *d_temp = db.upload(p.temp);
+  float* d_conv = db.alloc<float>(size_t(N * C));
+  float* d_mid = db.alloc<float>(size_t(B * M * C));
+  float* d_norms = db.alloc<float>(size_t(N * H));
+  bf16 *d_q = db.alloc<bf16>(size_t(N * Hq * d)), *d_k = db.alloc<bf16>(size_t(N * KD)),
+       *d_v = db.alloc<bf16>(size_t(N * KD));
+  bf16 *d_dq = db.upload_bf16(dq_b), *d_dk = db.upload_bf16(dk_b), *d_dv = db.upload_bf16(dv_b);
+  float* d_dconv = db.alloc<float>(size_t(N * C));
+  bf16* d_dqkv = db.alloc<bf16>(size_t(N * ld));
+  float *d_dwdw = db.alloc<float>(size_t(C * t0)), *d_dbdw = db.alloc<float>(size_t(C)),
+        *d_dwg = db.alloc<float>(size_t(C * d * t1)), *d_dbg = db.alloc<float>(size_t(C)),
+        *d_dtemp = db.alloc<float>(size_t(Hkv));
+  const size_t ws_bytes = cca_conv_bwd_workspace_bytes(B, S, C, d, t0, t1) +
+                          cca_qkv_finish_bwd_workspace_bytes(N, Hq, Hkv);
+  char* d_ws = db.alloc<char>(ws_bytes);
+  // Decode step state: history and a one-token segment per sequence.
+  float* d_hist = db.upload(std::vector<float>(size_t(B * P * C), 0.0f));
+  float* d_conv1 = db.alloc<float>(size_t(B * C));
+  ASSERT_TRUE(d_qkv && d_conv && d_mid && d_norms && d_q && d_k && d_v && d_dconv && d_dqkv &&
+              d_dwg && d_ws && d_hist && d_conv1);
+  CK(cudaMemset(d_dwdw, 0, size_t(C * t0) * 4));
+  CK(cudaMemset(d_dbdw, 0, size_t(C) * 4));
+  CK(cudaMemset(d_dwg, 0, size_t(C * d * t1) * 4));
+  CK(cudaMemset(d_dbg, 0, size_t(C) * 4));
+  CK(cudaMemset(d_dtemp, 0, size_t(Hkv) * 4));
+  Workspace ws{d_ws, ws_bytes, 0};
+  cudaStream_t st = nullptr;
+
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  auto time_ms = [&](auto&& fn, int iters) {
+    for (int i = 0; i < 3; i++) fn();  // warm-up
+    cudaEventRecord(e0, st);
+    for (int i = 0; i < iters; i++) fn();
+    cudaEventRecord(e1, st);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return double(ms) / iters;
+  };
+  auto conv_fwd = [&] {
+    cca_conv_fwd(d_conv, d_mid, d_qkv, ld, nullptr, false, d_wdw, d_bdw, d_wg, d_bg, B, S, C, d, t0,
+                 t1, st);
+  };
+  auto finish_fwd = [&] {
+    cca_qkv_finish_fwd(d_q, d_k, d_v, d_norms, d_conv, d_qkv, ld, d_temp, nullptr, false, 0, theta,
+                       r, B, S, Hq, Hkv, d, st);
+  };
+  auto finish_bwd = [&] {
+    ws.reset();
+    cca_qkv_finish_bwd(d_dconv, d_dqkv, ld, d_dtemp, d_dq, d_dk, d_dv, d_conv, d_qkv, d_norms,
+                       d_temp, theta, r, B, S, Hq, Hkv, d, ws, st);
+  };
+  auto conv_bwd = [&] {
+    ws.reset();
+    cca_conv_bwd(d_dqkv, ld, d_dwdw, d_dbdw, d_dwg, d_dbg, d_dconv, d_qkv, d_mid, d_wdw, d_wg, B, S,
+                 C, d, t0, t1, ws, st);
+  };
+  auto decode = [&] {
+    cca_conv_fwd(d_conv1, nullptr, d_qkv, ld, d_hist, true, d_wdw, d_bdw, d_wg, d_bg, B, 1, C, d,
+                 t0, t1, st);
+  };
+  const int iters = 20;
+  const double ms_cf = time_ms(conv_fwd, iters), ms_ff = time_ms(finish_fwd, iters),
+               ms_fb = time_ms(finish_bwd, iters), ms_cb = time_ms(conv_bwd, iters),
+               ms_dec = time_ms(decode, 200);
+  CK(cudaDeviceSynchronize());
+  CK(cudaGetLastError());
+
+  const double n = double(N), c = double(C), mrows = double(B * M),
+               qkvd = double((Hq + 2 * Hkv) * d);
+  const double by_cf = n * c * 2 + n * c * 4 + mrows * c * 4;
+  const double by_ff = n * c * 4 + n * double(ld) * 2 + n * qkvd * 2 + n * double(H) * 4;
+  const double by_fb =
+      n * qkvd * 2 + n * c * 4 + n * c * 2 + n * double(H) * 4 + n * c * 4 + n * double(ld) * 2;
+  const double by_cb = n * c * 4 + mrows * c * 4 + n * c * 2 + n * c * 4;
+  const double fl_cf = 2.0 * n * c * double(d * t1), fl_cb = 2 * fl_cf;
+  std::printf("CCA B=%lld S=%lld Hq=%lld Hkv=%lld d=%lld t0=%lld t1=%lld ld=%lld r=%lld:\n",
+              (long long)B, (long long)S, (long long)Hq, (long long)Hkv, (long long)d,
+              (long long)t0, (long long)t1, (long long)ld, (long long)r);
+  auto line = [](const char* what, double ms, double bytes, double flops) {
+    std::printf("  %-20s %8.3f ms  %7.1f GB/s", what, ms, bytes / (ms * 1e-3) / 1e9);
+    if (flops > 0) std::printf("  %7.1f GFLOP/s", flops / (ms * 1e-3) / 1e9);
+    std::printf("\n");
+  };
+  line("cca_conv_fwd", ms_cf, by_cf, fl_cf);
+  line("cca_qkv_finish_fwd", ms_ff, by_ff, 0);
+  line("cca_qkv_finish_bwd", ms_fb, by_fb, 0);
+  line("cca_conv_bwd", ms_cb, by_cb, fl_cb);
+  std::printf("  %-20s %8.3f ms  (all four, per layer)\n", "total", ms_cf + ms_ff + ms_fb + ms_cb);
+  std::printf("  %-20s %8.3f us  (B=%lld, S=1, with history)\n", "decode cca_conv_fwd",
+              ms_dec * 1e3, (long long)B);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  EXPECT_GT(ms_cf, 0);
+  EXPECT_GT(ms_cb, 0);
 }
 
 }  // namespace

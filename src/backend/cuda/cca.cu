@@ -318,7 +318,7 @@ void launch_band(float* out, const float* src, const bf16* qkv, int64_t ld, cons
   const size_t smem = band_smem_bytes(RN, t1);
   auto kern = conv_band_kernel<RN, kMode>;
   if (smem > kDefaultSmem) {
-    // Only for t1 ≥ 4 at TN = 128: the opt-in is per function and cheap; 25 KB at t1 = 2 needs
+    // Only for t1 ≥ 5 at TN = 128: the opt-in is per function and cheap; 25 KB at t1 = 2 needs
     // none.
     int dev = 0, optin = 0;
     ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
@@ -479,8 +479,8 @@ WgChunks wg_chunks(int64_t N, int64_t C, int64_t d, int64_t t1) {
 template <int RN>
 __global__ void __launch_bounds__(kThreads, 2)
     conv_wg_bwd_kernel(float* __restrict__ part, const float* __restrict__ dy,
-                       const float* __restrict__ mid, int64_t N, int S, int C, int d, int t1,
-                       int64_t per, bool vec) {
+                       const float* __restrict__ mid, int N, int S, int C, int d, int t1, int per,
+                       bool vec) {
   constexpr int TN = 16 * RN, V = TN / 4;          // V float4 per tile row
   __shared__ __align__(16) float a_s[2][kWT][TN];  // dy, columns co
   __shared__ __align__(16) float b_s[2][kWT][TN];  // mid, columns ci
@@ -489,30 +489,30 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int j = blockIdx.x % t1, ci0 = ((blockIdx.x / t1) % ntile) * TN,
             co0 = (blockIdx.x / (t1 * ntile)) * TN;
   const int c0 = blockIdx.y * d;
-  const int64_t chunk = blockIdx.z, tb = chunk * per, te = min(N, tb + per);
+  const int chunk = blockIdx.z, tb = chunk * per, te = min(N, tb + per);
   const int M = S + t1 - 1;
   const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
 
-  auto load_stage = [&](int st, int64_t ts) {
+  auto load_stage = [&](int st, int ts) {
     if (vec) {
+#pragma unroll 1
       for (int e = tid; e < kWT * V; e += kThreads) {
         const int r = e / V, q = (e % V) * 4;
-        const int64_t n = ts + r;
+        const int n = ts + r;
         const bool ok = n < te;
-        const int64_t nn = ok ? n : tb;
-        const int64_t bb = nn / S, t = nn - bb * S;
-        cp_async16(&a_s[st][r][q], dy + nn * C + c0 + co0 + q, ok);
-        cp_async16(&b_s[st][r][q], mid + (bb * M + t + j) * C + c0 + ci0 + q, ok);
+        const int nn = ok ? n : tb, bb = nn / S, t = nn - bb * S;
+        cp_async16(&a_s[st][r][q], dy + int64_t(nn) * C + c0 + co0 + q, ok);
+        cp_async16(&b_s[st][r][q], mid + (int64_t(bb) * M + t + j) * C + c0 + ci0 + q, ok);
       }
     } else {
+#pragma unroll 1
       for (int e = tid; e < kWT * TN; e += kThreads) {
         const int r = e / TN, q = e % TN;
-        const int64_t n = ts + r;
+        const int n = ts + r;
         const bool ok = n < te;
-        const int64_t nn = ok ? n : tb;
-        const int64_t bb = nn / S, t = nn - bb * S;
-        cp_async4(&a_s[st][r][q], dy + nn * C + c0 + co0 + q, ok);
-        cp_async4(&b_s[st][r][q], mid + (bb * M + t + j) * C + c0 + ci0 + q, ok);
+        const int nn = ok ? n : tb, bb = nn / S, t = nn - bb * S;
+        cp_async4(&a_s[st][r][q], dy + int64_t(nn) * C + c0 + co0 + q, ok);
+        cp_async4(&b_s[st][r][q], mid + (int64_t(bb) * M + t + j) * C + c0 + ci0 + q, ok);
       }
     }
   };
@@ -523,15 +523,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int q = 0; q < RN; q++) acc[p][q] = 0.0f;
 
-  const int64_t nsteps = (te - tb + kWT - 1) / kWT;
+  const int nsteps = (te - tb + kWT - 1) / kWT;
   load_stage(0, tb);
   cp_async_commit();
-  for (int64_t s = 0; s < nsteps; s++) {
-    if (s + 1 < nsteps) load_stage(int((s + 1) & 1), tb + (s + 1) * kWT);
+  for (int s = 0; s < nsteps; s++) {
+    if (s + 1 < nsteps) load_stage((s + 1) & 1, tb + (s + 1) * kWT);
     cp_async_commit();
     cp_async_wait_prev();
     __syncthreads();
-    const int st = int(s & 1);
+    const int st = s & 1;
 #pragma unroll 4
     for (int r = 0; r < kWT; r++) {
       float a[RN], w[RN];
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
     __syncthreads();
   }
-  float* pp = part + chunk * (int64_t(C) * d * t1);
+  float* pp = part + int64_t(chunk) * C * d * t1;
 #pragma unroll
   for (int p = 0; p < RN; p++) {
     const int64_t c = c0 + co0 + tile_col<RN>(ty, p);
@@ -853,6 +853,7 @@ void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, 
   check_conv_shape(fn, S, C, d, t0, t1);
   if (B <= 0 || S <= 0) return;
   const int64_t M = S + t1 - 1, N = B * S;
+  if (N > INT32_MAX / 2) fail(fn, "too many tokens: " + std::to_string(N));
   const int64_t nrc = (S + kRB - 1) / kRB;
   const WgChunks wc = wg_chunks(N, C, d, t1);
   float* du = ws.take_n<float>(size_t(B * M * C));
@@ -874,17 +875,17 @@ void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, 
     const bool vec =
         (reinterpret_cast<uintptr_t>(dy_NC) | reinterpret_cast<uintptr_t>(mid)) % 16 == 0;
     if (rn == 8)
-      conv_wg_bwd_kernel<8><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, N, int(S), int(C),
-                                                       int(d), int(t1), wc.per, vec);
+      conv_wg_bwd_kernel<8><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, int(N), int(S), int(C),
+                                                       int(d), int(t1), int(wc.per), vec);
     else if (rn == 4)
-      conv_wg_bwd_kernel<4><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, N, int(S), int(C),
-                                                       int(d), int(t1), wc.per, vec);
+      conv_wg_bwd_kernel<4><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, int(N), int(S), int(C),
+                                                       int(d), int(t1), int(wc.per), vec);
     else if (rn == 2)
-      conv_wg_bwd_kernel<2><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, N, int(S), int(C),
-                                                       int(d), int(t1), wc.per, vec);
+      conv_wg_bwd_kernel<2><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, int(N), int(S), int(C),
+                                                       int(d), int(t1), int(wc.per), vec);
     else
-      conv_wg_bwd_kernel<1><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, N, int(S), int(C),
-                                                       int(d), int(t1), wc.per, vec);
+      conv_wg_bwd_kernel<1><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, int(N), int(S), int(C),
+                                                       int(d), int(t1), int(wc.per), vec);
     check_launch(fn);
   }
   // Fixed-order sums of the partials.

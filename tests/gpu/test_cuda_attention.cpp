@@ -24,28 +24,17 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/ops.h"
 #include "core/dtype.h"
+#include "gpu_test_util.h"
 
 namespace zaya::cuda {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define CK(call) ASSERT_EQ((call), cudaSuccess) << #call
-
-// Owning device buffer (freed on scope exit, also when an ASSERT returns early).
-template <typename T>
-struct DevBuf {
-  T* p = nullptr;
-  explicit DevBuf(size_t n) {
-    if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-  }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
+using test_util::DeviceBuffer;
+using test_util::download;
+using test_util::have_gpu;
+using test_util::max_abs;
+using test_util::max_diff;
+using test_util::upload;
 
 // Random normal values rounded to bf16: `f` holds the exact fp32 value of each bf16 in `h`, so
 // the CPU reference and the GPU see identical inputs.
@@ -59,28 +48,6 @@ void random_bf16(std::vector<float>& f, std::vector<uint16_t>& h, size_t n, std:
   }
 }
 
-std::vector<float> to_f32(const std::vector<uint16_t>& h) {
-  std::vector<float> f(h.size());
-  for (size_t i = 0; i < h.size(); i++) f[i] = zaya::bf16_to_f32(h[i]);
-  return f;
-}
-
-float max_abs(const std::vector<float>& x) {
-  float m = 0;
-  for (float v : x) m = std::max(m, std::fabs(v));
-  return m;
-}
-// max|a−b| and whether any value is not finite.
-float max_diff(const std::vector<float>& a, const std::vector<float>& b, bool* nonfinite) {
-  float m = 0;
-  *nonfinite = false;
-  for (size_t i = 0; i < a.size(); i++) {
-    if (!std::isfinite(a[i])) *nonfinite = true;
-    m = std::max(m, std::fabs(a[i] - b[i]));
-  }
-  return m;
-}
-
 struct Case {
   int64_t B, S, Sk, q_start, Hq, Hkv, d, window;
   bool backward;
@@ -91,20 +58,9 @@ struct Case {
   }
 };
 
-template <typename T>
-void upload(T* dst, const std::vector<T>& src) {
-  ASSERT_EQ(cudaMemcpy(dst, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice),
-            cudaSuccess);
-}
-template <typename T>
-void download(std::vector<T>& dst, const T* src, size_t n) {
-  dst.resize(n);
-  ASSERT_EQ(cudaMemcpy(dst.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-}
-
 void check_bf16(const char* what, const std::vector<uint16_t>& got_h, const std::vector<float>& ref,
                 const Case& c) {
-  const std::vector<float> got = to_f32(got_h);
+  const std::vector<float> got = test_util::bf16_bits_to_f32(got_h);
   bool bad = false;
   const float diff = max_diff(got, ref, &bad), scale = max_abs(ref);
   EXPECT_FALSE(bad) << what << " has non-finite values, " << c.name();
@@ -126,20 +82,18 @@ void run_case(const Case& c) {
   cpu::attention(o_ref.data(), lse_ref.data(), qf.data(), kf.data(), vf.data(), c.B, c.S, c.Sk,
                  c.q_start, c.Hq, c.Hkv, c.d, c.window);
 
-  DevBuf<bf16> q(nq), k(nkv), v(nkv), o(nq);
-  DevBuf<float> lse(nl);
+  DeviceBuffer<bf16> q(nq), k(nkv), v(nkv), o(nq);
+  DeviceBuffer<float> lse(nl);
   ASSERT_TRUE(q.p && k.p && v.p && o.p && lse.p);
   upload(reinterpret_cast<uint16_t*>(q.p), qh);
   upload(reinterpret_cast<uint16_t*>(k.p), kh);
   upload(reinterpret_cast<uint16_t*>(v.p), vh);
   attention_fwd(o.p, lse.p, q.p, k.p, v.p, c.B, c.S, c.Sk, c.q_start, c.Hq, c.Hkv, c.d, c.window,
                 nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
-  std::vector<uint16_t> oh;
-  std::vector<float> lse_got;
-  download(oh, reinterpret_cast<const uint16_t*>(o.p), nq);
-  download(lse_got, lse.p, nl);
+  const std::vector<uint16_t> oh = download(reinterpret_cast<const uint16_t*>(o.p), nq);
+  const std::vector<float> lse_got = download(lse.p, nl);
   check_bf16("o", oh, o_ref, c);
   bool bad = false;
   const float lse_diff = max_diff(lse_got, lse_ref, &bad);
@@ -153,9 +107,9 @@ void run_case(const Case& c) {
                           lse_ref.data(), qf.data(), kf.data(), vf.data(), c.B, c.S, c.Hq, c.Hkv,
                           c.d, c.window);
 
-  DevBuf<bf16> dout(nq), dq(nq), dk(nkv), dv(nkv);
+  DeviceBuffer<bf16> dout(nq), dq(nq), dk(nkv), dv(nkv);
   const size_t ws_bytes = attention_bwd_workspace_bytes(c.B, c.S, c.Hq, c.Hkv, c.d);
-  DevBuf<char> arena(ws_bytes);
+  DeviceBuffer<char> arena(ws_bytes);
   ASSERT_TRUE(dout.p && dq.p && dk.p && dv.p && arena.p);
   upload(reinterpret_cast<uint16_t*>(dout.p), goh);
   Workspace ws{arena.p, ws_bytes, 0};
@@ -166,10 +120,10 @@ void run_case(const Case& c) {
     ws.reset();
     attention_bwd(dq.p, dk.p, dv.p, dout.p, o.p, lse.p, q.p, k.p, v.p, c.B, c.S, c.Hq, c.Hkv, c.d,
                   c.window, ws, nullptr);
-    CK(cudaDeviceSynchronize());
-    download(dqh[rep], reinterpret_cast<const uint16_t*>(dq.p), nq);
-    download(dkh[rep], reinterpret_cast<const uint16_t*>(dk.p), nkv);
-    download(dvh[rep], reinterpret_cast<const uint16_t*>(dv.p), nkv);
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    dqh[rep] = download(reinterpret_cast<const uint16_t*>(dq.p), nq);
+    dkh[rep] = download(reinterpret_cast<const uint16_t*>(dk.p), nkv);
+    dvh[rep] = download(reinterpret_cast<const uint16_t*>(dv.p), nkv);
   }
   check_bf16("dq", dqh[0], dq_ref, c);
   check_bf16("dk", dkh[0], dk_ref, c);
@@ -211,10 +165,10 @@ TEST(AttentionCuda, Benchmark) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const int64_t B = 4, S = 4096, Hq = 8, Hkv = 2, d = 128;
   const size_t nq = size_t(B * S * Hq * d), nkv = size_t(B * S * Hkv * d), nl = size_t(B * Hq * S);
-  DevBuf<bf16> q(nq), k(nkv), v(nkv), o(nq), dout(nq), dq(nq), dk(nkv), dv(nkv);
-  DevBuf<float> lse(nl);
+  DeviceBuffer<bf16> q(nq), k(nkv), v(nkv), o(nq), dout(nq), dq(nq), dk(nkv), dv(nkv);
+  DeviceBuffer<float> lse(nl);
   const size_t ws_bytes = attention_bwd_workspace_bytes(B, S, Hq, Hkv, d);
-  DevBuf<char> arena(ws_bytes);
+  DeviceBuffer<char> arena(ws_bytes);
   ASSERT_TRUE(q.p && k.p && v.p && o.p && dout.p && dq.p && dk.p && dv.p && lse.p && arena.p);
   {
     // Cheap uniform values in [-2, 2) rounded to bf16: realistic magnitudes, no ties to care about.
@@ -225,17 +179,17 @@ TEST(AttentionCuda, Benchmark) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         h[i] = zaya::f32_to_bf16(float(int32_t(x >> 32)) * (2.0f / 2147483648.0f));
       }
-      return cudaMemcpy(dst, h.data(), n * 2, cudaMemcpyHostToDevice);
+      return test_util::to_device(dst, h.data(), n * 2);
     };
-    CK(fill(q.p, nq));
-    CK(fill(k.p, nkv));
-    CK(fill(v.p, nkv));
-    CK(fill(dout.p, nq));
+    ASSERT_CUDA_OK(fill(q.p, nq));
+    ASSERT_CUDA_OK(fill(k.p, nkv));
+    ASSERT_CUDA_OK(fill(v.p, nkv));
+    ASSERT_CUDA_OK(fill(dout.p, nq));
   }
   Workspace ws{arena.p, ws_bytes, 0};
   cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
+  ASSERT_CUDA_OK(cudaEventCreate(&e0));
+  ASSERT_CUDA_OK(cudaEventCreate(&e1));
   auto time_ms = [&](auto&& fn, int iters) {
     for (int i = 0; i < 3; i++) fn();  // warm-up (also sets the shared-memory attributes)
     cudaEventRecord(e0);
@@ -255,8 +209,8 @@ TEST(AttentionCuda, Benchmark) {
                       nullptr);
       },
       20);
-  CK(cudaDeviceSynchronize());
-  CK(cudaGetLastError());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaGetLastError());
   const double fwd_flops = 4.0 * B * Hq * double(S) * double(S) * d / 2;  // causal half
   const double bwd_flops = 2.5 * fwd_flops;
   std::printf("attention B=%lld S=%lld Hq=%lld Hkv=%lld d=%lld causal:\n", (long long)B,

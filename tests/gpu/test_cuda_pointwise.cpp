@@ -22,102 +22,35 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/ops.h"
 #include "core/dtype.h"
+#include "gpu_test_util.h"
 #include "optim/optimizer.h"
 
 namespace zaya::cuda {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using test_util::download;
+using test_util::download_bf16;
+using test_util::expect_close;
+using test_util::round_bf16;
 
-#define CK(call) ASSERT_EQ((call), cudaSuccess) << #call
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
-
-// Device buffers freed at scope end; a workspace arena of `ws_bytes`.
-class Dev {
+// Device buffers freed at scope end, and a workspace arena of `ws_bytes`.
+class Dev : public test_util::DeviceArena {
  public:
   explicit Dev(size_t ws_bytes = size_t(64) << 20) {
     ws.base = alloc<char>(ws_bytes);
     ws.capacity = ws_bytes;
   }
-  ~Dev() {
-    for (void* p : ptrs_) cudaFree(p);
-  }
-  template <typename T>
-  T* alloc(size_t n) {
-    void* p = nullptr;
-    if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T) + 16) != cudaSuccess) return nullptr;
-    ptrs_.push_back(p);
-    return static_cast<T*>(p);
-  }
-  template <typename T>
-  T* up(const std::vector<T>& v) {
-    T* p = alloc<T>(v.size());
-    if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
-    return p;
-  }
-  // bf16 values live on the host as floats that are exactly bf16-representable.
-  bf16* up_bf16(const std::vector<float>& v) {
-    std::vector<uint16_t> raw(v.size());
-    for (size_t i = 0; i < v.size(); i++) raw[i] = zaya::f32_to_bf16(v[i]);
-    return reinterpret_cast<bf16*>(up(raw));
-  }
   Workspace ws;
-
- private:
-  std::vector<void*> ptrs_;
 };
-
-template <typename T>
-std::vector<T> down(const T* p, size_t n) {
-  std::vector<T> v(n);
-  cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost);
-  return v;
-}
-std::vector<float> down_bf16(const bf16* p, size_t n) {
-  const auto raw = down(reinterpret_cast<const uint16_t*>(p), n);
-  std::vector<float> v(n);
-  for (size_t i = 0; i < n; i++) v[i] = zaya::bf16_to_f32(raw[i]);
-  return v;
-}
-
-float rb(float x) {
-  return zaya::bf16_to_f32(zaya::f32_to_bf16(x));
-}
 
 struct Rng {
   std::mt19937_64 g;
   explicit Rng(uint64_t seed) : g(seed) {}
   std::vector<float> uniform(size_t n, float lo, float hi, bool bf16_exact = false) {
-    std::uniform_real_distribution<float> d(lo, hi);
-    std::vector<float> v(n);
-    for (auto& x : v) x = bf16_exact ? rb(d(g)) : d(g);
-    return v;
+    return test_util::random_uniform(g, n, lo, hi, bf16_exact);
   }
   int32_t below(int32_t n) { return std::uniform_int_distribution<int32_t>(0, n - 1)(g); }
 };
-
-// max|got − ref| <= rel · max|ref| + abs_floor; non-finite values fail.
-void expect_close(const std::string& what, const std::vector<float>& got,
-                  const std::vector<float>& ref, double rel, double abs_floor = 1e-6) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  double mx = 0, md = 0;
-  size_t worst = 0;
-  for (size_t i = 0; i < ref.size(); i++) {
-    ASSERT_TRUE(std::isfinite(got[i])) << what << " [" << i << "] = " << got[i];
-    mx = std::max(mx, double(std::fabs(ref[i])));
-    const double d = std::fabs(double(got[i]) - double(ref[i]));
-    if (d > md) {
-      md = d;
-      worst = i;
-    }
-  }
-  EXPECT_LE(md, rel * mx + abs_floor) << what << ": worst at " << worst << " got " << got[worst]
-                                      << " ref " << ref[worst] << " (max|ref| " << mx << ")";
-}
 
 constexpr double kF32 = 2e-5;   // fp32 outputs (sums over a few hundred tokens included)
 constexpr double kBf16 = 2e-2;  // bf16 outputs
@@ -140,7 +73,7 @@ void embed_case(int64_t N, int64_t D, int64_t V, uint64_t seed) {
   float *d_s = dev.up(s), *d_b = dev.up(b), *d_h = dev.alloc<float>(size_t(N * D));
   int32_t* d_flag = dev.up(std::vector<int32_t>{0});
   embed_affine_fwd(d_h, d_ids, d_table, d_s, d_b, d_flag, N, D, V, nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> h_ref(size_t(N * D), 0.f);
   for (int64_t n = 0; n < N; n++) {
     if (ids[size_t(n)] < 0 || ids[size_t(n)] >= V) continue;
@@ -148,8 +81,8 @@ void embed_case(int64_t N, int64_t D, int64_t V, uint64_t seed) {
       h_ref[size_t(n * D + i)] =
           (table[size_t(ids[size_t(n)] * D + i)] + b[size_t(i)]) * s[size_t(i)];
   }
-  expect_close("embed h", down(d_h, size_t(N * D)), h_ref, 1e-6);
-  EXPECT_EQ(down(d_flag, 1)[0], int32_t(bad1 + 1));
+  expect_close("embed h", download(d_h, size_t(N * D)), h_ref, 1e-6);
+  EXPECT_EQ(download(d_flag, 1)[0], int32_t(bad1 + 1));
 
   // Backward: ds, db, dtable accumulate onto non-zero starting values.
   const auto dh = r.uniform(size_t(N * D), -1, 1);
@@ -158,7 +91,7 @@ void embed_case(int64_t N, int64_t D, int64_t V, uint64_t seed) {
   float *d_dh = dev.up(dh), *d_dtable = dev.up(dtable0), *d_ds = dev.up(ds0), *d_db = dev.up(db0);
   ASSERT_LE(embed_affine_bwd_workspace_bytes(N, D, V), dev.ws.capacity);
   embed_affine_bwd(d_dtable, d_ds, d_db, d_dh, d_ids, d_table, d_s, d_b, N, D, V, dev.ws, nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
   auto dtable_ref = dtable0, ds_ref = ds0, db_ref = db0;
   for (int64_t n = 0; n < N; n++) {
     const int32_t id = ids[size_t(n)];
@@ -170,20 +103,20 @@ void embed_case(int64_t N, int64_t D, int64_t V, uint64_t seed) {
       dtable_ref[size_t(id * D + i)] += g * s[size_t(i)];
     }
   }
-  expect_close("embed dtable", down(d_dtable, size_t(V * D)), dtable_ref, 1e-6);
-  expect_close("embed ds", down(d_ds, size_t(D)), ds_ref, kF32);
-  expect_close("embed db", down(d_db, size_t(D)), db_ref, kF32);
+  expect_close("embed dtable", download(d_dtable, size_t(V * D)), dtable_ref, 1e-6);
+  expect_close("embed ds", download(d_ds, size_t(D)), ds_ref, kF32);
+  expect_close("embed db", download(d_db, size_t(D)), db_ref, kF32);
 
   // Determinism: a second backward from the same start is bit-identical.
-  const auto first = down(d_dtable, size_t(V * D));
-  const auto first_ds = down(d_ds, size_t(D));
-  CK(cudaMemcpy(d_dtable, dtable0.data(), dtable0.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_ds, ds0.data(), ds0.size() * 4, cudaMemcpyHostToDevice));
+  const auto first = download(d_dtable, size_t(V * D));
+  const auto first_ds = download(d_ds, size_t(D));
+  ASSERT_CUDA_OK(test_util::to_device(d_dtable, dtable0.data(), dtable0.size() * 4));
+  ASSERT_CUDA_OK(test_util::to_device(d_ds, ds0.data(), ds0.size() * 4));
   dev.ws.reset();
   embed_affine_bwd(d_dtable, d_ds, d_db, d_dh, d_ids, d_table, d_s, d_b, N, D, V, dev.ws, nullptr);
-  CK(cudaDeviceSynchronize());
-  EXPECT_EQ(down(d_dtable, size_t(V * D)), first);
-  EXPECT_EQ(down(d_ds, size_t(D)), first_ds);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(download(d_dtable, size_t(V * D)), first);
+  EXPECT_EQ(download(d_ds, size_t(D)), first_ds);
 }
 
 TEST(CudaPointwise, EmbedAffineForwardBackward) {
@@ -205,12 +138,12 @@ void rmsnorm_case(int64_t N, int64_t D, uint64_t seed) {
   float* d_yf = dev.alloc<float>(size_t(N * D));
   rmsnorm_fwd(d_y, d_rstd, d_x, d_w, eps, N, D, nullptr);
   rmsnorm_fwd_f32(d_yf, nullptr, d_x, d_w, eps, N, D, nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> y_ref(static_cast<size_t>(N * D)), rstd_ref(static_cast<size_t>(N));
   cpu::rmsnorm(y_ref.data(), rstd_ref.data(), x.data(), w.data(), eps, N, D);
-  expect_close("rmsnorm y bf16", down_bf16(d_y, size_t(N * D)), y_ref, kBf16);
-  expect_close("rmsnorm y f32", down(d_yf, size_t(N * D)), y_ref, 1e-5);
-  expect_close("rmsnorm rstd", down(d_rstd, size_t(N)), rstd_ref, 1e-5);
+  expect_close("rmsnorm y bf16", download_bf16(d_y, size_t(N * D)), y_ref, kBf16);
+  expect_close("rmsnorm y f32", download(d_yf, size_t(N * D)), y_ref, 1e-5);
+  expect_close("rmsnorm rstd", download(d_rstd, size_t(N)), rstd_ref, 1e-5);
 
   // Backward, bf16 dy and fp32 dy; dx overwritten then accumulated; dw accumulated.
   const auto dy = r.uniform(size_t(N * D), -1, 1, true);
@@ -223,20 +156,20 @@ void rmsnorm_case(int64_t N, int64_t D, uint64_t seed) {
                         rstd_ref.data(), N, D);
   ASSERT_LE(rmsnorm_bwd_workspace_bytes(N, D), dev.ws.capacity);
   rmsnorm_bwd(d_dx, d_dw, d_dy, d_x, d_w, d_rstd_ref, false, N, D, dev.ws, nullptr);
-  CK(cudaDeviceSynchronize());
-  expect_close("rmsnorm dx (bf16 dy)", down(d_dx, size_t(N * D)), dx_ref, 1e-5);
-  expect_close("rmsnorm dw (bf16 dy)", down(d_dw, size_t(D)), dw_ref, kF32);
-  const auto dw_first = down(d_dw, size_t(D));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  expect_close("rmsnorm dx (bf16 dy)", download(d_dx, size_t(N * D)), dx_ref, 1e-5);
+  expect_close("rmsnorm dw (bf16 dy)", download(d_dw, size_t(D)), dw_ref, kF32);
+  const auto dw_first = download(d_dw, size_t(D));
 
-  CK(cudaMemcpy(d_dx, dx0.data(), dx0.size() * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_dw, dw0.data(), dw0.size() * 4, cudaMemcpyHostToDevice));
+  ASSERT_CUDA_OK(test_util::to_device(d_dx, dx0.data(), dx0.size() * 4));
+  ASSERT_CUDA_OK(test_util::to_device(d_dw, dw0.data(), dw0.size() * 4));
   dev.ws.reset();
   rmsnorm_bwd_f32(d_dx, d_dw, d_dyf, d_x, d_w, d_rstd_ref, true, N, D, dev.ws, nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> dx_acc(static_cast<size_t>(N * D));
   for (size_t i = 0; i < dx_acc.size(); i++) dx_acc[i] = dx0[i] + dx_ref[i];
-  expect_close("rmsnorm dx accumulate (f32 dy)", down(d_dx, size_t(N * D)), dx_acc, 1e-5);
-  EXPECT_EQ(down(d_dw, size_t(D)), dw_first) << "dw not bit-identical across dy types / runs";
+  expect_close("rmsnorm dx accumulate (f32 dy)", download(d_dx, size_t(N * D)), dx_acc, 1e-5);
+  EXPECT_EQ(download(d_dw, size_t(D)), dw_first) << "dw not bit-identical across dy types / runs";
 }
 
 TEST(CudaPointwise, RmsNormForwardBackward) {
@@ -270,14 +203,14 @@ void residual_case(int64_t N, int64_t D, uint64_t seed) {
   // Separate output with the norm; then in place (h_out = h) without it.
   residual_scale_rmsnorm_fwd(d_hout, d_y, d_rstd, d_a, d_h, d_hs, d_hb, d_rs, d_rb, d_nw, eps, N, D,
                              nullptr);
-  CK(cudaDeviceSynchronize());
-  expect_close("residual h_out", down(d_hout, size_t(N * D)), hout_ref, 1e-6);
-  expect_close("residual y", down_bf16(d_y, size_t(N * D)), y_ref, kBf16);
-  expect_close("residual rstd", down(d_rstd, size_t(N)), rstd_ref, 1e-5);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  expect_close("residual h_out", download(d_hout, size_t(N * D)), hout_ref, 1e-6);
+  expect_close("residual y", download_bf16(d_y, size_t(N * D)), y_ref, kBf16);
+  expect_close("residual rstd", download(d_rstd, size_t(N)), rstd_ref, 1e-5);
   residual_scale_rmsnorm_fwd(d_h, nullptr, nullptr, d_a, d_h, d_hs, d_hb, d_rs, d_rb, nullptr, eps,
                              N, D, nullptr);
-  CK(cudaDeviceSynchronize());
-  expect_close("residual in place", down(d_h, size_t(N * D)), hout_ref, 1e-6);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  expect_close("residual in place", download(d_h, size_t(N * D)), hout_ref, 1e-6);
 
   // Backward.
   const auto dout = r.uniform(size_t(N * D), -1, 1);
@@ -294,17 +227,18 @@ void residual_case(int64_t N, int64_t D, uint64_t seed) {
   ASSERT_LE(residual_scale_bwd_workspace_bytes(N, D), dev.ws.capacity);
   residual_scale_bwd(d_da, d_dh, d_p[0], d_p[1], d_p[2], d_p[3], d_dout, d_a, d_h0, d_hs, d_hb,
                      d_rs, d_rb, N, D, dev.ws, nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> da_ref(static_cast<size_t>(N * D)), dh_ref(static_cast<size_t>(N * D));
   auto pr = p0;
   cpu::residual_scale_backward(da_ref.data(), dh_ref.data(), pr[0].data(), pr[1].data(),
                                pr[2].data(), pr[3].data(), dout.data(), a.data(), h.data(),
                                hs.data(), hb.data(), rs.data(), rbias.data(), N, D);
-  expect_close("residual da", down_bf16(d_da, size_t(N * D)), da_ref, kBf16);
-  expect_close("residual dh", down(d_dh, size_t(N * D)), dh_ref, 1e-6);
+  expect_close("residual da", download_bf16(d_da, size_t(N * D)), da_ref, kBf16);
+  expect_close("residual dh", download(d_dh, size_t(N * D)), dh_ref, 1e-6);
   const char* names[4] = {"dhs", "dhb", "drs", "drb"};
   for (int k = 0; k < 4; k++)
-    expect_close(std::string("residual ") + names[k], down(d_p[k], size_t(D)), pr[size_t(k)], kF32);
+    expect_close(std::string("residual ") + names[k], download(d_p[k], size_t(D)), pr[size_t(k)],
+                 kF32);
 }
 
 TEST(CudaPointwise, ResidualScale) {
@@ -324,12 +258,12 @@ void swiglu_case(int64_t N, int64_t I, uint64_t seed) {
        *d_dgu = dev.alloc<bf16>(size_t(N * 2 * I));
   swiglu_fwd(d_y, d_gu, N, I, nullptr);
   swiglu_bwd(d_dgu, d_dy, d_gu, N, I, nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<float> y_ref(static_cast<size_t>(N * I)), dgu_ref(static_cast<size_t>(N * 2 * I));
   cpu::swiglu(y_ref.data(), gu.data(), N, I);
   cpu::swiglu_backward(dgu_ref.data(), dy.data(), gu.data(), N, I);
-  expect_close("swiglu y", down_bf16(d_y, size_t(N * I)), y_ref, kBf16);
-  expect_close("swiglu dgu", down_bf16(d_dgu, size_t(N * 2 * I)), dgu_ref, kBf16);
+  expect_close("swiglu y", download_bf16(d_y, size_t(N * I)), y_ref, kBf16);
+  expect_close("swiglu dgu", download_bf16(d_dgu, size_t(N * 2 * I)), dgu_ref, kBf16);
 }
 
 TEST(CudaPointwise, SwiGlu) {
@@ -364,18 +298,18 @@ void gelu_case(int64_t N, int64_t F, bool with_bias, uint64_t seed) {
   ASSERT_LE(bias_gelu_bwd_workspace_bytes(N, F), dev.ws.capacity);
   bias_gelu_fwd(d_y, d_x, d_b, N, F, nullptr);
   bias_gelu_bwd(d_dx, d_db, d_dy, d_x, d_b, N, F, dev.ws, nullptr);
-  CK(cudaDeviceSynchronize());
-  expect_close("gelu y", down(d_y, size_t(N * F)), y_ref, 1e-5);
-  expect_close("gelu dx", down(d_dx, size_t(N * F)), dx_ref, 1e-5);
-  expect_close("gelu db", down(d_db, size_t(F)), db_ref, kF32);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  expect_close("gelu y", download(d_y, size_t(N * F)), y_ref, 1e-5);
+  expect_close("gelu dx", download(d_dx, size_t(N * F)), dx_ref, 1e-5);
+  expect_close("gelu db", download(d_db, size_t(F)), db_ref, kF32);
   // Without db: the elementwise kernel alone, here in place over dy.
   bias_gelu_bwd(d_dy, nullptr, d_dy, d_x, d_b, N, F, dev.ws, nullptr);
   dev.ws.reset();
   float* d_dy2 = dev.up(dy);
   column_sum(d_colsum, d_dy2, N, F, dev.ws, nullptr);
-  CK(cudaDeviceSynchronize());
-  expect_close("gelu dx in place", down(d_dy, size_t(N * F)), dx_ref, 1e-5);
-  expect_close("column_sum", down(d_colsum, size_t(F)), colsum_ref, kF32);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  expect_close("gelu dx in place", download(d_dy, size_t(N * F)), dx_ref, 1e-5);
+  expect_close("column_sum", download(d_colsum, size_t(F)), colsum_ref, kF32);
 }
 
 TEST(CudaPointwise, BiasGeluAndColumnSum) {
@@ -399,11 +333,11 @@ TEST(CudaPointwise, RouterEdaSelectAndBackward) {
     float *d_r = dev.up(rr), *d_state = dev.up(state), *d_scale = dev.up(scale);
     router_eda_fwd(d_r, nullptr, nullptr, N, R, nullptr);  // layer 0: unchanged
     router_eda_fwd(d_r, d_state, d_scale, N, R, nullptr);
-    CK(cudaDeviceSynchronize());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
     for (int64_t n = 0; n < N; n++)
       for (int64_t i = 0; i < R; i++)
         rr[size_t(n * R + i)] += state[size_t(n * R + i)] * scale[size_t(i)];
-    expect_close("router eda", down(d_r, size_t(N * R)), rr, 1e-6);
+    expect_close("router eda", download(d_r, size_t(N * R)), rr, 1e-6);
 
     const auto logits = rng.uniform(size_t(N * E1), -3, 3);
     const auto bias = rng.uniform(size_t(E1), -0.05f, 0.05f);
@@ -411,13 +345,13 @@ TEST(CudaPointwise, RouterEdaSelectAndBackward) {
           *d_probs = dev.alloc<float>(size_t(N * E1)), *d_gate = dev.alloc<float>(size_t(N));
     int32_t* d_choice = dev.alloc<int32_t>(size_t(N));
     router_select(d_probs, d_choice, d_gate, d_logits, d_bias, N, E1, nullptr);
-    CK(cudaDeviceSynchronize());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> probs(static_cast<size_t>(N * E1)), gate(static_cast<size_t>(N));
     std::vector<int32_t> choice(static_cast<size_t>(N));
     cpu::router_select(probs.data(), choice.data(), gate.data(), logits.data(), bias.data(), N, E1);
-    expect_close("router probs", down(d_probs, size_t(N * E1)), probs, 1e-5);
-    expect_close("router gate", down(d_gate, size_t(N)), gate, 1e-5);
-    const auto got_choice = down(d_choice, size_t(N));
+    expect_close("router probs", download(d_probs, size_t(N * E1)), probs, 1e-5);
+    expect_close("router gate", download(d_gate, size_t(N)), gate, 1e-5);
+    const auto got_choice = download(d_choice, size_t(N));
     for (int64_t n = 0; n < N; n++) {
       // Decisions must match except on near-ties (closer than fp32 rounding of p + bias).
       std::vector<float> v(static_cast<size_t>(E1));
@@ -434,7 +368,7 @@ TEST(CudaPointwise, RouterEdaSelectAndBackward) {
           *d_dlogits = dev.alloc<float>(size_t(N * E1));
     int32_t* d_choice_ref = dev.up(choice);
     router_select_bwd(d_dlogits, d_dgate, d_probs_ref, d_choice_ref, N, E1, nullptr);
-    CK(cudaDeviceSynchronize());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> dl_ref(static_cast<size_t>(N * E1));
     for (int64_t n = 0; n < N; n++) {
       const int64_t c = choice[size_t(n)];
@@ -442,7 +376,7 @@ TEST(CudaPointwise, RouterEdaSelectAndBackward) {
       for (int64_t j = 0; j < E1; j++)
         dl_ref[size_t(n * E1 + j)] = w * (float(j == c) - probs[size_t(n * E1 + j)]);
     }
-    expect_close("router dlogits", down(d_dlogits, size_t(N * E1)), dl_ref, 1e-6);
+    expect_close("router dlogits", download(d_dlogits, size_t(N * E1)), dl_ref, 1e-6);
   }
 }
 
@@ -458,7 +392,7 @@ std::vector<int32_t> select_both(const std::vector<float>& logits, const std::ve
   std::vector<float> p(static_cast<size_t>(N * E1)), g(static_cast<size_t>(N));
   ref->assign(size_t(N), -1);
   cpu::router_select(p.data(), ref->data(), g.data(), logits.data(), bias.data(), N, E1);
-  return down(d_c, size_t(N));
+  return download(d_c, size_t(N));
 }
 
 TEST(CudaPointwise, RouterSelectTiesGoToLowestIndex) {
@@ -516,16 +450,16 @@ TEST(CudaPointwise, SortByExpertIsAStableCountingSort) {
             *d_counts = dev.alloc<int32_t>(size_t(E1)),
             *d_offsets = dev.alloc<int32_t>(size_t(E1 + 1));
     int32_t* counts_host = nullptr;
-    CK(cudaMallocHost(&counts_host, size_t(E1) * sizeof(int32_t)));
+    ASSERT_CUDA_OK(cudaMallocHost(&counts_host, size_t(E1) * sizeof(int32_t)));
     ASSERT_LE(sort_by_expert_workspace_bytes(N, E1), dev.ws.capacity);
     sort_by_expert(d_perm, d_counts, d_offsets, counts_host, d_choice, N, E1, dev.ws, nullptr);
     // sort_by_expert synchronises: the host counts are ready without another sync.
     const std::vector<int32_t> host_counts(counts_host, counts_host + E1);
     cudaFreeHost(counts_host);
     EXPECT_EQ(host_counts, counts_ref);
-    EXPECT_EQ(down(d_counts, size_t(E1)), counts_ref);
-    EXPECT_EQ(down(d_offsets, size_t(E1 + 1)), offsets_ref);
-    EXPECT_EQ(down(d_perm, size_t(N)), perm_ref);
+    EXPECT_EQ(download(d_counts, size_t(E1)), counts_ref);
+    EXPECT_EQ(download(d_offsets, size_t(E1 + 1)), offsets_ref);
+    EXPECT_EQ(download(d_perm, size_t(N)), perm_ref);
   }
 }
 
@@ -558,7 +492,7 @@ void dispatch_case(int64_t N, int64_t E, int64_t D, bool scaled, uint64_t seed) 
   scatter_gate_rows_bwd(d_dys, d_dgate, d_dxskip, d_dout, d_ys, d_x, d_gate, d_perm, d_choice, E,
                         scaled, N, M, D, nullptr);
   scatter_add_rows(d_dx, d_dxs, d_perm, M, D, nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<float> xs_ref(static_cast<size_t>(M * D)), out_ref(size_t(N * D), 0.f),
       dys_ref(static_cast<size_t>(M * D)), dgate_ref(size_t(N), 0.f), dxskip_ref = dx0,
@@ -581,12 +515,12 @@ void dispatch_case(int64_t N, int64_t E, int64_t D, bool scaled, uint64_t seed) 
       }
     }
   }
-  EXPECT_EQ(down_bf16(d_xs, size_t(M * D)), xs_ref) << "gather is a copy";
-  expect_close("scatter out", down_bf16(d_out, size_t(N * D)), out_ref, kBf16);
-  expect_close("scatter dys", down_bf16(d_dys, size_t(M * D)), dys_ref, kBf16);
-  expect_close("scatter dgate", down(d_dgate, size_t(N)), dgate_ref, 1e-5);
-  expect_close("scatter dx_skip", down(d_dxskip, size_t(N * D)), dxskip_ref, 1e-6);
-  expect_close("scatter_add dx", down(d_dx, size_t(N * D)), dx_ref, 1e-6);
+  EXPECT_EQ(download_bf16(d_xs, size_t(M * D)), xs_ref) << "gather is a copy";
+  expect_close("scatter out", download_bf16(d_out, size_t(N * D)), out_ref, kBf16);
+  expect_close("scatter dys", download_bf16(d_dys, size_t(M * D)), dys_ref, kBf16);
+  expect_close("scatter dgate", download(d_dgate, size_t(N)), dgate_ref, 1e-5);
+  expect_close("scatter dx_skip", download(d_dxskip, size_t(N * D)), dxskip_ref, 1e-6);
+  expect_close("scatter_add dx", download(d_dx, size_t(N * D)), dx_ref, 1e-6);
 }
 
 TEST(CudaPointwise, DispatchGatherScatterBothSkipModes) {
@@ -631,7 +565,7 @@ void ce_case(int64_t N, int64_t V, const std::vector<int64_t>& chunk_edges, uint
   double* d_sum = dev.alloc<double>(1);
   int32_t* d_count = dev.alloc<int32_t>(1);
   sum_loss(d_sum, d_count, d_loss, d_t, N, dev.ws, nullptr);
-  CK(cudaDeviceSynchronize());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   std::vector<float> loss_ref(size_t(N), 0.f), lse_ref(static_cast<size_t>(N));
   for (int64_t n = 0; n < N; n++) {
@@ -644,10 +578,10 @@ void ce_case(int64_t N, int64_t V, const std::vector<int64_t>& chunk_edges, uint
     if (targets[size_t(n)] >= 0)
       loss_ref[size_t(n)] = float(mx + std::log(s) - l[targets[size_t(n)]]);
   }
-  expect_close("ce lse", down(d_lse, size_t(N)), lse_ref, 2e-6, 1e-4);
-  expect_close("ce loss", down(d_loss, size_t(N)), loss_ref, 2e-6, 1e-4);
-  const double sum = down(d_sum, 1)[0];
-  EXPECT_EQ(down(d_count, 1)[0], int32_t(count));
+  expect_close("ce lse", download(d_lse, size_t(N)), lse_ref, 2e-6, 1e-4);
+  expect_close("ce loss", download(d_loss, size_t(N)), loss_ref, 2e-6, 1e-4);
+  const double sum = download(d_sum, 1)[0];
+  EXPECT_EQ(download(d_count, 1)[0], int32_t(count));
   // With every target ignored the sum is exactly 0 and the mean is 0 as in cpu::cross_entropy
   // (dividing by the zero count would be the test's own 0/0).
   if (count == 0)
@@ -661,11 +595,11 @@ void ce_case(int64_t N, int64_t V, const std::vector<int64_t>& chunk_edges, uint
     const int64_t v0 = chunk_edges[k], Vc = chunk_edges[k + 1] - v0;
     bf16* d_g = dev.alloc<bf16>(size_t(N * Vc));
     ce_chunk_grad(d_g, d_chunks[k], d_lse, d_t, scale, v0, N, Vc, nullptr);
-    CK(cudaDeviceSynchronize());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> ref(static_cast<size_t>(N * Vc));
     for (int64_t n = 0; n < N; n++)
       std::copy_n(dl_ref.data() + n * V + v0, Vc, ref.data() + n * Vc);
-    expect_close("ce dlogits chunk " + std::to_string(k), down_bf16(d_g, size_t(N * Vc)), ref,
+    expect_close("ce dlogits chunk " + std::to_string(k), download_bf16(d_g, size_t(N * Vc)), ref,
                  kBf16, 1e-9);
   }
 }
@@ -694,8 +628,8 @@ TEST(CudaPointwise, CrossEntropyExtremeLogits) {
   ce_init(d_max, d_se, d_tl, N, nullptr);
   ce_chunk_stats(d_max, d_se, d_tl, d_l, d_t, 0, N, V, nullptr);
   ce_finalize(d_loss, d_lse, d_max, d_se, d_tl, d_t, N, nullptr);
-  CK(cudaDeviceSynchronize());
-  const auto loss = down(d_loss, 2);
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  const auto loss = download(d_loss, 2);
   for (int64_t n = 0; n < N; n++) {
     double mx = -INFINITY;
     for (int64_t v = 0; v < V; v++) mx = std::max(mx, double(logits[size_t(n * V + v)]));
@@ -732,8 +666,8 @@ TEST(CudaPointwise, CrossEntropyNanLogitsStayNan) {
       ce_chunk_stats(d_max, d_se, d_tl, dev.up(c), d_t, v0, N, Vc, nullptr);
     }
     ce_finalize(d_loss, d_lse, d_max, d_se, d_tl, d_t, N, nullptr);
-    CK(cudaDeviceSynchronize());
-    const auto loss = down(d_loss, size_t(N));
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto loss = download(d_loss, size_t(N));
     EXPECT_TRUE(std::isnan(loss[0])) << "chunks " << edges.size() - 1 << ": " << loss[0];
     EXPECT_TRUE(std::isnan(loss[1])) << "chunks " << edges.size() - 1 << ": " << loss[1];
     EXPECT_TRUE(std::isfinite(loss[2])) << "chunks " << edges.size() - 1 << ": " << loss[2];
@@ -763,13 +697,13 @@ TEST(CudaPointwise, SumOfSquaresDeterministicFp64) {
     // The same data at an aligned and at a misaligned address give the same bits.
     float* d_al = dev.up(x);
     float* d_buf = dev.alloc<float>(size_t(n) + 1);
-    CK(cudaMemcpy(d_buf + 1, x.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+    ASSERT_CUDA_OK(test_util::to_device(d_buf + 1, x.data(), size_t(n) * 4));
     double* d_out = dev.alloc<double>(2);
     ASSERT_LE(2 * sumsq_workspace_bytes(n), dev.ws.capacity);
     sumsq(d_out, d_al, n, dev.ws, nullptr);
     sumsq(d_out + 1, d_buf + 1, n, dev.ws, nullptr);
-    CK(cudaDeviceSynchronize());
-    const auto got = down(d_out, 2);
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto got = download(d_out, 2);
     EXPECT_NEAR(got[0], ref, 1e-13 * ref);
     EXPECT_EQ(got[0], got[1]);
   }
@@ -792,17 +726,17 @@ TEST(CudaPointwise, AdamWMatchesReference) {
     const float bc2 = float(1.0 - std::pow(s.beta2, double(t)));
     adamw_step(d_w, d_wb, d_m, d_v, d_g, gs, float(lr), float(s.beta1), float(s.beta2),
                float(s.eps), float(wd), bc1, bc2, n, nullptr);
-    CK(cudaDeviceSynchronize());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> gg(g.size());
     for (size_t i = 0; i < g.size(); i++) gg[i] = g[i] * gs;  // the reference takes clipped grads
     adamw_update(w.data(), gg.data(), m.data(), v.data(), n, lr, wd, s, t);
-    const auto w_got = down(d_w, size_t(n));
+    const auto w_got = download(d_w, size_t(n));
     expect_close("adamw w", w_got, w, 1e-6);
-    expect_close("adamw m", down(d_m, size_t(n)), m, 1e-6, 0);
-    expect_close("adamw v", down(d_v, size_t(n)), v, 1e-6, 0);
+    expect_close("adamw m", download(d_m, size_t(n)), m, 1e-6, 0);
+    expect_close("adamw v", download(d_v, size_t(n)), v, 1e-6, 0);
     std::vector<float> wb_ref(w_got.size());
-    for (size_t i = 0; i < w_got.size(); i++) wb_ref[i] = rb(w_got[i]);
-    EXPECT_EQ(down_bf16(d_wb, size_t(n)), wb_ref) << "bf16 copy is the rounded master";
+    for (size_t i = 0; i < w_got.size(); i++) wb_ref[i] = round_bf16(w_got[i]);
+    EXPECT_EQ(download_bf16(d_wb, size_t(n)), wb_ref) << "bf16 copy is the rounded master";
   }
 }
 
@@ -819,27 +753,27 @@ TEST(CudaPointwise, MuonMomentumAndApplyUpdate) {
           *d_w = dev.up(w);
     bf16* d_wb = dev.alloc<bf16>(size_t(n));
     muon_momentum(d_buf, d_u, d_g, gs, mu, nesterov, n, nullptr);
-    CK(cudaDeviceSynchronize());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> u(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; i++) {  // muon_update's elementwise part with g·gs
       const float gi = g[size_t(i)] * gs;
       buf[size_t(i)] = mu * buf[size_t(i)] + gi;
       u[size_t(i)] = nesterov ? gi + mu * buf[size_t(i)] : buf[size_t(i)];
     }
-    expect_close("muon buf", down(d_buf, size_t(n)), buf, 1e-6);
-    const auto u_got = down(d_u, size_t(n));
+    expect_close("muon buf", download(d_buf, size_t(n)), buf, 1e-6);
+    const auto u_got = download(d_u, size_t(n));
     expect_close("muon u", u_got, u, 1e-6);
     // apply_update with the momentum output standing in for the orthogonalised update.
     apply_update(d_w, d_wb, d_u, lr, wd, scale, n, nullptr);
-    CK(cudaDeviceSynchronize());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
     const float decay = float(1.0 - double(lr) * double(wd));
     const float step = float(double(lr) * double(scale));
     for (int64_t i = 0; i < n; i++) w[size_t(i)] = w[size_t(i)] * decay - step * u_got[size_t(i)];
-    const auto w_got = down(d_w, size_t(n));
+    const auto w_got = download(d_w, size_t(n));
     expect_close("muon apply", w_got, w, 1e-6);
     std::vector<float> wb_ref(w_got.size());
-    for (size_t i = 0; i < w_got.size(); i++) wb_ref[i] = rb(w_got[i]);
-    EXPECT_EQ(down_bf16(d_wb, size_t(n)), wb_ref);
+    for (size_t i = 0; i < w_got.size(); i++) wb_ref[i] = round_bf16(w_got[i]);
+    EXPECT_EQ(download_bf16(d_wb, size_t(n)), wb_ref);
   }
 }
 

@@ -25,28 +25,15 @@
 #include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "gpu_test_util.h"
 
 namespace zaya::cuda {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using test_util::have_gpu;
 
-// One device allocation, freed on scope exit.
-struct DeviceMem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DeviceMem(size_t b) : bytes(b) { ZAYA_CUDA_CHECK(cudaMalloc(&p, b > 0 ? b : 1)); }
-  DeviceMem(const DeviceMem&) = delete;
-  DeviceMem& operator=(const DeviceMem&) = delete;
-  ~DeviceMem() { cudaFree(p); }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
+// One device allocation of raw bytes, freed on scope exit.
+using DeviceMem = test_util::DeviceBuffer<std::byte>;
 
 size_t elem_bytes(GemmType t) {
   return t == GemmType::BF16 ? 2 : 4;
@@ -55,36 +42,29 @@ size_t elem_bytes(GemmType t) {
 // Values as the device sees them: bf16-rounded when the storage type is bf16.
 std::vector<float> random_values(size_t n, std::mt19937_64& rng, GemmType t, float lo = -1.f,
                                  float hi = 1.f) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) {
-    x = u(rng);
-    if (t == GemmType::BF16) x = zaya::bf16_to_f32(zaya::f32_to_bf16(x));
-  }
-  return v;
+  return test_util::random_uniform(rng, n, lo, hi, t == GemmType::BF16);
 }
 
 // Host floats to a device buffer of the given storage type (bf16 rounding is exact for values
-// produced by random_values).
-void upload(const DeviceMem& d, const std::vector<float>& h, GemmType t) {
-  ASSERT_GE(d.bytes, h.size() * elem_bytes(t));
+// produced by random_values), through `st`: the GEMMs run on a non-blocking stream.
+void upload(const DeviceMem& d, const std::vector<float>& h, GemmType t, cudaStream_t st) {
+  ASSERT_GE(d.bytes(), h.size() * elem_bytes(t));
   if (t == GemmType::F32) {
-    ZAYA_CUDA_CHECK(cudaMemcpy(d.p, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    ZAYA_CUDA_CHECK(test_util::to_device(d.p, h.data(), h.size() * 4, st));
   } else {
-    std::vector<uint16_t> b(h.size());
-    for (size_t i = 0; i < h.size(); ++i) b[i] = zaya::f32_to_bf16(h[i]);
-    ZAYA_CUDA_CHECK(cudaMemcpy(d.p, b.data(), b.size() * 2, cudaMemcpyHostToDevice));
+    const std::vector<uint16_t> b = test_util::f32_to_bf16_bits(h);
+    ZAYA_CUDA_CHECK(test_util::to_device(d.p, b.data(), b.size() * 2, st));
   }
 }
 
-std::vector<float> download(const DeviceMem& d, size_t n, GemmType t) {
+std::vector<float> download(const DeviceMem& d, size_t n, GemmType t, cudaStream_t st) {
   std::vector<float> h(n);
   if (t == GemmType::F32) {
-    ZAYA_CUDA_CHECK(cudaMemcpy(h.data(), d.p, n * 4, cudaMemcpyDeviceToHost));
+    ZAYA_CUDA_CHECK(test_util::to_host(h.data(), d.p, n * 4, st));
   } else {
     std::vector<uint16_t> b(n);
-    ZAYA_CUDA_CHECK(cudaMemcpy(b.data(), d.p, n * 2, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < n; ++i) h[i] = zaya::bf16_to_f32(b[i]);
+    ZAYA_CUDA_CHECK(test_util::to_host(b.data(), d.p, n * 2, st));
+    h = test_util::bf16_bits_to_f32(b);
   }
   return h;
 }
@@ -170,15 +150,15 @@ std::vector<float> check_gemm(GemmContext& ctx, const GemmCase& g, cudaStream_t 
 
   DeviceMem dA(A.size() * elem_bytes(g.ab)), dB(B.size() * elem_bytes(g.ab)),
       dC(C0.size() * elem_bytes(g.c)), dbias(bias.size() * 4);
-  upload(dA, A, g.ab);
-  upload(dB, B, g.ab);
-  upload(dC, C0, g.c);
-  upload(dbias, bias, GemmType::F32);
+  upload(dA, A, g.ab, st);
+  upload(dB, B, g.ab, st);
+  upload(dC, C0, g.c, st);
+  upload(dbias, bias, GemmType::F32, st);
   for (int r = 0; r < g.calls; ++r)
     ctx.gemm(g.ta, g.tb, g.M, g.N, g.K, g.alpha, dA.p, lda, dB.p, ldb, g.beta, dC.p, ldc, g.ab, g.c,
              g.bias ? dbias.as<float>() : nullptr, st);
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-  const std::vector<float> got = download(dC, C0.size(), g.c);
+  const std::vector<float> got = download(dC, C0.size(), g.c, st);
 
   std::vector<double> ref(C0.begin(), C0.end());
   for (int r = 0; r < g.calls; ++r)
@@ -341,14 +321,14 @@ TEST_F(CudaGemm, GroupedGemmWithEmptyGroups) {
         const float sentinel = -3.25f;
         const std::vector<float> C0(size_t((total + extra) * ldc), sentinel);
         DeviceMem dA(A.size() * 2), dB(B.size() * 2), dC(C0.size() * elem_bytes(c));
-        upload(dA, A, GemmType::BF16);
-        upload(dB, B, GemmType::BF16);
-        upload(dC, C0, c);
+        upload(dA, A, GemmType::BF16, st);
+        upload(dB, B, GemmType::BF16, st);
+        upload(dC, C0, c, st);
         const float alpha = 1.25f;
         ctx.grouped_gemm(tb, rows.data(), G, N, K, alpha, dA.p, lda, dB.p, ldb, b_stride, 0.f, dC.p,
                          ldc, c, st);
         ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-        const auto got = download(dC, C0.size(), c);
+        const auto got = download(dC, C0.size(), c, st);
 
         std::vector<double> ref(C0.begin(), C0.end());
         int64_t off = 0;
@@ -394,14 +374,14 @@ TEST_F(CudaGemm, GroupedWgrad) {
     std::vector<float> W0 = beta != 0 ? random_values(size_t(G * w_stride), rng, c)
                                       : std::vector<float>(size_t(G * w_stride), 7.f);
     DeviceMem ddY(dY.size() * 2), dX(X.size() * 2), dW(W0.size() * elem_bytes(c));
-    upload(ddY, dY, GemmType::BF16);
-    upload(dX, X, GemmType::BF16);
-    upload(dW, W0, c);
+    upload(ddY, dY, GemmType::BF16, st);
+    upload(dX, X, GemmType::BF16, st);
+    upload(dW, W0, c, st);
     const float alpha = 0.5f;
     ctx.grouped_wgrad(rows.data(), G, M_out, K, alpha, ddY.p, ld_dy, dX.p, ld_x, beta, dW.p,
                       w_stride, c, st);
     ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-    const auto got = download(dW, W0.size(), c);
+    const auto got = download(dW, W0.size(), c, st);
 
     int64_t off = 0;
     for (int64_t g = 0; g < G; ++g) {
@@ -511,17 +491,16 @@ class CudaConvert : public CudaGemm {};
 // Conversions are bit-exact against the host's round-to-nearest-even (NaN only checked to stay
 // NaN); sizes cover the vector body, the scalar tail, and misaligned pointers (scalar path).
 //
-// Every copy goes through cudaMemcpyAsync on the test's stream. st is a non-blocking stream, and a
-// plain cudaMemcpy from pageable memory may return before its DMA has landed; nothing then orders
-// it before a kernel on st, which at n ≈ 1M read stale y or had its result overwritten by the late
-// copy (errors of ~2 and NaN from the b = 0 case's NaN-filled y).
+// Every copy goes through cudaMemcpyAsync on the test's stream (test_util::to_device/to_host). st
+// is a non-blocking stream, and a plain cudaMemcpy from pageable memory may return before its DMA
+// has landed; nothing then orders it before a kernel on st, which at n ≈ 1M read stale y or had its
+// result overwritten by the late copy (errors of ~2 and NaN from the b = 0 case's NaN-filled y).
 TEST_F(CudaConvert, ConversionsAndArithmetic) {
   auto upload = [&](void* dst, const void* src, size_t bytes) {
-    ZAYA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st));
+    ZAYA_CUDA_CHECK(test_util::to_device(dst, src, bytes, st));
   };
   auto download = [&](void* dst, const void* src, size_t bytes) {
-    ZAYA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st));
-    ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+    ZAYA_CUDA_CHECK(test_util::to_host(dst, src, bytes, st));
   };
   for (const int64_t n : {int64_t(1), int64_t(3), int64_t(1003), int64_t(1 << 20) + 5})
     for (const int64_t shift : {int64_t(0), int64_t(1)}) {

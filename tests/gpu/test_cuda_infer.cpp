@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
+#include "../model/parity_fixture.h"
 #include "backend/cuda/infer_cuda.h"
+#include "gpu_test_util.h"
 #include "io/safetensors.h"
 #include "model/generate.h"
 #include "model/zaya.h"
@@ -19,20 +21,10 @@
 namespace zaya::cuda {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string fixture(const std::string& name) {
-  return std::string(ZAYA_SOURCE_DIR) + "/tests/fixtures/parity/" + name;
-}
-
-double max_abs(const float* a, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; i++) m = std::max(m, double(std::fabs(a[i])));
-  return m;
-}
+using test_util::have_gpu;
+using test_util::max_abs;
+using test_util::parity_fixture;
+using test_util::parity_prompt;
 
 // max |a - b| relative to the reference's largest magnitude.
 double rel_err(const Tensor& got, const Tensor& ref) {
@@ -86,20 +78,15 @@ double top2_margin(const float* row, int64_t V) {
   return double(a - b);
 }
 
-std::vector<int32_t> fixture_prompt(const std::string& dir) {
-  std::ifstream in(dir + "/expected.json");
-  return nlohmann::json::parse(in)["prompt"].get<std::vector<int32_t>>();
-}
-
 constexpr double kTol = 3e-2;  // of the logit scale: bf16 weights and activations through the stack
 
 class CudaInfer : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaInfer, PrefillAndDecodeStepsMatchTheCpuCache) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
-  const auto prompt = fixture_prompt(dir);
+  const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size()), steps = 12, V = m.cfg.vocab_size;
   CudaInferOptions o;
   o.max_context = S + steps + 4;
@@ -134,9 +121,9 @@ TEST_P(CudaInfer, PrefillAndDecodeStepsMatchTheCpuCache) {
 // a time through the decode path (GEMVs, split-context attention, device-side positions).
 TEST_P(CudaInfer, PrefillEqualsTokenByTokenDecode) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
-  const auto prompt = fixture_prompt(dir);
+  const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size()), V = m.cfg.vocab_size;
   CudaInferOptions o;
   o.max_context = S + 1;
@@ -155,9 +142,9 @@ TEST_P(CudaInfer, PrefillEqualsTokenByTokenDecode) {
 
 TEST_P(CudaInfer, GreedyGenerationAgreesWhereTheReferenceIsDecided) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
-  const auto prompt = fixture_prompt(dir);
+  const auto prompt = parity_prompt(dir);
   const int64_t n = 16, V = m.cfg.vocab_size;
   SamplingOptions opt;
   opt.greedy = true;
@@ -183,9 +170,9 @@ TEST_P(CudaInfer, GreedyGenerationAgreesWhereTheReferenceIsDecided) {
 
 TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
-  auto p0 = fixture_prompt(dir);
+  auto p0 = parity_prompt(dir);
   std::vector<int32_t> p1(p0.rbegin(), p0.rend());  // a second, different sequence
   const int64_t S = int64_t(p0.size()), V = m.cfg.vocab_size;
   // Reference: each sequence alone, one prefill pass, eager decode.
@@ -223,7 +210,7 @@ TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
 
 TEST_P(CudaInfer, BadInputIsRefused) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  ZayaModel m = ZayaModel::load(fixture(GetParam()));
+  ZayaModel m = ZayaModel::load(parity_fixture(GetParam()));
   CudaInferOptions o;
   o.max_context = 8;
   CudaInference inf(m, o);
@@ -239,7 +226,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaInfer, ::testing::Values("cfg_a"));
 
 TEST(CudaInferShapes, UnsupportedHeadDimIsRefusedWithTheReason) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  ZayaModel m = ZayaModel::load(fixture("cfg_b"));
+  ZayaModel m = ZayaModel::load(parity_fixture("cfg_b"));
   ASSERT_EQ(m.cfg.head_dim, 16);
   try {
     CudaInference inf(m, CudaInferOptions{});

@@ -17,41 +17,32 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iostream>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "../model/parity_fixture.h"
 #include "backend/cuda/model_cuda.h"
 #include "core/dtype.h"
 #include "core/rng.h"
-#include "io/safetensors.h"
+#include "gpu_test_util.h"
 #include "model/backward.h"
 #include "model/zaya.h"
 
 namespace zaya::cuda {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-std::string fixture(const std::string& name) {
-  return std::string(ZAYA_SOURCE_DIR) + "/tests/fixtures/parity/" + name;
-}
+using test_util::have_gpu;
+using test_util::load_parity_expected;
+using test_util::parity_fixture;
+using test_util::ParityExpected;
 
 // Host copies of every device gradient, in params() order (empty for balancing biases).
 std::vector<std::vector<float>> device_grads(CudaModel& cm) {
   std::vector<std::vector<float>> out;
   for (const DeviceParam& p : cm.params()) {
     std::vector<float> g;
-    if (p.grad) {
-      g.resize(size_t(p.numel));
-      EXPECT_EQ(cudaMemcpy(g.data(), p.grad, g.size() * sizeof(float), cudaMemcpyDeviceToHost),
-                cudaSuccess);
-    }
+    if (p.grad) g = test_util::download(p.grad, size_t(p.numel));
     out.push_back(std::move(g));
   }
   return out;
@@ -127,7 +118,7 @@ ZayaModel test_model(SkipOutput skip, uint64_t seed) {
       else if (vec)
         p[i] += 0.1f * rng.normal();
       p[i] *= gain;
-      p[i] = zaya::bf16_to_f32(zaya::f32_to_bf16(p[i]));
+      p[i] = test_util::round_bf16(p[i]);
     }
   }
   return m;
@@ -135,36 +126,16 @@ ZayaModel test_model(SkipOutput skip, uint64_t seed) {
 
 // ---- parity with transformers ------------------------------------------------------------------
 
-struct Expected {
-  std::vector<int32_t> ids;
-  int64_t B = 0, S = 0;
-  Tensor logits;
-  nlohmann::json meta;
-};
-
-Expected load_expected(const std::string& dir) {
-  Expected e;
-  auto f = SafetensorsFile::open(dir + "/expected.safetensors");
-  Tensor ids = f->get("input_ids");
-  e.B = ids.size(0);
-  e.S = ids.size(1);
-  e.ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
-  e.logits = f->get("logits").to(DType::F32);
-  std::ifstream in(dir + "/expected.json");
-  e.meta = nlohmann::json::parse(in);
-  return e;
-}
-
 class CudaParity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CudaParity, LogitsLossAndArgmaxMatchTransformers) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
   if (m.cfg.head_dim != 32 && m.cfg.head_dim != 64 && m.cfg.head_dim != 128)
     GTEST_SKIP() << GetParam() << ": head_dim " << m.cfg.head_dim
                  << " is not one the attention kernels support (32, 64, 128)";
-  Expected e = load_expected(dir);
+  ParityExpected e = load_parity_expected(dir);
   CudaModelOptions o;
   o.max_tokens = e.B * e.S;
   o.max_seq = e.S;
@@ -174,8 +145,7 @@ TEST_P(CudaParity, LogitsLossAndArgmaxMatchTransformers) {
   ASSERT_EQ(logits.numel(), e.logits.numel());
   const float* g = logits.f32();
   const float* r = e.logits.f32();
-  double scale = 0;
-  for (int64_t i = 0; i < P * V; i++) scale = std::max(scale, double(std::fabs(r[i])));
+  const double scale = test_util::max_abs(r, P * V);
   int64_t close = 0, clear = 0, agree = 0;
   double worst = 0;
   for (int64_t p = 0; p < P; p++) {

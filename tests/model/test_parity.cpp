@@ -3,57 +3,31 @@
 // non-trivial scales, temperatures and biases, calibrated so that ~20% of tokens route to skip.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <set>
 
-#include "io/safetensors.h"
 #include "model/generate.h"
 #include "model/zaya.h"
+#include "parity_fixture.h"
 
 using namespace zaya;
 
 namespace {
 
-std::string fixture(const std::string& name) {
-  return std::string(ZAYA_SOURCE_DIR) + "/tests/fixtures/parity/" + name;
-}
-
-struct Expected {
-  std::vector<int32_t> ids;
-  int64_t B, S;
-  Tensor logits;
-  nlohmann::json meta;
-};
-
-Expected load_expected(const std::string& dir) {
-  Expected e;
-  auto f = SafetensorsFile::open(dir + "/expected.safetensors");
-  Tensor ids = f->get("input_ids");
-  e.B = ids.size(0);
-  e.S = ids.size(1);
-  e.ids.assign(ids.data<int32_t>(), ids.data<int32_t>() + ids.numel());
-  e.logits = f->get("logits").to(DType::F32);
-  std::ifstream in(dir + "/expected.json");
-  e.meta = nlohmann::json::parse(in);
-  return e;
-}
-
-double max_abs(const float* a, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; i++) m = std::max(m, double(std::fabs(a[i])));
-  return m;
-}
+using test_util::load_parity_expected;
+using test_util::max_abs;
+using test_util::parity_fixture;
+using test_util::ParityExpected;
 
 class Parity : public ::testing::TestWithParam<std::string> {};
 
 }  // namespace
 
 TEST_P(Parity, LogitsAndLossMatchTransformers) {
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
-  Expected e = load_expected(dir);
+  ParityExpected e = load_parity_expected(dir);
   Tensor logits = m.forward(e.ids, e.B, e.S, true);
   ASSERT_EQ(logits.numel(), e.logits.numel());
   const double scale = max_abs(e.logits.f32(), e.logits.numel());
@@ -69,9 +43,9 @@ TEST_P(Parity, LogitsAndLossMatchTransformers) {
 }
 
 TEST_P(Parity, GreedyContinuationMatchesTransformers) {
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
-  Expected e = load_expected(dir);
+  ParityExpected e = load_parity_expected(dir);
   auto prompt = e.meta["prompt"].get<std::vector<int32_t>>();
   auto want = e.meta["greedy_cached"].get<std::vector<int32_t>>();
   SamplingOptions opt;
@@ -82,9 +56,9 @@ TEST_P(Parity, GreedyContinuationMatchesTransformers) {
 TEST_P(Parity, SkipClassIsExercised) {
   // The fixture's balancing biases make the skip class win for some tokens; check that this
   // implementation routes some tokens to skip and some to every... at least two experts.
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
-  Expected e = load_expected(dir);
+  ParityExpected e = load_parity_expected(dir);
   RoutingRecord rec;
   m.forward(e.ids, e.B, e.S, false, nullptr, &rec);
   int64_t skip = 0, total = 0;
@@ -104,9 +78,9 @@ TEST_P(Parity, SkipClassIsExercised) {
 }
 
 TEST_P(Parity, IncrementalDecodingMatchesFullForward) {
-  const std::string dir = fixture(GetParam());
+  const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
-  Expected e = load_expected(dir);
+  ParityExpected e = load_parity_expected(dir);
   const int64_t S = e.S, V = m.cfg.vocab_size;
   std::vector<int32_t> row(e.ids.begin(), e.ids.begin() + S);
   Tensor full = m.forward(row, 1, S, true);

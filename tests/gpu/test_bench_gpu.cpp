@@ -7,14 +7,12 @@
 #include "bench/bench_kernels.h"
 #include "bench/gemm_bench.h"
 #include "bench/mem_bench.h"
+#include "gpu_test_util.h"
 
 namespace zaya::bench {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using test_util::have_gpu;
 
 TEST(BenchGpu, MemKernelsAndCopiesVerify) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";

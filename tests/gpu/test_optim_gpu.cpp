@@ -11,15 +11,13 @@
 #include "backend/cuda/optim_cuda.h"
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "gpu_test_util.h"
 #include "optim/grad_utils.h"
 
 namespace zaya::cuda {
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using test_util::have_gpu;
 
 struct Spec {
   std::string name;
@@ -51,7 +49,7 @@ OptimizerSettings settings() {
 struct Fixture {
   std::vector<Tensor> value, grad;
   std::vector<DeviceParam> dev;
-  std::vector<float*> allocs;
+  test_util::DeviceArena mem;
   cudaStream_t st = nullptr;
 
   explicit Fixture(uint64_t seed) {
@@ -70,18 +68,14 @@ struct Fixture {
       const bool vector = s.shape.size() == 1;
       if (!vector) p.copy = reinterpret_cast<bf16*>(alloc((p.numel + 1) / 2));
       if (s.name.find("balancing") == std::string::npos) p.grad = alloc(p.numel);
-      cudaMemcpy(p.master, v.f32(), v.nbytes(), cudaMemcpyHostToDevice);
+      EXPECT_EQ(test_util::to_device(p.master, v.f32(), v.nbytes(), st), cudaSuccess);
       dev.push_back(p);
     }
   }
-  ~Fixture() {
-    for (float* p : allocs) cudaFree(p);
-    cudaStreamDestroy(st);
-  }
+  ~Fixture() { cudaStreamDestroy(st); }
   float* alloc(int64_t n) {
-    float* p = nullptr;
-    EXPECT_EQ(cudaMalloc(&p, size_t(n) * sizeof(float)), cudaSuccess);
-    allocs.push_back(p);
+    float* p = mem.alloc<float>(size_t(n));
+    EXPECT_NE(p, nullptr) << "cudaMalloc of " << n << " floats";
     return p;
   }
   // New random gradients on the host, copied to the device.
@@ -90,8 +84,10 @@ struct Fixture {
       // Balancing biases get no gradient (the host's stays zero, so both norms agree).
       for (int64_t k = 0; k < grad[i].numel(); k++)
         grad[i].f32()[k] = dev[i].grad ? r.normal() : 0.0f;
-      if (dev[i].grad)
-        cudaMemcpy(dev[i].grad, grad[i].f32(), grad[i].nbytes(), cudaMemcpyHostToDevice);
+      if (dev[i].grad) {
+        EXPECT_EQ(test_util::to_device(dev[i].grad, grad[i].f32(), grad[i].nbytes(), st),
+                  cudaSuccess);
+      }
     }
   }
   std::vector<ParamRef> refs() {
@@ -100,9 +96,7 @@ struct Fixture {
     return out;
   }
   std::vector<float> master(size_t i) const {
-    std::vector<float> h(size_t(dev[i].numel));
-    cudaMemcpy(h.data(), dev[i].master, h.size() * sizeof(float), cudaMemcpyDeviceToHost);
-    return h;
+    return test_util::download(dev[i].master, size_t(dev[i].numel), st);
   }
 };
 
@@ -146,11 +140,13 @@ void run_against_cpu(bool ns_bf16) {
     else
       EXPECT_GT(max_dc, 0.0) << name;
     if (f.dev[i].copy) {  // the bf16 copy is the rounded master
-      std::vector<uint16_t> b(g.size());
-      cudaMemcpy(b.data(), f.dev[i].copy, b.size() * 2, cudaMemcpyDeviceToHost);
-      for (size_t k = 0; k < g.size(); k += 7)
-        if (name.find("frozen") == std::string::npos)
+      const std::vector<uint16_t> b =
+          test_util::download(reinterpret_cast<const uint16_t*>(f.dev[i].copy), g.size(), f.st);
+      for (size_t k = 0; k < g.size(); k += 7) {
+        if (name.find("frozen") == std::string::npos) {
           EXPECT_EQ(b[k], ::zaya::f32_to_bf16(g[k])) << name << "[" << k << "]";
+        }
+      }
     }
   }
   // Same state names, order and (to the update tolerance) values.

@@ -7,33 +7,23 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
-#include "core/rng.h"
-#include "data/indexed_dataset.h"
+#include "../train/train_test_util.h"
+#include "gpu_test_util.h"
 #include "model/zaya.h"
 #include "train/trainer.h"
 
 using namespace zaya;
-namespace fs = std::filesystem;
 
 namespace {
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using test_util::have_gpu;
+using test_util::read_metrics;
 
 std::string setup_dir() {
-  const std::string d =
-      (fs::temp_directory_path() /
-       ("zaya_train_gpu_" +
-        std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
-          .string();
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const std::string d = test_util::fresh_test_dir("zaya_train_gpu_");
   // The attention kernels support head_dim 32, 64 and 128: keep the tiny preset's 32.
   ZayaConfig c = ZayaConfig::preset("tiny");
   c.hidden_size = 64;
@@ -44,54 +34,16 @@ std::string setup_dir() {
   c.moe_intermediate_size = 64;
   c.num_experts = 3;
   c.router_hidden_size = 16;
-  std::ofstream(d + "/config.json") << c.to_json().dump();
-  for (auto [name, lo, hi] : {std::tuple{"a", 32, 127}, std::tuple{"b", 97, 123}}) {
-    IndexedDatasetWriter w(d + "/" + name, TokenDType::UInt16);
-    Rng r(name[0]);
-    for (int doc = 0; doc < 60; doc++) {
-      std::vector<int32_t> t(static_cast<size_t>(40 + doc % 23));
-      for (auto& x : t) x = lo + int32_t(r.next_u32() % uint32_t(hi - lo));
-      t.push_back(258);
-      w.add_document(t);
-    }
-    w.finish();
-  }
+  test_util::write_blend_inputs(d, c, 60, 40, 23);
   return d;
 }
 
-std::string run_toml(const std::string& d) {
-  return "[model]\nconfig = \"" + d +
-         "/config.json\"\n"
-         "[optim]\nlr = 3e-3\nmin_lr = 3e-4\n"
-         "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\ntotal_steps = 8\n"
-         "[data]\ntokenizer = \"bytes\"\n"
-         "[[data.blend]]\nprefix = \"" +
-         d + "/a\"\nweight = 0.7\n[[data.blend]]\nprefix = \"" + d +
-         "/b\"\nweight = 0.3\n"
-         "[eval]\nevery = 4\nbatches = 1\n"
-         "[checkpoint]\nevery = 4\nkeep_last = 5\ndir = \"checkpoints\"\n"
-         "[train]\nseed = 7\nmicro_batch = 2\ngrad_accum = 2\nsteps = 8\nseq_len = 32\n"
-         "log_every = 1\n"
-         "[[phase]]\nname = \"short\"\nsteps = 5\nseq_len = 32\n"
-         "[[phase]]\nname = \"long\"\nseq_len = 48\nrope_theta = 100000.0\n";
-}
+// 8 steps, the phase change after step 5, eval and a checkpoint every 4 steps.
+constexpr test_util::BlendRunShape kShape{8, 4, 32, 5, 48};
 
-std::vector<nlohmann::json> metrics(const std::string& out) {
-  std::vector<nlohmann::json> v;
-  std::ifstream in(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) v.push_back(nlohmann::json::parse(line));
-  return v;
-}
-
-TrainResult run(const std::string& d, const std::string& out, std::vector<std::string> ov,
+TrainResult run(const std::string& d, const std::string& out, const std::vector<std::string>& ov,
                 const std::string& resume = "") {
-  TrainOptions o;
-  o.config = RunConfig::from_toml(run_toml(d), "test.toml", ov);
-  o.out_dir = out;
-  o.resume = resume;
-  o.quiet = true;
-  return train(o);
+  return test_util::run_training(test_util::blend_run_toml(d, kShape), out, ov, resume);
 }
 
 }  // namespace
@@ -101,7 +53,7 @@ TEST(TrainCuda, LossCurveFollowsTheCpuReference) {
   const std::string d = setup_dir();
   run(d, d + "/cpu", {});
   run(d, d + "/gpu", {"--train.device=cuda"});
-  auto mc = metrics(d + "/cpu"), mg = metrics(d + "/gpu");
+  auto mc = read_metrics(d + "/cpu"), mg = read_metrics(d + "/gpu");
   ASSERT_EQ(mc.size(), 8u);
   ASSERT_EQ(mg.size(), 8u);
   // Same data and initial weights: the first loss differs only by bf16 rounding; later steps drift
@@ -134,7 +86,7 @@ TEST(TrainCuda, SplitRunIsBitExactAndCpuCheckpointsResumeOnTheGpu) {
   run(d, d + "/straight", {"--train.device=cuda"});
   run(d, d + "/split", {"--train.device=cuda", "--train.steps=4"});
   run(d, d + "/split", {"--train.device=cuda"}, "auto");
-  auto a = metrics(d + "/straight"), b = metrics(d + "/split");
+  auto a = read_metrics(d + "/straight"), b = read_metrics(d + "/split");
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (size_t i = 0; i < a.size(); i++) EXPECT_EQ(a[i]["loss"].dump(), b[i]["loss"].dump()) << i;
@@ -148,7 +100,7 @@ TEST(TrainCuda, SplitRunIsBitExactAndCpuCheckpointsResumeOnTheGpu) {
   run(d, d + "/mixed", {"--train.steps=4"});
   TrainResult r = run(d, d + "/mixed", {"--train.device=cuda"}, "auto");
   EXPECT_EQ(r.steps, 8);
-  auto m = metrics(d + "/mixed");
+  auto m = read_metrics(d + "/mixed");
   ASSERT_EQ(m.size(), 8u);
   for (size_t i = 4; i < 8; i++)
     EXPECT_NEAR(m[i]["loss"].get<double>(), a[i]["loss"].get<double>(),

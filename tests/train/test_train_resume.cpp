@@ -5,30 +5,20 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 
-#include "core/rng.h"
-#include "data/indexed_dataset.h"
 #include "io/manifest.h"
 #include "model/zaya.h"
 #include "train/trainer.h"
+#include "train_test_util.h"
 
 using namespace zaya;
-namespace fs = std::filesystem;
 
 namespace {
 
-// One directory per test: ctest runs the tests of this file in parallel processes.
+// A small model: two layers, hidden 32, head dim 8, three experts.
 std::string setup_dir() {
-  const std::string d =
-      (fs::temp_directory_path() /
-       ("zaya_train_resume_" +
-        std::string(::testing::UnitTest::GetInstance()->current_test_info()->name())))
-          .string();
-  fs::remove_all(d);
-  fs::create_directories(d);
+  const std::string d = test_util::fresh_test_dir("zaya_train_resume_");
   ZayaConfig c = ZayaConfig::preset("tiny");
   c.hidden_size = 32;
   c.num_hidden_layers = 2;
@@ -36,61 +26,23 @@ std::string setup_dir() {
   c.moe_intermediate_size = 16;
   c.num_experts = 3;
   c.router_hidden_size = 8;
-  std::ofstream(d + "/config.json") << c.to_json().dump();
-  // Two datasets with different token statistics, so the blend matters.
-  for (auto [name, lo, hi] : {std::tuple{"a", 32, 127}, std::tuple{"b", 97, 123}}) {
-    IndexedDatasetWriter w(d + "/" + name, TokenDType::UInt16);
-    Rng r(name[0]);
-    for (int doc = 0; doc < 40; doc++) {
-      std::vector<int32_t> t(static_cast<size_t>(20 + doc % 17));
-      for (auto& x : t) x = lo + int32_t(r.next_u32() % uint32_t(hi - lo));
-      t.push_back(258);
-      w.add_document(t);
-    }
-    w.finish();
-  }
+  test_util::write_blend_inputs(d, c, 40, 20, 17);
   return d;
 }
 
-std::string run_toml(const std::string& d) {
-  return "[model]\nconfig = \"" + d +
-         "/config.json\"\n"
-         "[optim]\nlr = 3e-3\nmin_lr = 3e-4\n"
-         "[schedule]\nkind = \"cosine\"\nwarmup_steps = 2\ntotal_steps = 6\n"
-         "[data]\ntokenizer = \"bytes\"\n"
-         "[[data.blend]]\nprefix = \"" +
-         d +
-         "/a\"\nweight = 0.7\n"
-         "[[data.blend]]\nprefix = \"" +
-         d +
-         "/b\"\nweight = 0.3\n"
-         "[eval]\nevery = 3\nbatches = 1\n"
-         "[checkpoint]\nevery = 3\nkeep_last = 5\ndir = \"checkpoints\"\n"
-         "[train]\nseed = 7\nmicro_batch = 2\ngrad_accum = 2\nsteps = 6\nseq_len = 16\nlog_every = "
-         "1\n"
-         "[[phase]]\nname = \"short\"\nsteps = 4\nseq_len = 16\n"
-         "[[phase]]\nname = \"long\"\nseq_len = 24\nrope_theta = 100000.0\n";
-}
+// 6 steps, the phase change after step 4, a checkpoint every 3 steps.
+constexpr test_util::BlendRunShape kShape{6, 3, 16, 4, 24};
 
 std::vector<std::string> losses(const std::string& out) {
   std::vector<std::string> v;
-  std::ifstream in(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
+  for (const auto& j : test_util::read_metrics(out))
     v.push_back(std::to_string(j["step"].get<int64_t>()) + ":" + j["loss"].dump());
-  }
   return v;
 }
 
 TrainResult run(const std::string& d, const std::string& out, const std::vector<std::string>& ov,
                 const std::string& resume = "") {
-  TrainOptions o;
-  o.config = RunConfig::from_toml(run_toml(d), "test.toml", ov);
-  o.out_dir = out;
-  o.resume = resume;
-  o.quiet = true;
-  return train(o);
+  return test_util::run_training(test_util::blend_run_toml(d, kShape), out, ov, resume);
 }
 
 }  // namespace

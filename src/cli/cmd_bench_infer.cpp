@@ -18,6 +18,8 @@
 #include "io/atomic.h"
 #include "model/config.h"
 #if defined(ZAYA_HAVE_CUDA)
+#include <cuda_runtime.h>
+
 #include "backend/cuda/infer_cuda.h"
 #endif
 
@@ -54,6 +56,10 @@ int run(const BenchInferArgs& a) {
     std::printf("# wrote %s\n", a.write_config.c_str());
     return 0;
   }
+  int ndev = 0;
+  const cudaError_t e = cudaGetDeviceCount(&ndev);
+  ZAYA_CHECK(e == cudaSuccess && ndev > 0, "zaya bench infer: no CUDA device ({})",
+             e == cudaSuccess ? "0 found" : cudaGetErrorString(e));
   std::fprintf(stderr, "# building a random %s model with %lld layers ...\n", a.preset.c_str(),
                (long long)cfg.num_hidden_layers);
   ZayaModel m = bench::random_model(cfg, a.seed);

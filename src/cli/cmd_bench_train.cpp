@@ -69,8 +69,10 @@ int run(const BenchTrainArgs& a) {
   const double flops_per_token = sizing::train_flops_per_token(cfg, a.seq);
 
   int ndev = 0;
-  ZAYA_CHECK(cudaGetDeviceCount(&ndev) == cudaSuccess && ndev > a.device,
-             "zaya bench train: CUDA device {} not available", a.device);
+  const cudaError_t derr = cudaGetDeviceCount(&ndev);
+  ZAYA_CHECK(derr == cudaSuccess && ndev > a.device, "zaya bench train: no CUDA device {} ({})",
+             a.device,
+             derr == cudaSuccess ? std::to_string(ndev) + " found" : cudaGetErrorString(derr));
   ZAYA_CUDA_CHECK(cudaSetDevice(a.device));
   cudaDeviceProp prop{};
   ZAYA_CUDA_CHECK(cudaGetDeviceProperties(&prop, a.device));

@@ -107,6 +107,15 @@ int run_generate(int argc, char** argv) {
   check_ids(ids, m.cfg.vocab_size, "prompt");
   if (!print_ids && !tok) tok = model_tokenizer(tokenizer, model, m.cfg);
   const int32_t stop = int32_t(m.cfg.eos_token_id);
+#if ZAYA_HAVE_CUDA
+  std::unique_ptr<cuda::CudaInference> inf;  // built first: a missing GPU fails before any output
+  if (device == "cuda") {
+    cuda::CudaInferOptions io;
+    io.max_context = int64_t(ids.size()) + max_new;
+    io.max_prefill_tokens = std::min<int64_t>(io.max_context, 8192);
+    inf = std::make_unique<cuda::CudaInference>(m, io);
+  }
+#endif
   if (!print_ids)
     std::fputs(prompt.empty() ? tok->decode(ids, true).c_str() : prompt.c_str(), stdout);
   std::vector<int32_t> pending;
@@ -127,11 +136,7 @@ int run_generate(int argc, char** argv) {
     generate(m, ids, max_new, opt, stop, on_token);
   } else {
 #if ZAYA_HAVE_CUDA
-    cuda::CudaInferOptions io;
-    io.max_context = int64_t(ids.size()) + max_new;
-    io.max_prefill_tokens = std::min<int64_t>(io.max_context, 8192);
-    cuda::CudaInference inf(m, io);
-    cuda::generate_cuda(inf, ids, max_new, opt, stop, on_token);
+    cuda::generate_cuda(*inf, ids, max_new, opt, stop, on_token);
 #endif
   }
   std::printf("\n");

@@ -109,6 +109,10 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   ZAYA_CHECK(o.max_context >= 1 && o.max_prefill_tokens >= o.max_batch,
              "cuda inference: max_context {} and max_prefill_tokens {} must be positive",
              o.max_context, o.max_prefill_tokens);
+  int ndev = 0;
+  const cudaError_t e = cudaGetDeviceCount(&ndev);
+  ZAYA_CHECK(e == cudaSuccess && ndev > o.device, "cuda inference: no CUDA device {} ({})",
+             o.device, e == cudaSuccess ? std::to_string(ndev) + " found" : cudaGetErrorString(e));
   ZAYA_CUDA_CHECK(cudaSetDevice(o.device));
   D = c.hidden_size, d = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   C = c.conv_channels(), QD = Hq * d, KD = Hkv * d, VH = KD / 2, LD = C + KD;

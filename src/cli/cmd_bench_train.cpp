@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_model.h"
@@ -20,6 +21,8 @@
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/zaya.h"
+#include "sizing/cost_model.h"
+#include "sizing/hardware.h"
 #include "sizing/model_shape.h"
 #if defined(ZAYA_HAVE_CUDA)
 #include "backend/cuda/model_cuda.h"
@@ -32,7 +35,7 @@ namespace zaya::cli {
 namespace {
 
 struct BenchTrainArgs {
-  std::string preset = "zaya1-base", json, ns_precision = "bf16", optimizer = "adamw";
+  std::string preset = "zaya1-base", json, ns_precision = "bf16", optimizer = "adamw", hardware;
   int64_t layers = 8, batch = 4, seq = 4096, steps = 10, warmup = 3;
   uint64_t seed = 1234;
   double peak_tflops = 790.0, lr = 1e-4;
@@ -57,6 +60,57 @@ nlohmann::json profile_json(const cuda::OpClassTimes& p) {
   return {{"gemm", p.gemm},   {"attention", p.attention}, {"moe_dispatch", p.moe_dispatch},
           {"norms", p.norms}, {"loss", p.loss},           {"cca", p.cca},
           {"other", p.other}};
+}
+
+// The sizing cost model's prediction for the benchmarked step (issue: sizing rules), by the op
+// classes of the profile: what the roofline of `hw` allows against what the step took.
+nlohmann::json cost_model_check(const ZayaConfig& cfg, const BenchTrainArgs& a,
+                                const std::string& hw_name, const cuda::OpClassTimes* prof,
+                                double optimizer_ms, double step_ms) {
+  const sizing::HardwareProfile hw = sizing::load_hardware(hw_name);
+  sizing::TrainSetup ts;
+  ts.micro_batch = a.batch;
+  ts.seq = a.seq;
+  ts.ranks = 1;
+  ts.recompute = a.recompute;
+  ts.optimizer = a.optimizer == "muon" ? sizing::OptimizerKind::Muon : sizing::OptimizerKind::AdamW;
+  const sizing::TrainEstimate est = sizing::estimate_training(cfg, hw, ts);
+  // Cost-model ops grouped as the CUDA profile groups its kernels.
+  auto cls = [](const std::string& op) -> std::string {
+    if (op == "attention") return "attention";
+    if (op == "cca_conv" || op == "qk_norm_rope") return "cca";
+    if (op == "norms_residual") return "norms";
+    if (op == "final_norm_loss") return "loss";
+    if (op == "dispatch_combine" || op == "swiglu" || op == "router_softmax")
+      return "dispatch+other";
+    return "gemm";
+  };
+  std::map<std::string, double> pred;
+  for (const auto& o : est.ops) pred[cls(o.name)] += o.seconds * 1e3;
+  std::map<std::string, double> meas;
+  if (prof) {
+    meas["gemm"] = prof->gemm, meas["attention"] = prof->attention, meas["cca"] = prof->cca;
+    meas["norms"] = prof->norms, meas["loss"] = prof->loss;
+    meas["dispatch+other"] = prof->moe_dispatch + prof->other;
+  }
+  pred["optimizer"] = est.optimizer_s * 1e3;
+  meas["optimizer"] = optimizer_ms;
+  fmt::print("\n# cost model ({}) against this step, ms: class, model, measured, measured/model\n",
+             hw_name);
+  nlohmann::json rows = nlohmann::json::array();
+  for (const char* c :
+       {"gemm", "attention", "cca", "norms", "dispatch+other", "loss", "optimizer"}) {
+    const double p = pred[c], m = meas.count(c) ? meas[c] : 0.0;
+    fmt::print("  {:<16} {:9.2f} {:9.2f} {:7.2f}\n", c, p, m, p > 0 && m > 0 ? m / p : 0.0);
+    rows.push_back({{"class", c}, {"model_ms", p}, {"measured_ms", m}});
+  }
+  const double model_step = est.step_s * 1e3;
+  fmt::print("  {:<16} {:9.2f} {:9.2f} {:7.2f}\n", "step", model_step, step_ms,
+             model_step > 0 ? step_ms / model_step : 0.0);
+  return {{"hardware", hw_name},
+          {"classes", rows},
+          {"model_step_ms", model_step},
+          {"measured_step_ms", step_ms}};
 }
 
 int run(const BenchTrainArgs& a) {
@@ -206,6 +260,18 @@ int run(const BenchTrainArgs& a) {
       fmt::print("  {:<14} {:9.2f} ms  {:5.1f}%\n", name, ms, sum > 0 ? 100.0 * ms / sum : 0.0);
   }
 
+  nlohmann::json cost = nullptr;
+  {
+    std::string hw = a.hardware.empty() ? sizing::match_builtin_device(prop.name) : a.hardware;
+    if (!hw.empty()) {
+      try {
+        cost = cost_model_check(cfg, a, hw, have_prof ? &prof : nullptr, opt_ms + norm_ms, step_ms);
+      } catch (const std::exception& e) {
+        fmt::print("# cost model: not compared ({})\n", e.what());
+      }
+    }
+  }
+
   if (!a.json.empty()) {
     nlohmann::json j = {{"kind", "zaya.bench.train/1"},
                         {"impl", "zaya"},
@@ -247,6 +313,7 @@ int run(const BenchTrainArgs& a) {
           {{"fwd_bwd_ms", t.fwd_bwd}, {"norm_ms", t.norm}, {"optim_ms", t.optim}, {"ms", t.total}});
     j["step_times"] = steps;
     if (have_prof) j["profile_ms"] = profile_json(prof);
+    if (!cost.is_null()) j["cost_model"] = cost;
     write_text_file_atomic(a.json, j.dump(1) + "\n");
     fmt::print("# wrote {}\n", a.json);
   }
@@ -285,6 +352,9 @@ int bench_train_cli(int argc, char** argv) {
   app.add_option("--device", a.device, "CUDA device")->capture_default_str();
   app.add_flag("--no-profile", a.no_profile, "skip the profiled step (op-class times)");
   app.add_option("--json", a.json, "write results as JSON to this file");
+  app.add_option("--hardware", a.hardware,
+                 "hardware profile (built-in name or measured JSON) for the cost-model comparison "
+                 "(default: the built-in profile of this GPU, if any)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {

@@ -109,38 +109,50 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
   }
 }
 
+// The experts of decode rows, in two launches per layer. Row m uses expert e = choice[m]
+// (e >= E: the skip class, no expert runs). First act[m,i] = silu(x·Wgu_e[i]) · (x·Wgu_e[I+i]) from
+// the packed gate|up rows, both dot products in fp32 in one warp; then
+// out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
 template <bool kVec>
-__global__ void expert_gemv_kernel(bf16* y, const bf16* x, int64_t ldx, const bf16* W,
-                                   int64_t w_stride, const int32_t* choice, int64_t E, int64_t O,
-                                   int64_t K) {
+__global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
+                                     int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
+                                     int64_t K) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t m = blockIdx.y;
+  const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (i >= I) return;
+  const int64_t e = choice[m];
+  if (e < 0 || e >= E) {
+    if (lane == 0) act[m * I + i] = __float2bfloat16(0.f);
+    return;
+  }
+  const bf16* W = Wgu + e * gu_stride;
+  float g[1] = {0.f}, u[1] = {0.f};
+  gemv_bf16_row<1, kVec>(g, x + m * ldx, ldx, W + i * K, K, lane);
+  gemv_bf16_row<1, kVec>(u, x + m * ldx, ldx, W + (I + i) * K, K, lane);
+  const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
+  if (lane == 0) act[m * I + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
+}
+
+template <bool kVec>
+__global__ void expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x,
+                                           const bf16* Wd, int64_t d_stride, const float* gate,
+                                           const int32_t* choice, int64_t E, bool scaled, int64_t D,
+                                           int64_t I) {
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (o >= O) return;
+  if (o >= D) return;
   const int64_t e = choice[m];
-  if (e < 0 || e >= E) {  // skip class: no expert runs
-    if (lane == 0) y[m * O + o] = __float2bfloat16(0.f);
+  if (e < 0 || e >= E) {
+    if (lane == 0)
+      out[m * D + o] = __float2bfloat16(scaled ? gate[m] * __bfloat162float(x[m * D + o]) : 0.f);
     return;
   }
   float acc[1] = {0.f};
-  gemv_bf16_row<1, kVec>(acc, x + m * ldx, ldx, W + e * w_stride + o * K, K, lane);
+  gemv_bf16_row<1, kVec>(acc, act + m * I, I, Wd + e * d_stride + o * I, I, lane);
   const float s = warp_sum(acc[0]);
-  if (lane == 0) y[m * O + o] = __float2bfloat16(s);
-}
-
-__global__ void moe_combine_kernel(bf16* out, const bf16* y, const bf16* x, const float* gate,
-                                   const int32_t* choice, int64_t E, bool scaled, int64_t D) {
-  const int64_t m = blockIdx.y;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= D) return;
-  const bool skip = choice[m] >= E;
-  const float g = gate[m];
-  float v = 0.f;
-  if (!skip)
-    v = g * __bfloat162float(y[m * D + i]);
-  else if (scaled)
-    v = g * __bfloat162float(x[m * D + i]);
-  out[m * D + i] = __float2bfloat16(v);
+  if (lane == 0) out[m * D + o] = __float2bfloat16(gate[m] * s);
 }
 
 // One block per token. Dynamic shared memory: (Hq + Hkv)·d floats of pre-norm q and k.
@@ -597,27 +609,25 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
-void expert_gemv(bf16* y, const bf16* x, int64_t ldx, const bf16* W, int64_t w_stride,
-                 const int32_t* choice_M, int64_t E, int64_t M, int64_t O, int64_t K,
-                 cudaStream_t st) {
-  check(M >= 1 && O > 0 && K > 0 && ldx >= K, "expert_gemv: bad sizes");
-  const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M));
-  const bool vec = K % 8 == 0 && ldx % 8 == 0 && w_stride % 8 == 0 && aligned16(x) && aligned16(W);
-  if (vec)
-    expert_gemv_kernel<true>
-        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y, x, ldx, W, w_stride, choice_M, E, O, K);
-  else
-    expert_gemv_kernel<false>
-        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y, x, ldx, W, w_stride, choice_M, E, O, K);
-  ZAYA_CUDA_CHECK(cudaGetLastError());
-}
-
-void moe_combine_rows(bf16* out_MD, const bf16* y_MD, const bf16* x_MD, const float* gate_M,
-                      const int32_t* choice_M, int64_t E, bool skip_scaled_input, int64_t M,
-                      int64_t D, cudaStream_t st) {
-  const dim3 grid(unsigned((D + 255) / 256), unsigned(M));
-  moe_combine_kernel<<<grid, 256, 0, st>>>(out_MD, y_MD, x_MD, gate_M, choice_M, E,
-                                           skip_scaled_input, D);
+void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
+                    const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
+                    bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st) {
+  check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
+  const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
+                   aligned16(down_EDI) && aligned16(act_MI);
+  const dim3 g1{unsigned((I + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)};
+  const dim3 g2{unsigned((D + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)};
+  if (vec) {
+    expert_swiglu_kernel<true><<<g1, kRowsPerBlock * kWarp, 0, st>>>(act_MI, x_MD, D, gate_up_E2ID,
+                                                                     2 * I * D, choice_M, E, I, D);
+    expert_down_combine_kernel<true><<<g2, kRowsPerBlock * kWarp, 0, st>>>(
+        out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E, skip_scaled_input, D, I);
+  } else {
+    expert_swiglu_kernel<false><<<g1, kRowsPerBlock * kWarp, 0, st>>>(act_MI, x_MD, D, gate_up_E2ID,
+                                                                      2 * I * D, choice_M, E, I, D);
+    expert_down_combine_kernel<false><<<g2, kRowsPerBlock * kWarp, 0, st>>>(
+        out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E, skip_scaled_input, D, I);
+  }
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -382,10 +382,8 @@ void CudaInference::Impl::run_decode_step() {
     mark("embedding, norms, residuals");
     router(li, M, true);
     mark("router");
-    expert_gemv(gu, x, D, l.gate_up, 2 * I * D, choice, E, M, 2 * I, D, st);
-    swiglu_fwd(act, gu, M, I, st);
-    expert_gemv(ys, act, I, l.down, D * I, choice, E, M, D, I, st);
-    moe_combine_rows(a, ys, x, gate, choice, E, c.skip_output == SkipOutput::ScaledInput, M, D, st);
+    decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
+                   c.skip_output == SkipOutput::ScaledInput, M, D, I, st);
     mark("experts");
     decode_residual_norm(h, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D, st);
     mark("embedding, norms, residuals");

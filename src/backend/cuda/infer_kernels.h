@@ -30,15 +30,12 @@ void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t l
 // The same with fp32 weights and inputs (the router MLP, which stays fp32).
 void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
               const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
-// Expert matrix-vector product: row m uses W + choice[m]·w_stride ([O,K] bf16); rows whose choice
-// is the skip class (>= E) get zeros. y bf16 [M, O].
-void expert_gemv(bf16* y, const bf16* x, int64_t ldx, const bf16* W, int64_t w_stride,
-                 const int32_t* choice_M, int64_t E, int64_t M, int64_t O, int64_t K,
-                 cudaStream_t st);
-// out[m] = gate[m]·y[m] for routed rows; gate[m]·x[m] (scaled-input skip) or 0 for skip rows.
-void moe_combine_rows(bf16* out_MD, const bf16* y_MD, const bf16* x_MD, const float* gate_M,
-                      const int32_t* choice_M, int64_t E, bool skip_scaled_input, int64_t M,
-                      int64_t D, cudaStream_t st);
+// The experts of decode rows, two launches: act = silu(x·Wg_e^T) ⊙ (x·Wu_e^T) with e = choice[m]
+// (packed gate|up rows [E, 2I, D]), then out[m] = gate[m] · act[m]·Wd_e^T ([E, D, I]); rows whose
+// choice is the skip class (>= E) get gate[m]·x[m] (skip_scaled_input) or 0. x, act, out bf16.
+void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
+                    const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
+                    bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st);
 
 // After the convolutions, for one token per sequence at position len_B[b]: mean skip, QK-norm
 // (temperature on k), partial NeoX RoPE, delayed value (vd_last_B holds vd of the previous token

@@ -150,6 +150,21 @@ TEST(AttentionCuda, ExactTileMultiplesAndLongWindow) {
   run_case({1, 130, 130, 0, 2, 1, 32, 2, true});
 }
 
+TEST(AttentionCuda, BackwardTileBoundaries) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // The dK/dV blocks own 128 keys and the dQ blocks 128 query rows (64-row steps and 64-key tiles
+  // inside them): S just past one block (129), inside the second (200), past two with a partial
+  // 64-row step (300), and several blocks with a window shorter than a block; GQA 4:1, 3:1, 1:1.
+  for (int64_t d : {32, 64, 128}) {
+    run_case({1, 129, 129, 0, 4, 1, d, 0, true});
+    run_case({2, 200, 200, 0, 8, 2, d, 0, true});
+    run_case({1, 300, 300, 0, 8, 2, d, 100, true});
+    run_case({1, 200, 200, 0, 3, 3, d, 150, true});
+  }
+  run_case({1, 385, 385, 0, 6, 2, 128, 2, true});
+  run_case({1, 513, 513, 0, 4, 1, 128, 0, true});
+}
+
 TEST(AttentionCuda, DecodeWithQueryOffsetMatchesReference) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   for (int64_t d : {32, 64, 128})

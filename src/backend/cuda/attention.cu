@@ -36,7 +36,7 @@
 namespace zaya::cuda {
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps in every kernel
+constexpr int kThreads = 128;  // 4 warps: forward and D kernels (the dK/dV and dQ kernels take NW)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -120,12 +120,12 @@ __device__ __forceinline__ void load_b_nn(uint32_t (&b)[4], const bf16* s, int k
 
 // ROWS×D bf16 rows from global (row stride gstride elements) into smem (stride D+8); rows at or
 // past `nvalid` are zero-filled. `safe` is any valid global address (never dereferenced for them).
-template <int ROWS, int D>
+template <int ROWS, int D, int NT = kThreads>
 __device__ __forceinline__ void load_rows(bf16* s, const bf16* g, int64_t gstride, int nvalid,
                                           const bf16* safe, int tid) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
 #pragma unroll
-  for (int c = tid; c < ROWS * kChunks; c += kThreads) {
+  for (int c = tid; c < ROWS * kChunks; c += NT) {
     const int r = c / kChunks, ch = c % kChunks;
     const bool ok = r < nvalid;
     cp_async16(s + r * (D + 8) + ch * 8, ok ? g + r * gstride + ch * 8 : safe, ok);
@@ -145,8 +145,9 @@ constexpr int fwd_smem_bytes() {
   return (kFwdBM + 4 * kFwdBN) * (D + 8) * int(sizeof(bf16));
 }
 
-// grid (ceil(S/64), B·Hq). Block x processes query tile gridDim.x-1-x: the longest causal rows
-// start first, which evens out the tail of the launch.
+// grid ceil(S/64)·B·Hq, linear: block x processes query tile ntiles-1-x/(B·Hq) of batch·head
+// x%(B·Hq), so the longest causal rows of every head start first (longest-processing-time order),
+// which evens out the tail of the launch.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     attn_fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse, const bf16* __restrict__ q,
@@ -159,8 +160,10 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sV = sK + 2 * BN * LD;                   // 2 stages × BN×LD
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;
-  const int b = blockIdx.y / Hq, h = blockIdx.y % Hq, g = h / (Hq / Hkv);
+  const int ntiles = (S + BM - 1) / BM, nbh = int(gridDim.x) / ntiles;
+  const int bh = int(blockIdx.x) % nbh;
+  const int m0 = (ntiles - 1 - int(blockIdx.x) / nbh) * BM;
+  const int b = bh / Hq, h = bh % Hq, g = h / (Hq / Hkv);
   const int64_t q_rs = int64_t(Hq) * D, kv_rs = int64_t(Hkv) * D;
 
   const int qp_first = q_start + m0, qp_last = q_start + min(m0 + BM, S) - 1;
@@ -333,39 +336,47 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---- backward: dK, dV ----
-constexpr int kBwdBN = 64;  // keys per block (16 per warp)
+// Block = NW warps × 16 keys (128 keys with the 8 warps launched). A wider key tile halves the
+// global/L2 traffic of the streamed Q/dO/lse/D tiles per FLOP and the barriers per FLOP compared
+// with 64 keys; every warp still owns 16 keys, so dK/dV stay in registers (128 floats per thread
+// at d=128). Each step stages 64 query rows; a warp consumes them in passes of SUB columns so that
+// Sᵀ and dPᵀ (2·SUB/2 floats per thread) fit next to dK/dV without spilling at d=128.
+constexpr int kBwdBM = 64;   // query rows staged per step
+constexpr int kBwdKvNW = 8;  // warps per dK/dV block
 template <int D>
-constexpr int bwd_kv_bm() {
-  return D == 128 ? 32 : 64;  // query rows per step: fewer at d=128 so dK+dV+S+dP fit in registers
+constexpr int bwd_kv_sub() {
+  return D == 128 ? 32 : 64;
 }
-template <int D>
+template <int D, int NW>
 constexpr int bwd_kv_smem_bytes() {
-  return (2 * kBwdBN + 4 * bwd_kv_bm<D>()) * (D + 8) * int(sizeof(bf16)) +
-         4 * bwd_kv_bm<D>() * int(sizeof(float));
+  return (2 * 16 * NW + 4 * kBwdBM) * (D + 8) * int(sizeof(bf16)) + 4 * kBwdBM * int(sizeof(float));
 }
 
-// grid (ceil(S/64), B·Hkv). Block x owns keys 64x..64x+63 of kv head g and walks the G query heads
-// of the group, each over the query tiles from the diagonal to the end of the sequence (or of the
-// window). Key tile 0 has the most work and starts first.
-template <int D>
-__global__ void __launch_bounds__(kThreads)
+// grid ceil(S/BN)·B·Hkv, linear: block x owns key tile x/(B·Hkv) of batch·kv head x%(B·Hkv) and
+// walks the G query heads of the group, each over the query tiles from the diagonal to the end of
+// the sequence (or of the window). Key tile 0 has the most work; ordering the tile index slowest
+// starts the heavy tiles of every head first (longest-processing-time order).
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32)
     attn_bwd_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
                          const bf16* __restrict__ dout, const float* __restrict__ lse,
                          const float* __restrict__ Dv, const bf16* __restrict__ q,
                          const bf16* __restrict__ k, const bf16* __restrict__ v, int S, int Hq,
                          int Hkv, int window, float scale, float scale_log2) {
-  constexpr int BN = kBwdBN, BM = bwd_kv_bm<D>(), LD = D + 8;
+  constexpr int NT = NW * 32, BN = 16 * NW, BM = kBwdBM, SUB = bwd_kv_sub<D>(), LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);            // BN×LD
   bf16* sV = sK + BN * LD;                                 // BN×LD
   bf16* sQ = sV + BN * LD;                                 // 2 stages × BM×LD
   bf16* sO = sQ + 2 * BM * LD;                             // dO, 2 stages × BM×LD
-  float* sL = reinterpret_cast<float*>(sO + 2 * BM * LD);  // lse, 2 stages × BM
+  float* sL = reinterpret_cast<float*>(sO + 2 * BM * LD);  // lse·log2e, 2 stages × BM
   float* sD = sL + 2 * BM;                                 // D, 2 stages × BM
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int n0 = blockIdx.x * BN;
-  const int b = blockIdx.y / Hkv, g = blockIdx.y % Hkv, G = Hq / Hkv;
+  const int nbh = int(gridDim.x) / ((S + BN - 1) / BN);
+  const int bg = int(blockIdx.x) % nbh;
+  const int n0 = int(blockIdx.x) / nbh * BN;
+  const int b = bg / Hkv, g = bg % Hkv, G = Hq / Hkv;
   const int64_t q_rs = int64_t(Hq) * D, kv_rs = int64_t(Hkv) * D;
 
   const int last_q = window > 0 ? min(S - 1, n0 + BN - 1 + window - 1) : S - 1;
@@ -374,21 +385,25 @@ __global__ void __launch_bounds__(kThreads)
 
   const bf16* kg = k + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
   const bf16* vg = v + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
-  load_rows<BN, D>(sK, kg, kv_rs, S - n0, k, tid);
-  load_rows<BN, D>(sV, vg, kv_rs, S - n0, v, tid);
+  load_rows<BN, D, NT>(sK, kg, kv_rs, S - n0, k, tid);
+  load_rows<BN, D, NT>(sV, vg, kv_rs, S - n0, v, tid);
 
   // Loads the query tile of step `it` (head h = g·G + it/ntq, tile tq_lo + it%ntq) into `stage`.
   auto load_step = [&](int it, int stage) {
     const int h = g * G + it / ntq, m0 = (tq_lo + it % ntq) * BM;
     const int64_t tok = int64_t(b) * S + m0;
-    load_rows<BM, D>(sQ + stage * BM * LD, q + tok * q_rs + int64_t(h) * D, q_rs, S - m0, q, tid);
-    load_rows<BM, D>(sO + stage * BM * LD, dout + tok * q_rs + int64_t(h) * D, q_rs, S - m0, dout,
-                     tid);
-    if (tid < BM) {
-      const bool ok = m0 + tid < S;
-      const int64_t li = (int64_t(b) * Hq + h) * S + m0 + tid;
-      cp_async4(sL + stage * BM + tid, ok ? lse + li : lse, ok);
-      cp_async4(sD + stage * BM + tid, ok ? Dv + li : Dv, ok);
+    load_rows<BM, D, NT>(sQ + stage * BM * LD, q + tok * q_rs + int64_t(h) * D, q_rs, S - m0, q,
+                         tid);
+    load_rows<BM, D, NT>(sO + stage * BM * LD, dout + tok * q_rs + int64_t(h) * D, q_rs, S - m0,
+                         dout, tid);
+    if (tid < 2 * BM) {  // threads 0..BM-1 fetch lse, BM..2BM-1 fetch D
+      const int r = tid % BM;
+      const bool ok = m0 + r < S;
+      const int64_t li = (int64_t(b) * Hq + h) * S + m0 + r;
+      if (tid < BM)
+        cp_async4(sL + stage * BM + r, ok ? lse + li : lse, ok);
+      else
+        cp_async4(sD + stage * BM + r, ok ? Dv + li : Dv, ok);
     }
   };
   load_step(0, 0);
@@ -413,60 +428,65 @@ __global__ void __launch_bounds__(kThreads)
     const float* sLs = sL + stage * BM;
     const float* sDs = sD + stage * BM;
     const int m0 = (tq_lo + it % ntq) * BM;
-
-    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for 16 keys × BM queries.
-    float st[BM / 8][4], dpt[BM / 8][4];
-#pragma unroll
-    for (int i = 0; i < BM / 8; i++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      uint32_t ka[4], va[4];
-      load_a<LD>(ka, sK, krow0, kk * 16, lane);
-      load_a<LD>(va, sV, krow0, kk * 16, lane);
-#pragma unroll
-      for (int nn = 0; nn < BM / 16; nn++) {
-        uint32_t qb[4], ob[4];
-        load_b_nt<LD>(qb, sQs, nn * 16, kk * 16, lane);
-        load_b_nt<LD>(ob, sOs, nn * 16, kk * 16, lane);
-        mma16816(st[2 * nn], ka, qb[0], qb[1]);
-        mma16816(st[2 * nn + 1], ka, qb[2], qb[3]);
-        mma16816(dpt[2 * nn], va, ob[0], ob[1]);
-        mma16816(dpt[2 * nn + 1], va, ob[2], ob[3]);
-      }
-    }
-
-    // Pᵀ = exp2(S·scale·log2e − lse·log2e); dSᵀ = Pᵀ ⊙ (dPᵀ − D). The softmax scale of dS is
-    // applied once to dK at the end.
+    // Only tiles that straddle the diagonal, the window edge or the sequence end pay for the mask.
     const bool need_mask =
         m0 < n0 + BN - 1 || (window > 0 && m0 + BM - 1 >= n0 + window) || m0 + BM > S;
+
+    // Passes of SUB query columns; not unrolled so that two passes never hold registers at once.
+#pragma unroll 1
+    for (int c0 = 0; c0 < BM; c0 += SUB) {
+      // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for 16 keys × SUB queries.
+      float st[SUB / 8][4], dpt[SUB / 8][4];
 #pragma unroll
-    for (int i = 0; i < BM / 8; i++)
+      for (int i = 0; i < SUB / 8; i++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int qi = i * 8 + (lane & 3) * 2 + (e & 1);
-        float p = exp2f(st[i][e] * scale_log2 - sLs[qi] * kLog2e);
-        if (need_mask && (m0 + qi >= S || !key_visible(key[e >> 1], m0 + qi, window))) p = 0.f;
-        st[i][e] = p;
-        dpt[i][e] = p * (dpt[i][e] - sDs[qi]);
+        for (int e = 0; e < 4; e++) st[i][e] = dpt[i][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t ka[4], va[4];
+        load_a<LD>(ka, sK, krow0, kk * 16, lane);
+        load_a<LD>(va, sV, krow0, kk * 16, lane);
+#pragma unroll
+        for (int nn = 0; nn < SUB / 16; nn++) {
+          uint32_t qb[4], ob[4];
+          load_b_nt<LD>(qb, sQs, c0 + nn * 16, kk * 16, lane);
+          load_b_nt<LD>(ob, sOs, c0 + nn * 16, kk * 16, lane);
+          mma16816(st[2 * nn], ka, qb[0], qb[1]);
+          mma16816(st[2 * nn + 1], ka, qb[2], qb[3]);
+          mma16816(dpt[2 * nn], va, ob[0], ob[1]);
+          mma16816(dpt[2 * nn + 1], va, ob[2], ob[3]);
+        }
       }
 
-      // dV += Pᵀ·dO, dK += dSᵀ·Q
+      // Pᵀ = exp2(S·scale·log2e − lse·log2e); dSᵀ = Pᵀ ⊙ (dPᵀ − D). The softmax scale of dS is
+      // applied once to dK at the end.
 #pragma unroll
-    for (int kq = 0; kq < BM / 16; kq++) {
-      uint32_t pa[4], sa[4];
-      c_to_a(pa, st[2 * kq], st[2 * kq + 1]);
-      c_to_a(sa, dpt[2 * kq], dpt[2 * kq + 1]);
+      for (int i = 0; i < SUB / 8; i++)
 #pragma unroll
-      for (int dn = 0; dn < D / 16; dn++) {
-        uint32_t ob[4], qb[4];
-        load_b_nn<LD>(ob, sOs, kq * 16, dn * 16, lane);
-        load_b_nn<LD>(qb, sQs, kq * 16, dn * 16, lane);
-        mma16816(dV[2 * dn], pa, ob[0], ob[1]);
-        mma16816(dV[2 * dn + 1], pa, ob[2], ob[3]);
-        mma16816(dK[2 * dn], sa, qb[0], qb[1]);
-        mma16816(dK[2 * dn + 1], sa, qb[2], qb[3]);
+        for (int e = 0; e < 4; e++) {
+          const int qi = c0 + i * 8 + (lane & 3) * 2 + (e & 1);
+          float p = exp2f(st[i][e] * scale_log2 - sLs[qi] * kLog2e);
+          if (need_mask && (m0 + qi >= S || !key_visible(key[e >> 1], m0 + qi, window))) p = 0.f;
+          st[i][e] = p;
+          dpt[i][e] = p * (dpt[i][e] - sDs[qi]);
+        }
+
+        // dV += Pᵀ·dO, dK += dSᵀ·Q
+#pragma unroll
+      for (int kq = 0; kq < SUB / 16; kq++) {
+        uint32_t pa[4], sa[4];
+        c_to_a(pa, st[2 * kq], st[2 * kq + 1]);
+        c_to_a(sa, dpt[2 * kq], dpt[2 * kq + 1]);
+#pragma unroll
+        for (int dn = 0; dn < D / 16; dn++) {
+          uint32_t ob[4], qb[4];
+          load_b_nn<LD>(ob, sOs, c0 + kq * 16, dn * 16, lane);
+          load_b_nn<LD>(qb, sQs, c0 + kq * 16, dn * 16, lane);
+          mma16816(dV[2 * dn], pa, ob[0], ob[1]);
+          mma16816(dV[2 * dn + 1], pa, ob[2], ob[3]);
+          mma16816(dK[2 * dn], sa, qb[0], qb[1]);
+          mma16816(dK[2 * dn + 1], sa, qb[2], qb[3]);
+        }
       }
     }
     __syncthreads();
@@ -474,38 +494,54 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_wait<0>();  // only the last (empty) group can be pending; never exit with copies in
                        // flight
 
+  // Stage the bf16 tiles in sK/sV (free after the last barrier) for 16-byte coalesced stores.
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    if (key[r] >= S) continue;
-    bf16* dkr = dk + (int64_t(b) * S + key[r]) * kv_rs + int64_t(g) * D;
-    bf16* dvr = dv + (int64_t(b) * S + key[r]) * kv_rs + int64_t(g) * D;
+    const int row = krow0 + (lane >> 2) + 8 * r;
 #pragma unroll
     for (int i = 0; i < D / 8; i++) {
       const int col = i * 8 + (lane & 3) * 2;
-      *reinterpret_cast<uint32_t*>(dkr + col) =
+      *reinterpret_cast<uint32_t*>(sK + row * LD + col) =
           pack_bf16(dK[i][2 * r] * scale, dK[i][2 * r + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dvr + col) = pack_bf16(dV[i][2 * r], dV[i][2 * r + 1]);
+      *reinterpret_cast<uint32_t*>(sV + row * LD + col) = pack_bf16(dV[i][2 * r], dV[i][2 * r + 1]);
+    }
+  }
+  __syncthreads();
+  bf16* dkg = dk + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
+  bf16* dvg = dv + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
+  constexpr int kChunks = D / 8;
+#pragma unroll
+  for (int c = tid; c < BN * kChunks; c += NT) {
+    const int r = c / kChunks, ch = c % kChunks;
+    if (n0 + r < S) {
+      *reinterpret_cast<uint4*>(dkg + r * kv_rs + ch * 8) =
+          *reinterpret_cast<const uint4*>(sK + r * LD + ch * 8);
+      *reinterpret_cast<uint4*>(dvg + r * kv_rs + ch * 8) =
+          *reinterpret_cast<const uint4*>(sV + r * LD + ch * 8);
     }
   }
 }
 
 // ---- backward: dQ ----
-constexpr int kDqBM = 64, kDqBN = 64;
-template <int D>
+// Block = NW warps × 16 query rows (128 with the 8 warps launched), 64-key K/V tiles
+// double-buffered: the wider query tile halves the K/V traffic per FLOP against 64 rows.
+constexpr int kDqBN = 64;
+constexpr int kDqNW = 8;
+template <int D, int NW>
 constexpr int bwd_dq_smem_bytes() {
-  return (2 * kDqBM + 4 * kDqBN) * (D + 8) * int(sizeof(bf16));
+  return (2 * 16 * NW + 4 * kDqBN) * (D + 8) * int(sizeof(bf16));
 }
 
-// grid (ceil(S/64), B·Hq), last query tile first. Each warp owns 16 query rows and sums dS·K over
-// the visible key tiles in ascending order.
-template <int D>
-__global__ void __launch_bounds__(kThreads)
+// grid ceil(S/BM)·B·Hq, linear, last query tile first (as the forward). Each warp owns 16 query
+// rows and sums dS·K over the visible key tiles in ascending order.
+template <int D, int NW>
+__global__ void __launch_bounds__(NW * 32)
     attn_bwd_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                        const float* __restrict__ lse, const float* __restrict__ Dv,
                        const bf16* __restrict__ q, const bf16* __restrict__ k,
                        const bf16* __restrict__ v, int S, int Hq, int Hkv, int window, float scale,
                        float scale_log2) {
-  constexpr int BM = kDqBM, BN = kDqBN, LD = D + 8;
+  constexpr int NT = NW * 32, BM = 16 * NW, BN = kDqBN, LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BM×LD
   bf16* sO = sQ + BM * LD;                       // dO, BM×LD
@@ -513,23 +549,28 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sV = sK + 2 * BN * LD;                   // 2 stages × BN×LD
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int m0 = (gridDim.x - 1 - blockIdx.x) * BM;
-  const int b = blockIdx.y / Hq, h = blockIdx.y % Hq, g = h / (Hq / Hkv);
+  const int ntiles = (S + BM - 1) / BM, nbh = int(gridDim.x) / ntiles;
+  const int bh = int(blockIdx.x) % nbh;
+  const int m0 = (ntiles - 1 - int(blockIdx.x) / nbh) * BM;
+  const int b = bh / Hq, h = bh % Hq, g = h / (Hq / Hkv);
   const int64_t q_rs = int64_t(Hq) * D, kv_rs = int64_t(Hkv) * D;
   const int q_last = min(m0 + BM, S) - 1;
   const int t_lo = (window > 0 ? max(0, m0 - window + 1) : 0) / BN, t_hi = q_last / BN;
 
   const int64_t tok = int64_t(b) * S + m0;
-  load_rows<BM, D>(sQ, q + tok * q_rs + int64_t(h) * D, q_rs, S - m0, q, tid);
-  load_rows<BM, D>(sO, dout + tok * q_rs + int64_t(h) * D, q_rs, S - m0, dout, tid);
+  load_rows<BM, D, NT>(sQ, q + tok * q_rs + int64_t(h) * D, q_rs, S - m0, q, tid);
+  load_rows<BM, D, NT>(sO, dout + tok * q_rs + int64_t(h) * D, q_rs, S - m0, dout, tid);
   const bf16* kg = k + int64_t(b) * S * kv_rs + int64_t(g) * D;
   const bf16* vg = v + int64_t(b) * S * kv_rs + int64_t(g) * D;
-  load_rows<BN, D>(sK, kg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, k, tid);
-  load_rows<BN, D>(sV, vg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, v, tid);
+  load_rows<BN, D, NT>(sK, kg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, k, tid);
+  load_rows<BN, D, NT>(sV, vg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, v, tid);
   cp_async_commit();
 
   const int row0 = warp * 16 + (lane >> 2);
   const int qi[2] = {m0 + row0, m0 + row0 + 8};
+  // The warp's own first and last query rows: a warp whose 16 rows see only part of a key tile
+  // masks, the others (most warps on a 128-row tile's diagonal tiles) skip the per-element test.
+  const int wq_first = m0 + warp * 16, wq_last = min(wq_first + 15, S - 1);
   float lse2[2], dd[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -546,62 +587,71 @@ __global__ void __launch_bounds__(kThreads)
     const int stage = (t - t_lo) & 1;
     if (t < t_hi) {
       const int n1 = (t + 1) * BN;
-      load_rows<BN, D>(sK + (stage ^ 1) * BN * LD, kg + int64_t(n1) * kv_rs, kv_rs, S - n1, k, tid);
-      load_rows<BN, D>(sV + (stage ^ 1) * BN * LD, vg + int64_t(n1) * kv_rs, kv_rs, S - n1, v, tid);
+      load_rows<BN, D, NT>(sK + (stage ^ 1) * BN * LD, kg + int64_t(n1) * kv_rs, kv_rs, S - n1, k,
+                           tid);
+      load_rows<BN, D, NT>(sV + (stage ^ 1) * BN * LD, vg + int64_t(n1) * kv_rs, kv_rs, S - n1, v,
+                           tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const bf16* sKs = sK + stage * BN * LD;
-    const bf16* sVs = sV + stage * BN * LD;
-
-    // S = Q·Kᵀ, dP = dO·Vᵀ (16 rows × BN keys per warp)
-    float s[BN / 8][4], dp[BN / 8][4];
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-      uint32_t qa[4], oa[4];
-      load_a<LD>(qa, sQ, warp * 16, kk * 16, lane);
-      load_a<LD>(oa, sO, warp * 16, kk * 16, lane);
-#pragma unroll
-      for (int nn = 0; nn < BN / 16; nn++) {
-        uint32_t kb[4], vb[4];
-        load_b_nt<LD>(kb, sKs, nn * 16, kk * 16, lane);
-        load_b_nt<LD>(vb, sVs, nn * 16, kk * 16, lane);
-        mma16816(s[2 * nn], qa, kb[0], kb[1]);
-        mma16816(s[2 * nn + 1], qa, kb[2], kb[3]);
-        mma16816(dp[2 * nn], oa, vb[0], vb[1]);
-        mma16816(dp[2 * nn + 1], oa, vb[2], vb[3]);
-      }
-    }
-
     const int n0 = t * BN;
-    const bool need_mask = n0 + BN - 1 > m0 || (window > 0 && n0 <= q_last - window) || n0 + BN > S;
+    // A warp whose rows all lie above this key tile's first key (possible at the diagonal of a
+    // 128-row block) or all past the window has nothing to add: P is 0 for every element.
+    const bool warp_idle =
+        wq_last < n0 || (window > 0 && wq_first - window + 1 > n0 + BN - 1) || wq_first >= S;
+    if (!warp_idle) {
+      const bf16* sKs = sK + stage * BN * LD;
+      const bf16* sVs = sV + stage * BN * LD;
+
+      // S = Q·Kᵀ, dP = dO·Vᵀ (16 rows × BN keys per warp)
+      float s[BN / 8][4], dp[BN / 8][4];
 #pragma unroll
-    for (int i = 0; i < BN / 8; i++)
+      for (int i = 0; i < BN / 8; i++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = e >> 1;
-        float p = exp2f(s[i][e] * scale_log2 - lse2[r]);
-        if (need_mask && !key_visible(n0 + i * 8 + (lane & 3) * 2 + (e & 1), qi[r], window))
-          p = 0.f;
-        s[i][e] = p * (dp[i][e] - dd[r]);  // dS (unscaled)
+        for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t qa[4], oa[4];
+        load_a<LD>(qa, sQ, warp * 16, kk * 16, lane);
+        load_a<LD>(oa, sO, warp * 16, kk * 16, lane);
+#pragma unroll
+        for (int nn = 0; nn < BN / 16; nn++) {
+          uint32_t kb[4], vb[4];
+          load_b_nt<LD>(kb, sKs, nn * 16, kk * 16, lane);
+          load_b_nt<LD>(vb, sVs, nn * 16, kk * 16, lane);
+          mma16816(s[2 * nn], qa, kb[0], kb[1]);
+          mma16816(s[2 * nn + 1], qa, kb[2], kb[3]);
+          mma16816(dp[2 * nn], oa, vb[0], vb[1]);
+          mma16816(dp[2 * nn + 1], oa, vb[2], vb[3]);
+        }
       }
 
-      // dQ += dS·K
+      const bool need_mask =
+          n0 + BN - 1 > wq_first || (window > 0 && n0 <= wq_last - window) || n0 + BN > S;
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-      uint32_t sa[4];
-      c_to_a(sa, s[2 * kk], s[2 * kk + 1]);
+      for (int i = 0; i < BN / 8; i++)
 #pragma unroll
-      for (int dn = 0; dn < D / 16; dn++) {
-        uint32_t kb[4];
-        load_b_nn<LD>(kb, sKs, kk * 16, dn * 16, lane);
-        mma16816(acc[2 * dn], sa, kb[0], kb[1]);
-        mma16816(acc[2 * dn + 1], sa, kb[2], kb[3]);
+        for (int e = 0; e < 4; e++) {
+          const int r = e >> 1;
+          float p = exp2f(s[i][e] * scale_log2 - lse2[r]);
+          if (need_mask && !key_visible(n0 + i * 8 + (lane & 3) * 2 + (e & 1), qi[r], window))
+            p = 0.f;
+          s[i][e] = p * (dp[i][e] - dd[r]);  // dS (unscaled)
+        }
+
+        // dQ += dS·K
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        uint32_t sa[4];
+        c_to_a(sa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int dn = 0; dn < D / 16; dn++) {
+          uint32_t kb[4];
+          load_b_nn<LD>(kb, sKs, kk * 16, dn * 16, lane);
+          mma16816(acc[2 * dn], sa, kb[0], kb[1]);
+          mma16816(acc[2 * dn + 1], sa, kb[2], kb[3]);
+        }
       }
     }
     __syncthreads();
@@ -620,7 +670,7 @@ __global__ void __launch_bounds__(kThreads)
   bf16* dqg = dq + tok * q_rs + int64_t(h) * D;
   constexpr int kChunks = D / 8;
 #pragma unroll
-  for (int c = tid; c < BM * kChunks; c += kThreads) {
+  for (int c = tid; c < BM * kChunks; c += NT) {
     const int r = c / kChunks, ch = c % kChunks;
     if (m0 + r < S)
       *reinterpret_cast<uint4*>(dqg + r * q_rs + ch * 8) =
@@ -643,8 +693,9 @@ void check_shapes(int64_t B, int64_t S, int64_t Sk, int64_t q_start, int64_t Hq,
   if (q_start < 0 || Sk < q_start + S)
     bad_args("keys " + std::to_string(Sk) + " do not cover queries at " + std::to_string(q_start) +
              "+" + std::to_string(S));
-  // Kernel index arithmetic is 32-bit within one sequence and one grid dimension.
-  if (Sk > (int64_t(1) << 30) || B * Hq > 65535)
+  // Kernel index arithmetic is 32-bit within one sequence; the grids are linear over
+  // (tile, batch·head) with at most 2³¹−1 blocks (64-row tiles are the smallest).
+  if (Sk > (int64_t(1) << 30) || B * Hq > 65535 || (S + 63) / 64 * B * Hq > INT32_MAX)
     bad_args("sequence or batch·heads too large for the attention grid");
 }
 
@@ -661,7 +712,7 @@ void launch_fwd(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v
                 cudaStream_t st) {
   constexpr int smem = fwd_smem_bytes<D>();
   allow_smem(attn_fwd_kernel<D>, smem);
-  const dim3 grid(unsigned((S + kFwdBM - 1) / kFwdBM), unsigned(B * Hq));
+  const dim3 grid(unsigned((S + kFwdBM - 1) / kFwdBM * B * Hq));
   const float scale_log2 = float(1.0 / std::sqrt(double(D))) * kLog2e;
   attn_fwd_kernel<D><<<grid, kThreads, smem, st>>>(o, lse, q, k, v, int(S), int(Sk), int(q_start),
                                                    int(Hq), int(Hkv), int(window), scale_log2);
@@ -672,9 +723,9 @@ template <int D>
 void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o, const float* lse,
                 const bf16* q, const bf16* k, const bf16* v, float* Dv, int64_t B, int64_t S,
                 int64_t Hq, int64_t Hkv, int64_t window, cudaStream_t st) {
-  constexpr int smem_kv = bwd_kv_smem_bytes<D>(), smem_dq = bwd_dq_smem_bytes<D>();
-  allow_smem(attn_bwd_dkdv_kernel<D>, smem_kv);
-  allow_smem(attn_bwd_dq_kernel<D>, smem_dq);
+  constexpr int smem_kv = bwd_kv_smem_bytes<D, kBwdKvNW>(), smem_dq = bwd_dq_smem_bytes<D, kDqNW>();
+  allow_smem(attn_bwd_dkdv_kernel<D, kBwdKvNW>, smem_kv);
+  allow_smem(attn_bwd_dq_kernel<D, kDqNW>, smem_dq);
   const float scale = float(1.0 / std::sqrt(double(D)));
   const float scale_log2 = scale * kLog2e;
 
@@ -685,13 +736,14 @@ void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o, c
           Dv, dout, o, rows, int(S), int(Hq));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 
-  const dim3 grid_kv(unsigned((S + kBwdBN - 1) / kBwdBN), unsigned(B * Hkv));
-  attn_bwd_dkdv_kernel<D><<<grid_kv, kThreads, smem_kv, st>>>(
+  constexpr int kv_bn = 16 * kBwdKvNW, dq_bm = 16 * kDqNW;
+  const dim3 grid_kv(unsigned((S + kv_bn - 1) / kv_bn * B * Hkv));
+  attn_bwd_dkdv_kernel<D, kBwdKvNW><<<grid_kv, kBwdKvNW * 32, smem_kv, st>>>(
       dk, dv, dout, lse, Dv, q, k, v, int(S), int(Hq), int(Hkv), int(window), scale, scale_log2);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 
-  const dim3 grid_dq(unsigned((S + kDqBM - 1) / kDqBM), unsigned(B * Hq));
-  attn_bwd_dq_kernel<D><<<grid_dq, kThreads, smem_dq, st>>>(
+  const dim3 grid_dq(unsigned((S + dq_bm - 1) / dq_bm * B * Hq));
+  attn_bwd_dq_kernel<D, kDqNW><<<grid_dq, kDqNW * 32, smem_dq, st>>>(
       dq, dout, lse, Dv, q, k, v, int(S), int(Hq), int(Hkv), int(window), scale, scale_log2);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }

@@ -343,13 +343,19 @@ __global__ void __launch_bounds__(kThreads)
 // Sᵀ and dPᵀ (2·SUB/2 floats per thread) fit next to dK/dV without spilling at d=128.
 constexpr int kBwdBM = 64;   // query rows staged per step
 constexpr int kBwdKvNW = 8;  // warps per dK/dV block
+// The streamed tiles of both backward kernels rotate through three shared-memory stages: the copy
+// for step i+2 is issued at step i, after the step's single barrier has proven that every warp is
+// done with step i-1 (whose stage it overwrites). One barrier per step instead of two, and two
+// steps of copy latency hidden, which matters with one 8-warp block per SM.
+constexpr int kStages = 3;
 template <int D>
 constexpr int bwd_kv_sub() {
   return D == 128 ? 32 : 64;
 }
 template <int D, int NW>
 constexpr int bwd_kv_smem_bytes() {
-  return (2 * 16 * NW + 4 * kBwdBM) * (D + 8) * int(sizeof(bf16)) + 4 * kBwdBM * int(sizeof(float));
+  return (2 * 16 * NW + 2 * kStages * kBwdBM) * (D + 8) * int(sizeof(bf16)) +
+         2 * kStages * kBwdBM * int(sizeof(float));
 }
 
 // grid ceil(S/BN)·B·Hkv, linear: block x owns key tile x/(B·Hkv) of batch·kv head x%(B·Hkv) and
@@ -365,12 +371,12 @@ __global__ void __launch_bounds__(NW * 32)
                          int Hkv, int window, float scale, float scale_log2) {
   constexpr int NT = NW * 32, BN = 16 * NW, BM = kBwdBM, SUB = bwd_kv_sub<D>(), LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* sK = reinterpret_cast<bf16*>(smem_raw);            // BN×LD
-  bf16* sV = sK + BN * LD;                                 // BN×LD
-  bf16* sQ = sV + BN * LD;                                 // 2 stages × BM×LD
-  bf16* sO = sQ + 2 * BM * LD;                             // dO, 2 stages × BM×LD
-  float* sL = reinterpret_cast<float*>(sO + 2 * BM * LD);  // lse·log2e, 2 stages × BM
-  float* sD = sL + 2 * BM;                                 // D, 2 stages × BM
+  bf16* sK = reinterpret_cast<bf16*>(smem_raw);                  // BN×LD
+  bf16* sV = sK + BN * LD;                                       // BN×LD
+  bf16* sQ = sV + BN * LD;                                       // kStages × BM×LD
+  bf16* sO = sQ + kStages * BM * LD;                             // dO, kStages × BM×LD
+  float* sL = reinterpret_cast<float*>(sO + kStages * BM * LD);  // lse, kStages × BM
+  float* sD = sL + kStages * BM;                                 // D, kStages × BM
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int nbh = int(gridDim.x) / ((S + BN - 1) / BN);
@@ -408,6 +414,8 @@ __global__ void __launch_bounds__(NW * 32)
   };
   load_step(0, 0);
   cp_async_commit();
+  if (iters > 1) load_step(1, 1);
+  cp_async_commit();  // possibly empty: group i always holds step i
 
   float dK[D / 8][4], dV[D / 8][4];
 #pragma unroll
@@ -418,11 +426,11 @@ __global__ void __launch_bounds__(NW * 32)
   const int key[2] = {n0 + krow0 + (lane >> 2), n0 + krow0 + (lane >> 2) + 8};
 
   for (int it = 0; it < iters; it++) {
-    const int stage = it & 1;
-    if (it + 1 < iters) load_step(it + 1, stage ^ 1);
+    const int stage = it % kStages;
+    cp_async_wait<1>();  // step it has landed (step it+1 may still be in flight) ...
+    __syncthreads();     // ... for every thread; and every warp has finished step it-1
+    if (it + 2 < iters) load_step(it + 2, (it + 2) % kStages);
     cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
     const bf16* sQs = sQ + stage * BM * LD;
     const bf16* sOs = sO + stage * BM * LD;
     const float* sLs = sL + stage * BM;
@@ -489,12 +497,11 @@ __global__ void __launch_bounds__(NW * 32)
         }
       }
     }
-    __syncthreads();
   }
-  cp_async_wait<0>();  // only the last (empty) group can be pending; never exit with copies in
-                       // flight
+  cp_async_wait<0>();  // only empty groups can be pending; never exit with copies in flight
+  __syncthreads();     // every warp is done reading sK/sV
 
-  // Stage the bf16 tiles in sK/sV (free after the last barrier) for 16-byte coalesced stores.
+  // Stage the bf16 tiles in sK/sV for 16-byte coalesced stores.
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = krow0 + (lane >> 2) + 8 * r;
@@ -529,7 +536,7 @@ constexpr int kDqBN = 64;
 constexpr int kDqNW = 8;
 template <int D, int NW>
 constexpr int bwd_dq_smem_bytes() {
-  return (2 * 16 * NW + 4 * kDqBN) * (D + 8) * int(sizeof(bf16));
+  return (2 * 16 * NW + 2 * kStages * kDqBN) * (D + 8) * int(sizeof(bf16));
 }
 
 // grid ceil(S/BM)·B·Hq, linear, last query tile first (as the forward). Each warp owns 16 query
@@ -545,8 +552,8 @@ __global__ void __launch_bounds__(NW * 32)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BM×LD
   bf16* sO = sQ + BM * LD;                       // dO, BM×LD
-  bf16* sK = sO + BM * LD;                       // 2 stages × BN×LD
-  bf16* sV = sK + 2 * BN * LD;                   // 2 stages × BN×LD
+  bf16* sK = sO + BM * LD;                       // kStages × BN×LD
+  bf16* sV = sK + kStages * BN * LD;             // kStages × BN×LD
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int ntiles = (S + BM - 1) / BM, nbh = int(gridDim.x) / ntiles;
@@ -565,6 +572,14 @@ __global__ void __launch_bounds__(NW * 32)
   load_rows<BN, D, NT>(sK, kg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, k, tid);
   load_rows<BN, D, NT>(sV, vg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, v, tid);
   cp_async_commit();
+  // Loads key tile t into stage (t - t_lo) % kStages.
+  auto load_kv = [&](int t) {
+    const int n1 = t * BN, st = (t - t_lo) % kStages;
+    load_rows<BN, D, NT>(sK + st * BN * LD, kg + int64_t(n1) * kv_rs, kv_rs, S - n1, k, tid);
+    load_rows<BN, D, NT>(sV + st * BN * LD, vg + int64_t(n1) * kv_rs, kv_rs, S - n1, v, tid);
+  };
+  if (t_lo < t_hi) load_kv(t_lo + 1);
+  cp_async_commit();  // possibly empty: group j always holds key tile t_lo + j
 
   const int row0 = warp * 16 + (lane >> 2);
   const int qi[2] = {m0 + row0, m0 + row0 + 8};
@@ -584,17 +599,11 @@ __global__ void __launch_bounds__(NW * 32)
   for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
   for (int t = t_lo; t <= t_hi; t++) {
-    const int stage = (t - t_lo) & 1;
-    if (t < t_hi) {
-      const int n1 = (t + 1) * BN;
-      load_rows<BN, D, NT>(sK + (stage ^ 1) * BN * LD, kg + int64_t(n1) * kv_rs, kv_rs, S - n1, k,
-                           tid);
-      load_rows<BN, D, NT>(sV + (stage ^ 1) * BN * LD, vg + int64_t(n1) * kv_rs, kv_rs, S - n1, v,
-                           tid);
-    }
+    const int stage = (t - t_lo) % kStages;
+    cp_async_wait<1>();  // key tile t has landed (t+1 may still be in flight) ...
+    __syncthreads();     // ... for every thread; and every warp has finished tile t-1
+    if (t + 2 <= t_hi) load_kv(t + 2);
     cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
     const int n0 = t * BN;
     // A warp whose rows all lie above this key tile's first key (possible at the diagonal of a
     // 128-row block) or all past the window has nothing to add: P is 0 for every element.
@@ -654,10 +663,11 @@ __global__ void __launch_bounds__(NW * 32)
         }
       }
     }
-    __syncthreads();
   }
+  cp_async_wait<0>();  // only empty groups can be pending
+  __syncthreads();     // every warp is done reading sQ
 
-  // Stage through sQ (free after the last barrier) for 16-byte coalesced stores.
+  // Stage through sQ for 16-byte coalesced stores.
 #pragma unroll
   for (int i = 0; i < D / 8; i++) {
     const int col = i * 8 + (lane & 3) * 2;

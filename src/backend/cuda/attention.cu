@@ -9,13 +9,16 @@
 //             by scale·log2e) and the O accumulator in registers. Key tiles above the causal
 //             diagonal or left of the sliding window are never visited; only tiles that straddle a
 //             boundary (diagonal, window edge, sequence end) pay for the mask.
-//   backward  (1) D_i = rowsum(dO ⊙ O) into workspace; (2) dK/dV: one block per (64-key tile,
-//             batch·kv head), each warp owns 16 keys and loops over the G query heads of its group
-//             and the query tiles that can see its keys, recomputing P from lse; dK/dV live in
-//             registers for the whole loop, so nothing is atomically accumulated; (3) dQ: one block
-//             per (64-query tile, batch·query head) looping over key tiles (recomputes S and dP a
-//             second time). Every output element is written by exactly one thread after a fixed
-//             reduction order, so the backward is bit-reproducible.
+//   backward  (1) D_i = rowsum(dO ⊙ O) into workspace; (2) dK/dV: one block of 8 warps per
+//             (128-key tile, batch·kv head), each warp owns 16 keys and loops over the G query
+//             heads of its group and the 64-row query tiles that can see its keys, recomputing P
+//             from lse; dK/dV live in registers for the whole loop, so nothing is atomically
+//             accumulated; (3) dQ: one block of 8 warps per (128-query tile, batch·query head)
+//             looping over 64-key tiles (recomputes S and dP a second time). Both stream their
+//             tiles through a three-stage cp.async ring with one barrier per step. Every output
+//             element is written by exactly one thread after a fixed reduction order, so the
+//             backward is bit-reproducible. Grids are linear with the tile index slowest, so the
+//             longest causal tiles of every head start first.
 // Probabilities and dS are rounded to bf16 before their matmuls (as in FlashAttention-2); all sums
 // are fp32. Shared-memory rows are padded by 16 bytes, which makes every ldmatrix and cp.async row
 // access hit 8 distinct 16-byte bank groups without a swizzle.

@@ -373,6 +373,7 @@ __global__ void __launch_bounds__(NW * 32)
                          const bf16* __restrict__ k, const bf16* __restrict__ v, int S, int Hq,
                          int Hkv, int window, float scale, float scale_log2) {
   constexpr int NT = NW * 32, BN = 16 * NW, BM = kBwdBM, SUB = bwd_kv_sub<D>(), LD = D + 8;
+  static_assert(NT >= 2 * BM && BM % SUB == 0, "lse/D staging needs a thread per value");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sK = reinterpret_cast<bf16*>(smem_raw);                  // BN×LD
   bf16* sV = sK + BN * LD;                                       // BN×LD

@@ -466,6 +466,9 @@ __global__ void __launch_bounds__(kRouterThreads)
         bi = oi;
       }
     }
+    // probs[bi] was stored by lane bi % 32: the warp barrier orders that store before the read
+    // (shuffles synchronise the lanes but do not order their memory accesses).
+    __syncwarp();
     if (lane == 0) {
       if (bi >= E1) bi = 0;
       choice[m] = bi;

@@ -3,16 +3,21 @@
 // prefill, graph replay, and bad input. Tolerances follow DESIGN.md §Numerics: the GPU path keeps
 // weights and activations in bf16, so logits agree with the fp32 reference to a few bf16 ulps of
 // the logit scale; greedy tokens agree wherever the reference's top-2 margin is clear of that.
+// Also kernel-level checks of decode_experts and decode_router_tail (infer_kernels.h) against
+// double-precision host references and the CPU ops.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "../model/parity_fixture.h"
+#include "backend/cpu/ops.h"
 #include "backend/cuda/infer_cuda.h"
+#include "backend/cuda/infer_kernels.h"
 #include "gpu_test_util.h"
 #include "io/safetensors.h"
 #include "model/generate.h"
@@ -233,6 +238,231 @@ TEST(CudaInferShapes, UnsupportedHeadDimIsRefusedWithTheReason) {
     FAIL() << "a head dim of 16 was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head dim"), std::string::npos) << e.what();
+  }
+}
+
+// ---- kernel-level checks of the decode kernels (infer_kernels.h) against host references ----
+// The same cases and tolerances as the host emulation these kernels were first checked with: bf16
+// outputs within one bf16 ulp of the double reference rounded to bf16 (plus the fp32 error bound
+// of the dot products feeding them), fp32 outputs to 1e-5 of their scale, choices exact away from
+// near-ties.
+
+// One bf16 ulp at the magnitude of r rounded to bf16 (8 significant bits).
+double bf16_ulp(double r) {
+  const float a = std::fabs(test_util::round_bf16(float(r)));
+  if (a == 0.f) return 1e-38;
+  int e = 0;
+  std::frexp(a, &e);
+  return std::ldexp(1.0, e - 8);
+}
+
+// |got − bf16(ref)| <= one ulp + slack, elementwise; reports the worst element.
+void expect_bf16_ulp(const std::string& what, const std::vector<float>& got,
+                     const std::vector<double>& ref, const std::vector<double>& slack) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double worst = 0;
+  size_t wi = 0;
+  for (size_t i = 0; i < ref.size(); i++) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " [" << i << "] = " << got[i];
+    const double err = std::fabs(double(got[i]) - test_util::round_bf16(float(ref[i])));
+    const double r = err / (bf16_ulp(ref[i]) + slack[i]);
+    if (r > worst) worst = r, wi = i;
+  }
+  EXPECT_LE(worst, 1.0) << what << ": worst at " << wi << " got " << got[wi] << " ref " << ref[wi];
+}
+
+struct ExpertCase {
+  int64_t M, D, I, E;
+  std::vector<int32_t> choice;  // >= E: the skip class
+};
+
+TEST(CudaDecodeKernels, ExpertsMatchTheHostReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<ExpertCase> cases = {
+      {1, 64, 32, 4, {2}},       {1, 64, 32, 4, {4}},       {3, 64, 48, 4, {1, 4, 3}},
+      {3, 40, 24, 5, {5, 0, 4}}, {3, 36, 20, 3, {2, 3, 0}}, {3, 37, 29, 3, {1, 1, 3}},
+      {2, 520, 264, 2, {0, 1}}};  // vector path (D, I multiples of 8) and scalar path
+  std::mt19937_64 g(41);
+  for (const ExpertCase& c : cases)
+    for (bool scaled : {true, false}) {
+      SCOPED_TRACE("M " + std::to_string(c.M) + " D " + std::to_string(c.D) + " I " +
+                   std::to_string(c.I) + " scaled " + std::to_string(scaled));
+      const int64_t M = c.M, D = c.D, I = c.I, E = c.E;
+      const auto x = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
+      const auto gu = test_util::random_uniform(g, size_t(E * 2 * I * D), -0.3f, 0.3f, true);
+      const auto dn = test_util::random_uniform(g, size_t(E * D * I), -0.3f, 0.3f, true);
+      const auto gate = test_util::random_uniform(g, size_t(M), 0.1f, 1.f);
+      test_util::DeviceArena ar;
+      bf16* out = ar.alloc<bf16>(size_t(M * D));
+      bf16* act = ar.alloc<bf16>(size_t(M * I));
+      const bf16 *xd = ar.up_bf16(x), *gud = ar.up_bf16(gu), *dnd = ar.up_bf16(dn);
+      const float* gd = ar.up(gate);
+      const int32_t* cd = ar.up(c.choice);
+      ASSERT_TRUE(out && act && xd && gud && dnd && gd && cd);
+      decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto act_h = test_util::download_bf16(act, size_t(M * I));
+      const auto out_h = test_util::download_bf16(out, size_t(M * D));
+      std::vector<double> act_ref(size_t(M * I)), act_sl(size_t(M * I)), out_ref(size_t(M * D)),
+          out_sl(size_t(M * D));
+      for (int64_t m = 0; m < M; m++) {
+        const int64_t e = c.choice[size_t(m)];
+        for (int64_t i = 0; i < I; i++) {
+          double gs = 0, us = 0, ga = 0, ua = 0;
+          if (e < E)
+            for (int64_t k = 0; k < D; k++) {
+              const double xv = x[size_t(m * D + k)];
+              const double wg = gu[size_t((e * 2 * I + i) * D + k)];
+              const double wu = gu[size_t((e * 2 * I + I + i) * D + k)];
+              gs += xv * wg, ga += std::fabs(xv * wg), us += xv * wu, ua += std::fabs(xv * wu);
+            }
+          const double sg = gs / (1 + std::exp(-gs));
+          act_ref[size_t(m * I + i)] = sg * us;  // skip rows: act 0
+          act_sl[size_t(m * I + i)] = 1e-5 * (1.1 * ga * std::fabs(us) + std::fabs(sg) * ua);
+        }
+        for (int64_t o = 0; o < D; o++) {
+          double s = 0, a = 0;
+          if (e < E) {
+            // The down product from the kernel's own bf16 act, so one rounding is not compared
+            // twice.
+            for (int64_t i = 0; i < I; i++) {
+              const double t = double(act_h[size_t(m * I + i)]) * dn[size_t((e * D + o) * I + i)];
+              s += t, a += std::fabs(t);
+            }
+            s *= gate[size_t(m)], a *= gate[size_t(m)];
+          } else {
+            s = scaled ? double(gate[size_t(m)]) * x[size_t(m * D + o)] : 0.0;
+          }
+          out_ref[size_t(m * D + o)] = s;
+          out_sl[size_t(m * D + o)] = 1e-5 * a;
+        }
+      }
+      expect_bf16_ulp("act", act_h, act_ref, act_sl);
+      expect_bf16_ulp("out", out_h, out_ref, out_sl);
+    }
+}
+
+struct RouterCase {
+  int64_t M, R, E1;
+  bool state, tie;  // tie: classes 1 and E1-2 get identical logits and bias, the largest bias
+};
+
+TEST(CudaDecodeKernels, RouterTailMatchesTheHostReferenceAndCpuOps) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::vector<RouterCase> cases;
+  for (int64_t E1 : {5, 17, 40})
+    for (int64_t R : {32, 256})
+      for (int64_t M : {1, 3}) cases.push_back({M, R, E1, true, false});
+  cases.push_back({3, 32, 5, false, false});
+  cases.push_back({3, 256, 17, false, false});
+  cases.push_back({3, 48, 5, true, true});
+  cases.push_back({3, 64, 17, true, true});
+  cases.push_back({2, 64, 40, true, true});
+  std::mt19937_64 g(43);
+  for (const RouterCase& c : cases) {
+    const int64_t M = c.M, R = c.R, E1 = c.E1;
+    SCOPED_TRACE("M " + std::to_string(M) + " R " + std::to_string(R) + " E1 " +
+                 std::to_string(E1) + " state " + std::to_string(c.state) + " tie " +
+                 std::to_string(c.tie));
+    const float eps = 1e-6f, ws = 1.f / std::sqrt(float(R));
+    const auto r0 = test_util::random_uniform(g, size_t(M * R), -2.f, 2.f);
+    const auto state = test_util::random_uniform(g, size_t(M * R), -2.f, 2.f);
+    const auto scale = test_util::random_uniform(g, size_t(R), -0.5f, 0.5f);
+    const auto nw = test_util::random_uniform(g, size_t(R), 0.7f, 1.3f);
+    const auto f1w = test_util::random_uniform(g, size_t(R * R), -1.7f * ws, 1.7f * ws);
+    const auto f1b = test_util::random_uniform(g, size_t(R), -0.1f, 0.1f);
+    const auto f2w = test_util::random_uniform(g, size_t(R * R), -1.7f * ws, 1.7f * ws);
+    const auto f2b = test_util::random_uniform(g, size_t(R), -0.1f, 0.1f);
+    auto ow = test_util::random_uniform(g, size_t(E1 * R), -3.4f * ws, 3.4f * ws);
+    auto bal = test_util::random_uniform(g, size_t(E1), -0.01f, 0.01f);
+    if (c.tie) {
+      std::copy_n(ow.begin() + R, R, ow.begin() + (E1 - 2) * R);
+      bal[1] = bal[size_t(E1 - 2)] = 1.f;
+    }
+    test_util::DeviceArena ar;
+    float* rd = ar.up(r0);
+    float* probs = ar.alloc<float>(size_t(M * E1));
+    int32_t* choice = ar.alloc<int32_t>(static_cast<size_t>(M));
+    float* gate = ar.alloc<float>(static_cast<size_t>(M));
+    const float *sd = ar.up(state), *scd = ar.up(scale), *nwd = ar.up(nw), *f1wd = ar.up(f1w),
+                *f1bd = ar.up(f1b), *f2wd = ar.up(f2w), *f2bd = ar.up(f2b), *owd = ar.up(ow),
+                *bald = ar.up(bal);
+    ASSERT_TRUE(rd && probs && choice && gate && sd && scd && nwd && f1wd && f2wd && owd && bald);
+    decode_router_tail(rd, probs, choice, gate, c.state ? sd : nullptr, scd, nwd, eps, f1wd, f1bd,
+                       f2wd, f2bd, owd, bald, M, R, E1, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto r_h = test_util::download(rd, size_t(M * R));
+    const auto p_h = test_util::download(probs, size_t(M * E1));
+    const auto c_h = test_util::download(choice, size_t(M));
+    const auto g_h = test_util::download(gate, size_t(M));
+    // The CPU ops' composition (router_eda, rmsnorm, linear, gelu, router_select) on fp32.
+    std::vector<float> v32(size_t(M * R)), rn(v32.size()), t1(v32.size()), t2(v32.size()),
+        lg(size_t(M * E1)), pc(lg.size()), gc(static_cast<size_t>(M));
+    std::vector<int32_t> cc(static_cast<size_t>(M));
+    for (size_t i = 0; i < v32.size(); i++)
+      v32[i] = c.state ? r0[i] + state[i] * scale[i % size_t(R)] : r0[i];
+    cpu::rmsnorm(rn.data(), nullptr, v32.data(), nw.data(), eps, M, R);
+    cpu::linear(t1.data(), rn.data(), Tensor::from_vector(f1w, {R, R}), f1b.data(), M, R, R);
+    cpu::gelu(t2.data(), t1.data(), M * R);
+    cpu::linear(t1.data(), t2.data(), Tensor::from_vector(f2w, {R, R}), f2b.data(), M, R, R);
+    cpu::gelu(t2.data(), t1.data(), M * R);
+    cpu::linear(lg.data(), t2.data(), Tensor::from_vector(ow, {E1, R}), nullptr, M, R, E1);
+    cpu::router_select(pc.data(), cc.data(), gc.data(), lg.data(), bal.data(), M, E1);
+    auto gelu = [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); };
+    for (int64_t m = 0; m < M; m++) {
+      std::vector<double> v(static_cast<size_t>(R)), x(static_cast<size_t>(R)),
+          h1(static_cast<size_t>(R)), h2(static_cast<size_t>(R)), p(static_cast<size_t>(E1));
+      double ss = 0;
+      for (int64_t i = 0; i < R; i++) {
+        const size_t k = size_t(m * R + i);
+        const double sc = c.state ? double(state[k]) * scale[size_t(i)] : 0.0;
+        v[size_t(i)] = double(r0[k]) + sc;
+        EXPECT_NEAR(r_h[k], v[size_t(i)], 1e-6 * (std::fabs(r0[k]) + std::fabs(sc)) + 1e-30)
+            << "state r[" << m << "," << i << "]";
+        ss += v[size_t(i)] * v[size_t(i)];
+      }
+      const double rstd = 1 / std::sqrt(ss / double(R) + eps);
+      for (int64_t i = 0; i < R; i++) x[size_t(i)] = nw[size_t(i)] * v[size_t(i)] * rstd;
+      for (int64_t o = 0; o < R; o++) {
+        double s = f1b[size_t(o)];
+        for (int64_t k = 0; k < R; k++) s += double(f1w[size_t(o * R + k)]) * x[size_t(k)];
+        h1[size_t(o)] = gelu(s);
+      }
+      for (int64_t o = 0; o < R; o++) {
+        double s = f2b[size_t(o)];
+        for (int64_t k = 0; k < R; k++) s += double(f2w[size_t(o * R + k)]) * h1[size_t(k)];
+        h2[size_t(o)] = gelu(s);
+      }
+      double mx = -1e300, sum = 0;
+      for (int64_t e = 0; e < E1; e++) {
+        double s = 0;
+        for (int64_t k = 0; k < R; k++) s += double(ow[size_t(e * R + k)]) * h2[size_t(k)];
+        p[size_t(e)] = s;
+        mx = std::max(mx, s);
+      }
+      for (double& q : p) sum += q = std::exp(q - mx);
+      for (double& q : p) q /= sum;
+      int64_t best = 0;
+      for (int64_t e = 1; e < E1; e++)
+        if (p[size_t(e)] + bal[size_t(e)] > p[size_t(best)] + bal[size_t(best)]) best = e;
+      double second = -1e300;
+      for (int64_t e = 0; e < E1; e++)
+        if (e != best && !(c.tie && (e == 1 || e == E1 - 2)))
+          second = std::max(second, p[size_t(e)] + bal[size_t(e)]);
+      for (int64_t e = 0; e < E1; e++) {
+        EXPECT_NEAR(p_h[size_t(m * E1 + e)], p[size_t(e)], 1e-5) << "probs " << m << "," << e;
+        EXPECT_NEAR(p_h[size_t(m * E1 + e)], pc[size_t(m * E1 + e)], 1e-5) << "cpu probs";
+      }
+      if (c.tie) EXPECT_EQ(c_h[size_t(m)], 1) << "exact tie goes to the lowest class";
+      if (p[size_t(best)] + bal[size_t(best)] - second > 1e-4) {
+        EXPECT_EQ(c_h[size_t(m)], best) << "row " << m;
+        EXPECT_EQ(c_h[size_t(m)], cc[size_t(m)]) << "row " << m << " vs cpu::router_select";
+      }
+      ASSERT_GE(c_h[size_t(m)], 0);
+      ASSERT_LT(c_h[size_t(m)], E1);
+      EXPECT_EQ(g_h[size_t(m)], p_h[size_t(m * E1 + c_h[size_t(m)])]) << "gate = probs[choice]";
+      EXPECT_NEAR(g_h[size_t(m)], p[size_t(best)], 1e-5) << "gate row " << m;
+    }
   }
 }
 

@@ -20,7 +20,7 @@ OUT="${OUT:-$root/gpu_out}"
 mkdir -p "$OUT"
 W="$(mktemp -d)/gpu_all"
 mkdir -p "$W"
-BUDGET="${GPU_ALL_BUDGET_S:-590}"  # seconds for the whole script
+BUDGET="${GPU_ALL_BUDGET_S:-570}"  # seconds for the whole script
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 summary="$W/summary.txt"

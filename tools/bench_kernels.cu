@@ -29,7 +29,7 @@ __device__ inline uint32_t pattern(uint64_t i, uint32_t seed) {
   return uint32_t(splitmix64((uint64_t(seed) << 40) ^ i));
 }
 
-#define ZAYA_GRID_STRIDE(i, n)                                                  \
+#define ZAYA_GRID_STRIDE(i, n)                                                \
   for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < (n); \
        i += uint64_t(gridDim.x) * blockDim.x)
 

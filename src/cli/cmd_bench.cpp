@@ -481,7 +481,7 @@ int run_bench(int argc, char** argv) {
       "  mem      device memory and host<->device copy bandwidth\n"
       "  profile  run gemm and mem and write a zaya.hardware/1 profile\n"
       "  train    the CUDA training step: tokens/s, model TFLOP/s, memory, time by op class\n"
-      "  infer    GPU inference: prefill tokens/s, decode time per step vs the bandwidth roofline\n";
+      "  infer    GPU inference: prefill tokens/s, decode step vs the bandwidth roofline\n";
   if (argc < 2) {
     std::fprintf(stderr, "zaya bench: missing sub-command\n%s", usage.c_str());
     return 2;

@@ -34,9 +34,9 @@ class GemmContext {
   GemmContext(const GemmContext&) = delete;
   GemmContext& operator=(const GemmContext&) = delete;
 
-  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-            const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
-            int64_t ldc, GemmType ab_type, GemmType c_type, const float* bias, cudaStream_t st);
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+            int64_t lda, const void* B, int64_t ldb, float beta, void* C, int64_t ldc,
+            GemmType ab_type, GemmType c_type, const float* bias, cudaStream_t st);
 
   // Grouped GEMM for the experts (tokens sorted by expert): for g in 0..G-1 with rows_host[g] > 0,
   //   C[off_g : off_g+rows_g, :] = alpha · op(A[off_g : ...]) · op(B_g) + beta · C[...]

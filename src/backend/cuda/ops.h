@@ -6,16 +6,17 @@
 // the residual stream h, norm statistics (rstd), softmax statistics (lse), router logits and
 // probabilities, all gradients of parameters and the optimizer states are fp32; every reduction
 // accumulates in fp32. Parameter-gradient reductions over tokens are deterministic: no
-// floating-point atomics whose order varies (per-block partial sums over a fixed grid, then a second
-// pass that sums the partials in a fixed order), so a training step is bit-reproducible on one GPU.
+// floating-point atomics whose order varies (per-block partial sums over a fixed grid, then a
+// second pass that sums the partials in a fixed order), so a training step is bit-reproducible on
+// one GPU.
 //
 // Conventions: all pointers are device pointers unless named *_host; every function takes the
 // stream last and only enqueues work (no synchronisation, no allocation) unless its comment says
 // otherwise. Workspace comes from the caller (see Workspace below), so a step allocates nothing.
-// Row-major throughout; a "row" of an activation is one token. Shapes are in the suffix of each name
-// (legend as in ops.h: N tokens, B batch, S sequence, D hidden, C conv channels = (Hq+Hkv)·d, Hq/Hkv
-// heads, d head dim, r rotary dim, E experts, E1 = E+1 router classes, I expert width, R router
-// width, V vocabulary). Gradients: "(=)" overwrites, "(+=)" accumulates.
+// Row-major throughout; a "row" of an activation is one token. Shapes are in the suffix of each
+// name (legend as in ops.h: N tokens, B batch, S sequence, D hidden, C conv channels = (Hq+Hkv)·d,
+// Hq/Hkv heads, d head dim, r rotary dim, E experts, E1 = E+1 router classes, I expert width, R
+// router width, V vocabulary). Gradients: "(=)" overwrites, "(+=)" accumulates.
 //
 // This header includes only the CUDA runtime and bf16 types; it compiles as C++17 (nvcc) and C++20.
 #pragma once
@@ -51,9 +52,10 @@ void bf16_to_f32(float* y, const bf16* x, int64_t n, cudaStream_t s);
 // y[i] += x[i] (fp32), for accumulating gradient pieces.
 void add_f32(float* y, const float* x, int64_t n, cudaStream_t s);
 
-// ---- embedding and the input affine --------------------------------------------------------------
-// h[n,:] = (table[ids[n],:] + b) ⊙ s  (table bf16 copy of the fp32 master; h fp32). Ids outside
-// [0,V) set *bad_id_flag (device int) to 1 + the first offending position and produce zeros.
+// ---- embedding and the input affine
+// -------------------------------------------------------------- h[n,:] = (table[ids[n],:] + b) ⊙ s
+// (table bf16 copy of the fp32 master; h fp32). Ids outside [0,V) set *bad_id_flag (device int) to
+// 1 + the first offending position and produce zeros.
 void embed_affine_fwd(float* h_ND, const int32_t* ids_N, const bf16* table_VD, const float* s_D,
                       const float* b_D, int32_t* bad_id_flag, int64_t N, int64_t D, int64_t V,
                       cudaStream_t st);
@@ -66,8 +68,9 @@ void embed_affine_bwd(float* dtable_VD, float* ds_D, float* db_D, const float* d
                       const float* b_D, int64_t N, int64_t D, int64_t V, Workspace& ws,
                       cudaStream_t st);
 
-// ---- RMSNorm and residual scaling ------------------------------------------------------------------
-// y = w ⊙ x · rstd, rstd = 1/sqrt(mean(x²)+eps); x fp32, y bf16 (a GEMM operand), rstd saved.
+// ---- RMSNorm and residual scaling
+// ------------------------------------------------------------------ y = w ⊙ x · rstd, rstd =
+// 1/sqrt(mean(x²)+eps); x fp32, y bf16 (a GEMM operand), rstd saved.
 void rmsnorm_fwd(bf16* y_ND, float* rstd_N, const float* x_ND, const float* w_D, float eps,
                  int64_t N, int64_t D, cudaStream_t st);
 // Same with an fp32 output (the router's norm, whose output feeds fp32 router math).
@@ -96,14 +99,14 @@ void residual_scale_bwd(bf16* da_ND, float* dh_ND, float* dhs_D, float* dhb_D, f
                         const float* hs_D, const float* hb_D, const float* rs_D, const float* rb_D,
                         int64_t N, int64_t D, Workspace& ws, cudaStream_t st);
 
-// ---- activations ------------------------------------------------------------------------------------
-// SwiGLU on packed gate|up rows (bf16): y[n,i] = silu(gu[n,i]) · gu[n,I+i]; fp32 math.
+// ---- activations
+// ------------------------------------------------------------------------------------ SwiGLU on
+// packed gate|up rows (bf16): y[n,i] = silu(gu[n,i]) · gu[n,I+i]; fp32 math.
 void swiglu_fwd(bf16* y_NI, const bf16* gu_N2I, int64_t N, int64_t I, cudaStream_t st);
 void swiglu_bwd(bf16* dgu_N2I, const bf16* dy_NI, const bf16* gu_N2I, int64_t N, int64_t I,
                 cudaStream_t st);  // (=)
 // Exact (erf) GELU in fp32, optionally adding a bias first: y = gelu(x + b) (b may be null).
-void bias_gelu_fwd(float* y, const float* x, const float* b, int64_t N, int64_t F,
-                   cudaStream_t st);
+void bias_gelu_fwd(float* y, const float* x, const float* b, int64_t N, int64_t F, cudaStream_t st);
 // dx = dy ⊙ gelu'(x + b) (=); db += Σ_n dx (when db non-null; deterministic).
 size_t bias_gelu_bwd_workspace_bytes(int64_t N, int64_t F);
 void bias_gelu_bwd(float* dx, float* db, const float* dy, const float* x, const float* b, int64_t N,
@@ -113,12 +116,13 @@ size_t column_sum_workspace_bytes(int64_t N, int64_t F);
 void column_sum(float* db_F, const float* dy_NF, int64_t N, int64_t F, Workspace& ws,
                 cudaStream_t st);
 
-// ---- CCA (ZAYA1.md §3) ---------------------------------------------------------------------------
-// Packed projection rows: qkv[n] = [q0 (Hq·d) | k0 (Hkv·d) | vc (Hkv·d/2) | vd (Hkv·d/2)], bf16,
-// row stride ld (= C + Hkv·d). The two causal convolutions run over the first C = (Hq+Hkv)·d
-// channels per sequence (left zero padding in training; in decoding the P previous raw columns come
-// from hist_BPC, fp32, and are updated in place to the last P columns when update_hist).
-// conv out fp32 [N,C]; mid (depthwise output, for backward) fp32 [B, S+t1-1, C] when non-null.
+// ---- CCA (ZAYA1.md §3)
+// --------------------------------------------------------------------------- Packed projection
+// rows: qkv[n] = [q0 (Hq·d) | k0 (Hkv·d) | vc (Hkv·d/2) | vd (Hkv·d/2)], bf16, row stride ld (= C +
+// Hkv·d). The two causal convolutions run over the first C = (Hq+Hkv)·d channels per sequence (left
+// zero padding in training; in decoding the P previous raw columns come from hist_BPC, fp32, and
+// are updated in place to the last P columns when update_hist). conv out fp32 [N,C]; mid (depthwise
+// output, for backward) fp32 [B, S+t1-1, C] when non-null.
 void cca_conv_fwd(float* y_NC, float* mid, const bf16* qkv, int64_t ld, float* hist_BPC,
                   bool update_hist, const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1,
                   const float* bg_C, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
@@ -138,10 +142,11 @@ void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, 
 // v[t] = [vc[t] | vd[t-1]] (vd[-1] from vd_last_B when non-null, else zero; vd_last updated to the
 // last token's vd when update_vd_last). Outputs bf16 q [N,Hq,d], k [N,Hkv,d], v [N,Hkv,d]; saves
 // the pre-norm vectors' clamped norms (fp32 [N,Hq+Hkv]) for backward when norms is non-null.
-void cca_qkv_finish_fwd(bf16* q_NHd, bf16* k_NGd, bf16* v_NGd, float* norms_NH, const float* conv_NC,
-                        const bf16* qkv, int64_t ld, const float* temp_G, float* vd_last_B,
-                        bool update_vd_last, int64_t pos0, double theta, int64_t r, int64_t B,
-                        int64_t S, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st);
+void cca_qkv_finish_fwd(bf16* q_NHd, bf16* k_NGd, bf16* v_NGd, float* norms_NH,
+                        const float* conv_NC, const bf16* qkv, int64_t ld, const float* temp_G,
+                        float* vd_last_B, bool update_vd_last, int64_t pos0, double theta,
+                        int64_t r, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d,
+                        cudaStream_t st);
 // Backward of cca_qkv_finish_fwd: from dq, dk, dv (bf16, attention backward outputs) to dconv (fp32
 // [N,C], =), the mean-skip and value parts of dqkv (q0/k0 channels = the skip path; vc, vd
 // channels =), dtemp (+=, deterministic). Needs conv_NC and norms from the forward (positions
@@ -156,12 +161,13 @@ void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G,
 // gradient, =) and produces dconv; cca_conv_bwd then takes dconv as its dy and ADDS its dx into the
 // q0/k0 channels. Run finish_bwd first, conv_bwd second, on the same stream.
 
-// ---- attention -----------------------------------------------------------------------------------
-// Causal GQA flash attention, bf16 q [B,S,Hq,d], k/v [B,Sk,Hkv,d] (rows may be strided: ld_q,
-// ld_kv elements between tokens), fp32 accumulation and softmax, scale 1/sqrt(d); queries at
-// positions q_start.., keys 0..Sk-1; window > 0 limits each query t to keys t-window+1..t. o bf16
-// [B,S,Hq,d]; lse fp32 [B,Hq,S] (natural log of the scaled scores' sum of exp) when non-null.
-// Supports d in {32, 64, 128}. No S×S matrix in memory.
+// ---- attention
+// ----------------------------------------------------------------------------------- Causal GQA
+// flash attention, bf16 q [B,S,Hq,d], k/v [B,Sk,Hkv,d] (rows may be strided: ld_q, ld_kv elements
+// between tokens), fp32 accumulation and softmax, scale 1/sqrt(d); queries at positions q_start..,
+// keys 0..Sk-1; window > 0 limits each query t to keys t-window+1..t. o bf16 [B,S,Hq,d]; lse fp32
+// [B,Hq,S] (natural log of the scaled scores' sum of exp) when non-null. Supports d in {32, 64,
+// 128}. No S×S matrix in memory.
 void attention_fwd(bf16* o, float* lse_BHS, const bf16* q, const bf16* k, const bf16* v, int64_t B,
                    int64_t S, int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv, int64_t d,
                    int64_t window, cudaStream_t st);
@@ -173,8 +179,9 @@ void attention_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o
                    int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window, Workspace& ws,
                    cudaStream_t st);
 
-// ---- router and expert dispatch ------------------------------------------------------------------
-// EDA state: r += state ⊙ scale (fp32, in place; state/scale null in layer 0 means nothing to add).
+// ---- router and expert dispatch
+// ------------------------------------------------------------------ EDA state: r += state ⊙ scale
+// (fp32, in place; state/scale null in layer 0 means nothing to add).
 void router_eda_fwd(float* r_NR, const float* state_NR, const float* scale_R, int64_t N, int64_t R,
                     cudaStream_t st);
 // Softmax over E1 classes (fp32), choice = argmax(p + balancing_bias), ties to the lowest index,
@@ -188,16 +195,17 @@ void router_select_bwd(float* dlogits_NE1, const float* dgate_N, const float* pr
 // the token at sorted position j, tokens of one class in token order). Also copies counts to
 // counts_host (pinned, E1 entries) and synchronises the stream: the grouped GEMMs need them.
 size_t sort_by_expert_workspace_bytes(int64_t N, int64_t E1);
-void sort_by_expert(int32_t* perm_N, int32_t* counts_E1, int32_t* offsets_E1p1, int32_t* counts_host,
-                    const int32_t* choice_N, int64_t N, int64_t E1, Workspace& ws, cudaStream_t st);
+void sort_by_expert(int32_t* perm_N, int32_t* counts_E1, int32_t* offsets_E1p1,
+                    int32_t* counts_host, const int32_t* choice_N, int64_t N, int64_t E1,
+                    Workspace& ws, cudaStream_t st);
 // xs[j,:] = x[perm[j],:] for the first n_routed sorted rows (bf16).
 void gather_rows(bf16* xs_MD, const bf16* x_ND, const int32_t* perm, int64_t M, int64_t D,
                  cudaStream_t st);
 // out[perm[j],:] = gate[perm[j]] · ys[j,:] for routed rows j < M; rows of skip tokens get
 // gate·x (skip_scaled_input) or 0. out bf16 [N,D] (it feeds the residual-scale kernel).
 void scatter_gate_rows(bf16* out_ND, const bf16* ys_MD, const bf16* x_ND, const float* gate_N,
-                       const int32_t* perm, const int32_t* choice_N, int64_t E, bool skip_scaled_input,
-                       int64_t N, int64_t M, int64_t D, cudaStream_t st);
+                       const int32_t* perm, const int32_t* choice_N, int64_t E,
+                       bool skip_scaled_input, int64_t N, int64_t M, int64_t D, cudaStream_t st);
 // Backward of scatter_gate_rows: dys[j,:] = gate[perm[j]] · dout[perm[j],:] (bf16, =);
 // dgate[n] = <dout[n], y[n]> with y the expert output row (or x for scaled-input skips), fp32 (=);
 // dx_skip (+=, fp32, may be null) the gate·dout of scaled-input skip rows.
@@ -210,7 +218,8 @@ void scatter_gate_rows_bwd(bf16* dys_MD, float* dgate_N, float* dx_skip_ND, cons
 void scatter_add_rows(float* dx_ND, const bf16* dxs_MD, const int32_t* perm, int64_t M, int64_t D,
                       cudaStream_t st);
 
-// ---- loss ----------------------------------------------------------------------------------------
+// ---- loss
+// ----------------------------------------------------------------------------------------
 // Cross-entropy over vocabulary chunks, never holding [N,V] logits: the caller computes a chunk's
 // logits [N,Vc] (fp32, by GEMM), calls ce_chunk_stats to fold it into running (max, sumexp) per row
 // and to pick up the target logit when the target falls in [v0, v0+Vc). After all chunks,
@@ -229,8 +238,9 @@ void ce_chunk_grad(bf16* dlogits_NVc, const float* logits_NVc, const float* lse_
 void sum_loss(double* loss_out, int32_t* count_out, const float* loss_N, const int32_t* targets_N,
               int64_t N, Workspace& ws, cudaStream_t st);
 
-// ---- optimizer -----------------------------------------------------------------------------------
-// Sum of squares of n fp32 values into out (fp64), deterministic (for the global grad norm).
+// ---- optimizer
+// ----------------------------------------------------------------------------------- Sum of
+// squares of n fp32 values into out (fp64), deterministic (for the global grad norm).
 size_t sumsq_workspace_bytes(int64_t n);
 void sumsq(double* out, const float* x, int64_t n, Workspace& ws, cudaStream_t st);
 // Fused AdamW on one tensor (PyTorch semantics, decoupled decay): m = b1 m + (1-b1) g·gs,

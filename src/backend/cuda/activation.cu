@@ -30,9 +30,6 @@ __device__ __forceinline__ float silu_sigmoid(float g, float* sg) {
   return g * *sg;
 }
 
-__device__ __forceinline__ float gelu_f(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-}
 __device__ __forceinline__ float gelu_grad(float x) {
   const float cdf = 0.5f * (1.0f + erff(x * 0.70710678118654752440f));
   const float pdf = expf(-0.5f * x * x) * 0.3989422804014327f;
@@ -90,7 +87,7 @@ __global__ void bias_gelu_fwd_kernel(float* y, const float* x, const float* b, i
     float v[W];
     load_w<W>(x + n * F + f, v);
 #pragma unroll
-    for (int j = 0; j < W; j++) v[j] = gelu_f(b ? v[j] + bv[j] : v[j]);
+    for (int j = 0; j < W; j++) v[j] = gelu_erf(b ? v[j] + bv[j] : v[j]);
     store_w<W>(y + n * F + f, v);
   }
 }

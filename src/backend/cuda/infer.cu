@@ -8,18 +8,18 @@
 #include <cmath>
 
 #include "backend/cuda/infer_kernels.h"
+#include "backend/cuda/kernel_utils.cuh"
 #include "core/cuda_check.h"
 
 namespace zaya::cuda {
 namespace {
 
+using kern::aligned16;
+using kern::warp_max;
+using kern::warp_sum;
+
 constexpr int kWarp = 32;
 constexpr int kRowsPerBlock = 8;  // one output row per warp
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 __device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   for (int t = warp; t < G; t += kAttnWarps) {
     float mx = -INFINITY;
     for (int j = lane; j < n; j += kWarp) mx = fmaxf(mx, sc[t * ch + j]);
-    for (int o = kWarp / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    mx = warp_max(mx);
     float sum = 0.f;
     for (int j = lane; j < n; j += kWarp) {
       const float p = expf(sc[t * ch + j] - mx);
@@ -386,10 +386,6 @@ __global__ void __launch_bounds__(kRowThreads)
 // one launch instead of eight. Shared memory: 3·R + E1 floats.
 constexpr int kRouterThreads = 256;
 
-__device__ __forceinline__ float gelu_exact(float x) {
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
-}
-
 // y[o] = Σ_k W[o,k] x[k] + b[o] for o < O, one warp per output row, x in shared memory.
 __device__ void block_matvec(float* y, const float* x, const float* W, const float* b, int O, int K,
                              bool gelu) {
@@ -399,7 +395,7 @@ __device__ void block_matvec(float* y, const float* x, const float* W, const flo
     float s = 0.f;
     for (int k = lane; k < K; k += kWarp) s = fmaf(w[k], x[k], s);
     s = warp_sum(s) + (b ? b[o] : 0.f);
-    if (lane == 0) y[o] = gelu ? gelu_exact(s) : s;
+    if (lane == 0) y[o] = gelu ? kern::gelu_erf(s) : s;
   }
 }
 
@@ -443,7 +439,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     const int lane = threadIdx.x;
     float mx = -INFINITY;
     for (int e = lane; e < E1; e += kWarp) mx = fmaxf(mx, lg[e]);
-    for (int o = kWarp / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    mx = warp_max(mx);
     float sum = 0.f;
     for (int e = lane; e < E1; e += kWarp) sum += expf(lg[e] - mx);
     sum = warp_sum(sum);
@@ -541,10 +537,6 @@ __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* 
 __global__ void advance_kernel(int32_t* len, int32_t n, int64_t B) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b < B) len[b] += n;
-}
-
-bool aligned16(const void* p) {
-  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
 void check(bool ok, const char* what) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cuda/carver.h"
 #include "backend/cuda/gemm.h"
 #include "backend/cuda/infer_kernels.h"
 #include "backend/cuda/ops.h"
@@ -32,19 +33,6 @@ struct DevLayer {
   // Cache.
   bf16 *kc = nullptr, *vc = nullptr;
   float *hist = nullptr, *vd_last = nullptr;
-};
-
-// Bump allocation over one device buffer; sizes are computed in a first pass (base == nullptr).
-struct Carver {
-  char* base = nullptr;
-  size_t used = 0;
-  template <typename T>
-  T* take(int64_t n) {
-    used = (used + 255) / 256 * 256;
-    T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
-    used += size_t(n) * sizeof(T);
-    return p;
-  }
 };
 
 }  // namespace
@@ -128,9 +116,9 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   gemm = std::make_unique<GemmContext>();
   Carver sizing;
   plan(sizing);
-  arena_bytes = sizing.used;
+  arena_bytes = sizing.used();
   ZAYA_CUDA_CHECK(cudaMalloc(&arena, arena_bytes));
-  Carver cv{arena, 0};
+  Carver cv(arena);
   plan(cv);
   ZAYA_CUDA_CHECK(cudaMallocHost(&counts_host, size_t(E1) * sizeof(int32_t)));
   ZAYA_CUDA_CHECK(cudaMallocHost(&next_host, size_t(kGemvMaxRows) * sizeof(int32_t)));

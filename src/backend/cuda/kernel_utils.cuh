@@ -92,6 +92,11 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// Exact (erf) GELU, as cpu::gelu and transformers' "gelu".
+__device__ __forceinline__ float gelu_erf(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+}
+
 __device__ __forceinline__ int lane_id() {
   return int(threadIdx.x & 31u);
 }

@@ -32,6 +32,7 @@
 #include <map>
 #include <utility>
 
+#include "backend/cuda/carver.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 
@@ -43,25 +44,6 @@ constexpr size_t kAlign = 256;
 size_t align_up(size_t x, size_t a) {
   return (x + a - 1) / a * a;
 }
-
-// Hands out aligned sub-ranges of one buffer. Run once with a null base to measure the total, then
-// again over the allocation: the same code decides both, so they cannot disagree.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  template <typename T>
-  T* take(int64_t n) {
-    off_ = align_up(off_, kAlign);
-    T* p = base_ ? reinterpret_cast<T*>(base_ + off_) : nullptr;
-    off_ += size_t(std::max<int64_t>(n, 1)) * sizeof(T);
-    return p;
-  }
-  size_t used() const { return off_; }
-
- private:
-  char* base_;
-  size_t off_ = 0;
-};
 
 enum OpClass : int { kGemm, kAttention, kMoeDispatch, kNorms, kLoss, kCca, kOther, kNumClasses };
 

@@ -435,42 +435,8 @@ __global__ void __launch_bounds__(kRouterThreads)
   __syncthreads();
   block_matvec(lg, h2, out_w, nullptr, E1, R, false);
   __syncthreads();
-  if (threadIdx.x < kWarp) {  // softmax and choice: one warp, as router_select
-    const int lane = threadIdx.x;
-    float mx = -INFINITY;
-    for (int e = lane; e < E1; e += kWarp) mx = fmaxf(mx, lg[e]);
-    mx = warp_max(mx);
-    float sum = 0.f;
-    for (int e = lane; e < E1; e += kWarp) sum += expf(lg[e] - mx);
-    sum = warp_sum(sum);
-    float bv = -INFINITY;
-    int bi = E1;
-    for (int e = lane; e < E1; e += kWarp) {
-      const float p = expf(lg[e] - mx) / sum;
-      probs[m * E1 + e] = p;
-      const float v = p + bal[e];
-      if (bi == E1 || v > bv) {
-        bv = v;
-        bi = e;
-      }
-    }
-    for (int o = kWarp / 2; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
-    // probs[bi] was stored by lane bi % 32: the warp barrier orders that store before the read
-    // (shuffles synchronise the lanes but do not order their memory accesses).
-    __syncwarp();
-    if (lane == 0) {
-      if (bi >= E1) bi = 0;
-      choice[m] = bi;
-      gate[m] = probs[m * E1 + bi];
-    }
-  }
+  if (threadIdx.x < kWarp)  // softmax and choice: one warp, the training path's rule
+    kern::warp_router_select(probs + m * E1, choice + m, gate + m, lg, bal, E1);
 }
 
 // Argmax over long rows in two passes: 256 blocks per row each reduce a slice to (value, index),

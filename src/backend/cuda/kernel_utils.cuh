@@ -165,6 +165,52 @@ __device__ __forceinline__ void store_w(T* p, const float (&v)[W]) {
     p[0] = from_f<T>(v[0]);
 }
 
+// The router's choice for one row, by one warp (all 32 lanes): fp32 softmax of the E1 logits into
+// probs, choice = the first maximum of probs + bias (ties to the lowest class; class 0 when v[0] is
+// NaN or nothing exceeds −inf, as cpu::router_select), gate = probs[choice]. Shared by the training
+// kernel (router.cu) and the decode router (infer.cu).
+__device__ __forceinline__ void warp_router_select(float* probs, int32_t* choice, float* gate,
+                                                   const float* l, const float* bias, int64_t E1) {
+  const int lane = lane_id();
+  float mx = -INFINITY;
+  for (int64_t e = lane; e < E1; e += 32) mx = fmaxf(mx, l[e]);
+  mx = warp_max(mx);
+  float s = 0.f;
+  for (int64_t e = lane; e < E1; e += 32) s += expf(l[e] - mx);
+  s = warp_sum(s);
+  // Each lane's candidates in increasing e with strict '>', then a butterfly that prefers the
+  // larger value and, on equal values, the lower index: the reference's first maximum.
+  float bv = -INFINITY;
+  int32_t bi = INT32_MAX;
+  bool v0_nan = false;  // lane 0 only: the reference starts from v[0], and nothing beats a NaN
+  for (int64_t e = lane; e < E1; e += 32) {
+    const float p = expf(l[e] - mx) / s;
+    probs[e] = p;
+    const float v = p + (bias ? bias[e] : 0.0f);
+    if (e == 0) v0_nan = isnan(v);
+    if (v > bv) {
+      bv = v;
+      bi = int32_t(e);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) {
+      bv = ov;
+      bi = oi;
+    }
+  }
+  if (lane == 0) {
+    // The reference keeps class 0 when v[0] is NaN (no '>' against it holds) and when nothing
+    // compares greater than −inf (NaN or −inf rows).
+    if (bi >= E1 || v0_nan) bi = 0;
+    *choice = bi;
+    *gate = expf(l[bi] - mx) / s;  // the same expression that produced probs[bi]
+  }
+}
+
 // ---- deterministic column reduction
 // -------------------------------------------------------------- out_k[c] += Σ_n f(n, c)_k for K
 // outputs over an N×D grid. The functor F has

@@ -52,45 +52,7 @@ __global__ void router_select_kernel(float* probs, int32_t* choice, float* gate,
                                      int64_t E1) {
   const int64_t n = warp_row();
   if (n >= N) return;
-  const int lane = lane_id();
-  const float* l = logits + n * E1;
-  float mx = -INFINITY;
-  for (int64_t e = lane; e < E1; e += 32) mx = fmaxf(mx, l[e]);
-  mx = warp_max(mx);
-  float s = 0.f;
-  for (int64_t e = lane; e < E1; e += 32) s += expf(l[e] - mx);
-  s = warp_sum(s);
-  // Each lane's candidates in increasing e with strict '>', then a butterfly that prefers the
-  // larger value and, on equal values, the lower index: the reference's first maximum.
-  float bv = -INFINITY;
-  int32_t bi = INT32_MAX;
-  bool v0_nan = false;  // lane 0 only: the reference starts from v[0], and nothing beats a NaN
-  for (int64_t e = lane; e < E1; e += 32) {
-    const float p = expf(l[e] - mx) / s;
-    probs[n * E1 + e] = p;
-    const float v = p + (bias ? bias[e] : 0.0f);
-    if (e == 0) v0_nan = isnan(v);
-    if (v > bv) {
-      bv = v;
-      bi = int32_t(e);
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
-  if (lane == 0) {
-    // The reference keeps class 0 when v[0] is NaN (no '>' against it holds) and when nothing
-    // compares greater than −inf (NaN or −inf rows).
-    if (bi >= E1 || v0_nan) bi = 0;
-    choice[n] = bi;
-    gate[n] = expf(l[bi] - mx) / s;  // the same expression that produced probs[n, bi]
-  }
+  warp_router_select(probs + n * E1, choice + n, gate + n, logits + n * E1, bias, E1);
 }
 
 // dlogit_j = dgate · p_c · (δ_jc − p_j), c the chosen class.

@@ -43,6 +43,12 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
   >>"$summary" 2>&1
 
 # ---- build ----
+# carried dependencies (.debs/, see tools/device/deps.sh): fmt, nlohmann-json, CLI11, toml++, xxhash
+if compgen -G ".debs/*.deb" >/dev/null; then
+  # shellcheck source=tools/device/deps.sh
+  source tools/device/deps.sh
+  note "deps: unpacked $(find .debs -name "*.deb" | wc -l) .deb files into /tmp/deps"
+fi
 jobs="$(nproc)"
 t0=$SECONDS
 if ! { cmake -S . -B build-h200 -G Ninja -DCMAKE_BUILD_TYPE=Release -DZAYA_CUDA=ON \

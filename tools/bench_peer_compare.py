@@ -63,11 +63,13 @@ def gemm_section(gemms, peer, out):
             elif r["method"] == "cublas":
                 cublas.setdefault(k, []).append(r["tflops"])
     rounds = peer.get("gemm_rounds") or [peer.get("gemm", [])]
-    torch, errors = {}, {}
+    torch, errors, graphed = {}, {}, set()
     for rnd in rounds:
         for p in rnd:
             if "tflops" in p:
                 torch.setdefault(key_of(p), []).append(p["tflops"])
+                if p.get("launch") == "cuda-graph":
+                    graphed.add(key_of(p))
             elif "error" in p:
                 errors[key_of(p)] = p["error"]
     out.append(f"\n## GEMM: zaya vs PyTorch (TFLOP/s, best of {len(gemms)} zaya and {len(rounds)} "
@@ -93,6 +95,9 @@ def gemm_section(gemms, peer, out):
         out.append(f"{names[k]:22} {k[0]:>6} {k[1]:>6} {k[2]:>6} {k[3]:>3} {k[4]:>5} {z:7.1f} "
                    f"{100 * zs:5.1f} {(f'{c:7.1f}' if c else '      -')} {t:7.1f} {100 * ts:5.1f} "
                    f"{ratio:6.3f}  {','.join(algo[k])}{'' if ratio >= TARGET else '  <'}")
+    if graphed:
+        out.append(f"peer rows replayed from CUDA graphs (direct calls synchronise the host): "
+                   f"{len(graphed)} ({', '.join(sorted({k[4] for k in graphed}))})")
     for dt, rs in ratios.items():
         vals = [r for r, _ in rs]
         below = [k for r, k in rs if r < TARGET]

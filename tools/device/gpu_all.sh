@@ -10,6 +10,9 @@
 # 4. zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096, then
 #    tools/bench_train_peer.py with the same settings (transformers' ZayaForCausalLM);
 # 5. if time is left: 200 steps of the tiny preset on the GPU and on the CPU, loss curves compared.
+# 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench kernels` into a
+#    hardware profile ($PROFILE_IN: a measured profile to extend) and `zaya bench train --hardware`
+#    with it (the calibrated cost model against the step), `zaya bench infer --profile`.
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
 # the later ones. Results land in $OUT: summary.txt, bench_train.json, bench_train_peer.json and
 # logs.tgz (every log, the tiny runs' metrics).
@@ -27,7 +30,8 @@ summary="$W/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 finish() {
   cp "$summary" "$OUT/summary.txt" 2>/dev/null
-  for f in bench_train.json bench_train_peer.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
+  for f in bench_train.json bench_train_peer.json bench_train_calibrated.json bench_infer.json \
+    hardware_profile.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
   [ -f "$W/gpu_tests.log" ] && cp "$W/gpu_tests.log" "$OUT/"
   tar -C "$(dirname "$W")" --exclude=tinydata --exclude='*.safetensors' --exclude='*.bin' \
     -czf "$OUT/logs.tgz" gpu_all 2>/dev/null
@@ -143,6 +147,31 @@ if n:
     for i in range(0, n, 20):
         print(f"    step {g[i]['step']:>4}: gpu {g[i]['loss']:.4f}  cpu {c[i]['loss']:.4f}")
 PY
+fi
+
+# ---- 6. kernel benchmarks, calibrated cost model, inference (as time allows) ----
+if [ -x "$B/zaya_gpu_tests" ]; then
+  ZAYA_ATTN_BENCH=1 ZAYA_CCA_BENCH=1 ZAYA_NORM_BENCH=1 stage kernel_bench 90 \
+    "$B/zaya_gpu_tests" --gtest_filter='*Benchmark*'
+  grep -E "ms|GB/s|TFLOP" "$W/kernel_bench.log" | grep -v "^\[" | sed 's/^/    /' | tee -a "$summary"
+fi
+# `zaya bench kernels` times the model's own kernels and merges their efficiencies into a hardware
+# profile (the measured one of the same GPU when carried as $PROFILE_IN), which the cost model of
+# `zaya bench train --hardware` then uses.
+if [ -x "$Z" ] && "$Z" bench kernels --help >/dev/null 2>&1; then
+  prof="$W/hardware_profile.json"
+  [ -n "${PROFILE_IN:-}" ] && [ -f "$PROFILE_IN" ] && cp "$PROFILE_IN" "$prof"
+  stage bench_kernels 90 "$Z" bench kernels --preset zaya1-base --batch 4 --seq 4096 \
+    --profile "$prof"
+  sed 's/^/    /' "$W/bench_kernels.log" | tail -30 | tee -a "$summary"
+  [ -f "$prof" ] && stage bench_train_calibrated 120 "$Z" bench train "${BT[@]}" --hardware "$prof" \
+    --json "$W/bench_train_calibrated.json" &&
+    sed -n '/cost model/,$p' "$W/bench_train_calibrated.log" | sed 's/^/    /' | tee -a "$summary"
+fi
+if [ -x "$Z" ]; then
+  stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
+    --profile --json "$W/bench_infer.json"
+  sed 's/^/    /' "$W/bench_infer.log" | tail -22 | tee -a "$summary"
 fi
 
 # ---- comparison ----

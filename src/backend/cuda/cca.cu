@@ -5,25 +5,37 @@
 // (cpu::cca_mean_skip, cca_conv, qk_norm, rope and their backward passes) composed as
 // ZayaModel::attention_forward and Trainer::attention_bwd compose them.
 //
-// Design (fp32 math throughout; no tensor cores: the tests hold conv and mid to 1e-5·max|ref|,
-// which TF32/bf16 products would not meet):
+// Design. Numerics follow DESIGN.md §Numerics: the grouped conv (the only GEMM-shaped part) runs
+// on tensor cores with bf16 operands and fp32 accumulation, like every other GEMM of the model;
+// everything else (depthwise conv, mid, skip, norms, RoPE, partial sums) is fp32. Why bf16 and not
+// TF32: the inputs u and dy are activations whose neighbours in the model are already bf16 (qkv,
+// q/k/v, dq/dk/dv), the products are exact in fp32 and K = d·t1 (forward, data gradient) is short,
+// so the error is one bf16 rounding per operand, 2–3e-3·max|ref| on random data, the same as the
+// projection GEMMs around it; TF32 would cost 2× the shared memory and mma issue for precision the
+// rest of the layer does not keep. The tests bound the conv outputs by twice the error of a naive
+// bf16-operand computation (DESIGN.md's rule) and, for the forward, by 1e-5·max|ref| against the
+// exact bf16-operand product.
 // - The grouped conv, forward and data gradient, is a banded GEMM per head group:
-//     out[m, n] = bias[n] + Σ_{k<d, j<t1} in[m + j, k] · W_j[k, n]
-//   One block computes a 128-row × (16·RN)-column output tile (256 threads, 8 rows × RN columns
-//   each, RN = 8 at d % 128 = 0) and streams K in chunks of 8 channels through a two-stage
-//   cp.async pipeline: the input slice [128 + t1 − 1 rows × 8 channels] stored transposed (so a
-//   thread's 8 consecutive rows are two float4 loads), and the 8·t1 weight rows of the chunk. Each
-//   thread loads its 8 + t1 − 1 input values per channel once and reuses them for all t1 taps
-//   (the band shifts the window by one row per tap): 64 FMAs per 2 float4 weight loads.
-// - Forward input: the depthwise output u. In training (mid given) a pointwise kernel writes u to
-//   mid first and the GEMM reads it with cp.async; without mid (inference prefill) the GEMM's
-//   loader computes u from the bf16 rows itself. Decoding (B·S ≤ 16) takes a direct kernel: one
-//   block per (token, group), u in shared memory, one warp per output channel over the
-//   contiguous weight row; no large shared memory, no per-call attribute setting.
+//     out[m, n] = bias[n] + Σ_{j<t1} Σ_{k<d} in[m + j, k] · W_j[n, k]
+//   One block of 8 warps computes a 128-row × TN-column tile (TN = 128, 64 or 32: the largest that
+//   divides d; warps 4 × 2, 32 rows × TN/2 columns each) with mma.sync m16n8k16 fed by ldmatrix.
+//   K (d channels) streams in chunks of 32 through two shared stages (one barrier per chunk). The
+//   loader rounds fp32 → bf16 as it stores, so it uses plain loads, not cp.async. The band costs
+//   nothing extra: tap j's A fragments are the stage's rows shifted down by j (ldmatrix takes one
+//   row address per lane).
+// - Forward input: the depthwise output u, computed in the GEMM's loader from the bf16 rows
+// (16-byte
+//   loads of 8 channels) and the history; in training the loader also writes fp32 u to mid (rows it
+//   owns; one pass over qkv, no separate depthwise kernel and no reread of mid). Decoding
+//   (B·S ≤ 16) takes a direct kernel: one block per (token, group), u in shared memory, one warp
+//   per output channel over the contiguous weight row, operands rounded to bf16 as the GEMM rounds
+//   them (so decode and prefill agree to fp32 summation order); no large shared memory, no
+//   per-call attribute setting.
 // - Backward: the data gradient du is the same GEMM with dy as input and the kernel flipped in
 //   time and transposed per group; a per-channel pass forms the depthwise data gradient (added into
 //   dqkv) and per-chunk partials of dwdw, dbdw, dbg; the grouped weight gradient is, per group and
-//   tap, a 128×128 GEMM reducing over a fixed number of token chunks (about two waves of blocks),
+//   tap, a T×T tensor-core GEMM (A = dyᵀ and B = mid, both from token-major bf16 tiles through
+//   ldmatrix.trans) reducing over a fixed number of token chunks (about two waves of blocks),
 //   each writing its own partial. Partials are summed in a fixed order by a second pass: no
 //   float atomics, so results are bit-reproducible.
 // - Finish: one warp per (token, head): mean skip, norm (warp reduction), RoPE from a per-warp
@@ -43,13 +55,11 @@
 namespace zaya::cuda {
 namespace {
 
-constexpr int kThreads = 256;  // 16 × 16 threads for the GEMM-shaped kernels
-constexpr int kTM = 128;       // output rows per block of the banded GEMM (16 thread rows × 8)
-constexpr int kKC = 8;         // K channels per pipeline stage of the banded GEMM
-constexpr int kMaxT = 8;       // largest kernel size t0, t1 (register arrays)
-constexpr int kRS =
-    kTM + kMaxT;         // row stride of a transposed input stage (≥ kTM + t1 − 1, ≡ 0 mod 4)
-constexpr int kWT = 16;  // tokens per pipeline stage of the weight-gradient GEMM
+constexpr int kBM = 128;         // output rows per block of the banded GEMM (4 warps × 32 rows)
+constexpr int kKC = 32;          // K channels per stage of the banded GEMM (two k16 steps)
+constexpr int kKS = kKC + 8;     // bf16 row stride of a banded-GEMM stage: 80 bytes (see below)
+constexpr int kMaxT = 8;         // largest kernel size t0, t1 (register arrays)
+constexpr int kKT = 32;          // tokens per stage of the weight-gradient GEMM (two k16 steps)
 constexpr int kWgBlocks = 512;   // target block count of the weight gradient (~2 waves at 2/SM)
 constexpr int kRB = 64;          // rows per block of the depthwise backward (one partial each)
 constexpr int kDirectRows = 16;  // B·S up to this takes the direct (decode) forward kernel
@@ -71,8 +81,17 @@ size_t aligned(size_t bytes) {
   return (bytes + 255) / 256 * 256 + 256;
 }  // + Workspace::take pad
 
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 __device__ __forceinline__ float bf(const bf16 x) {
   return __bfloat162float(x);
+}
+
+// x rounded to bf16 and back (round to nearest even): the value a tensor-core product sees.
+__device__ __forceinline__ float round_bf(float x) {
+  return __bfloat162float(__float2bfloat16(x));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -81,62 +100,71 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Asynchronous global → shared copies (sm_80+). A false `valid` copies nothing and zero-fills the
-// destination (src-size 0); the source address is still a valid one (callers clamp it).
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, bool valid) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(src),
-               "r"(valid ? 4 : 0)
-               : "memory");
+// ---- tensor-core primitives (as in attention.cu)
+// -------------------------------------------------
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
-__device__ __forceinline__ void cp_async16(float* dst, const float* src, bool valid) {
-  const unsigned s = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src),
-               "r"(valid ? 16 : 0)
-               : "memory");
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
 }
-// Waits until at most one committed group (the one just issued) is still in flight.
-__device__ __forceinline__ void cp_async_wait_prev() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+// c += a·b, a 16×16 row-major, b 16×8 column-major, bf16 → fp32.
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// Output-channel tile of the conv GEMMs: 16 threads × RN columns.
-int conv_rn(int64_t d) {
-  return d % 128 == 0 ? 8 : d % 64 == 0 ? 4 : d % 32 == 0 ? 2 : d % 16 == 0 ? 1 : 0;
+// Two floats → bf16x2 with `lo` in the low half (the lower column index).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
 }
-
-// Column (or row) q of thread coordinate x in a 16·RN tile: RN = 8 splits into two float4 halves
-// 64 apart (so 16 lanes read 256 contiguous bytes per load), else RN consecutive columns.
-template <int RN>
-__device__ __forceinline__ int tile_col(int x, int q) {
-  return RN == 8 ? x * 4 + (q & 3) + (q >> 2) * 64 : x * RN + q;
+// Eight floats → 16 bytes of bf16 (element 0 at the lowest address).
+__device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
+  return make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]), pack_bf16(v[4], v[5]),
+                    pack_bf16(v[6], v[7]));
 }
-// v[q] = row[tile_col<RN>(x, q)] from shared memory (row 16-byte aligned).
-template <int RN>
-__device__ __forceinline__ void load_tile_row(const float* row, int x, float (&v)[RN]) {
-  if constexpr (RN == 8) {
-    const float4 a = *reinterpret_cast<const float4*>(row + x * 4);
-    const float4 b = *reinterpret_cast<const float4*>(row + 64 + x * 4);
+// v[0..8) = src[0..8) (fp32 global), two 16-byte loads when `vec`, else eight scalar ones.
+__device__ __forceinline__ void load8(float (&v)[8], const float* src, bool vec) {
+  if (vec) {
+    const float4 a = *reinterpret_cast<const float4*>(src);
+    const float4 b = *reinterpret_cast<const float4*>(src + 4);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-  } else if constexpr (RN == 4) {
-    const float4 a = *reinterpret_cast<const float4*>(row + x * 4);
-    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-  } else if constexpr (RN == 2) {
-    const float2 a = *reinterpret_cast<const float2*>(row + x * 2);
-    v[0] = a.x, v[1] = a.y;
   } else {
-    v[0] = row[x];
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = src[e];
   }
+}
+__device__ __forceinline__ void store8(float* dst, const float (&v)[8], bool vec) {
+  if (vec) {
+    *reinterpret_cast<float4*>(dst) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(dst + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e++) dst[e] = v[e];
+  }
+}
+
+// Column tile of the conv GEMMs: the largest of 128, 64, 32 that divides d.
+int conv_tn(int64_t d) {
+  return d % 128 == 0 ? 128 : d % 64 == 0 ? 64 : d % 32 == 0 ? 32 : 0;
 }
 
 void check_conv_shape(const char* fn, int64_t S, int64_t C, int64_t d, int64_t t0, int64_t t1) {
   if (d <= 0 || C <= 0 || C % d != 0)
     fail(fn, "conv channels C=" + std::to_string(C) +
                  " must be a positive multiple of d=" + std::to_string(d));
-  if (conv_rn(d) == 0) fail(fn, "head dim d=" + std::to_string(d) + " must be a multiple of 16");
+  if (conv_tn(d) == 0) fail(fn, "head dim d=" + std::to_string(d) + " must be a multiple of 32");
   if (t0 < 1 || t1 < 1 || t0 > kMaxT || t1 > kMaxT)
     fail(fn, "conv kernel sizes t0=" + std::to_string(t0) + ", t1=" + std::to_string(t1) +
                  " must lie in [1, " + std::to_string(kMaxT) + "]");
@@ -145,7 +173,8 @@ void check_conv_shape(const char* fn, int64_t S, int64_t C, int64_t d, int64_t t
 
 // Depthwise output u[b, i, c] = bdw[c] + Σ_j wdw[c,j] · p[b, i+j, c] over the left-padded input
 // p = [history or zeros (P columns) | x (S)], exactly as cpu::cca_conv forms it. i + j − P < S for
-// every i < M = S + t1 − 1, so x is never read past the sequence.
+// every i < M = S + t1 − 1, so x is never read past the sequence. The explicit fmaf order is the
+// one depthwise8 below uses, so the direct (decode) and GEMM paths see the same bits of u.
 __device__ __forceinline__ float depthwise_at(const bf16* qkv, int64_t ld, const float* hist,
                                               const float* wdw, const float* bdw, int b, int i,
                                               int c, int S, int C, int t0, int P) {
@@ -157,169 +186,242 @@ __device__ __forceinline__ float depthwise_at(const bf16* qkv, int64_t ld, const
       xv = bf(qkv[(int64_t(b) * S + pi - P) * ld + c]);
     else
       xv = hist ? hist[(int64_t(b) * P + pi) * C + c] : 0.0f;
-    s += wdw[c * t0 + j] * xv;
+    s = fmaf(wdw[c * t0 + j], xv, s);
   }
   return s;
 }
 
-// mid[b, i, c] = u[b, i, c] for all i < M (training: written once, read by the conv GEMM and by
-// the weight gradient in backward).
-__global__ void depthwise_fwd_kernel(float* __restrict__ mid, const bf16* __restrict__ qkv,
-                                     int64_t ld, const float* __restrict__ hist,
-                                     const float* __restrict__ wdw, const float* __restrict__ bdw,
-                                     int S, int C, int t0, int t1, int64_t total) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= total) return;
-  const int M = S + t1 - 1, P = (t0 - 1) + (t1 - 1);
-  const int c = int(idx % C);
-  const int64_t row = idx / C;
-  const int b = int(row / M), i = int(row % M);
-  mid[idx] = depthwise_at(qkv, ld, hist, wdw, bdw, b, i, c, S, C, t0, P);
+// depthwise_at for channels c .. c+7 (c % 8 = 0): one 16-byte load of each input row when
+// `vec` (qkv 16-byte aligned, ld % 8 = 0), else scalar loads.
+__device__ __forceinline__ void depthwise8(float (&u)[8], const bf16* qkv, int64_t ld,
+                                           const float* hist, const float* wdw, const float* bdw,
+                                           int b, int i, int c, int S, int C, int t0, int P,
+                                           bool vec) {
+#pragma unroll
+  for (int e = 0; e < 8; e++) u[e] = bdw[c + e];
+  for (int j = 0; j < t0; j++) {
+    const int pi = i + j;
+    float x[8];
+    if (pi >= P) {
+      const bf16* src = qkv + (int64_t(b) * S + pi - P) * ld + c;
+      if (vec) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(src);
+        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          x[2 * e] = __uint_as_float(w[e] << 16);  // bf16 → fp32 is a 16-bit shift
+          x[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = bf(src[e]);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++) x[e] = hist ? hist[(int64_t(b) * P + pi) * C + c + e] : 0.0f;
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) u[e] = fmaf(wdw[(c + e) * t0 + j], x[e], u[e]);
+  }
 }
 
-// ---- banded grouped GEMM (forward conv and its data gradient) ----------------------------------
+// ---- banded grouped GEMM on tensor cores (forward conv and its data gradient) -------------------
 //
-// For one head group (channels c0..c0+d), one sequence b and the block's 128 output rows from T0:
-//   forward (kMid / kDepthwise): in[r] = u at index T0 + r (zero at r ≥ M), W_j[ci, co] =
-//     wg[co, ci, j], bias bg, out = y at token b·S + T0 + m;
-//   data gradient (kGrad): in[r] = dy at time T0 − (t1−1) + r (zero outside [0,S)),
-//     W_j'[co, ci] = wg[co, ci, t1−1−j'] (flipped in time), no bias, out = du at index T0 + m.
-// Shared memory per stage: a_s [kKC][kRS] (input transposed: channel-major, rows contiguous) and
-// w_s [kKC·t1][TN+4] (row k = kc·t1 + j; +4 keeps rows 16-byte aligned and spreads the
-// transposing 4-byte copies over banks).
-enum BandMode { kMid = 0, kDepthwise = 1, kGrad = 2 };
+// For one head group (channels c0..c0+d), one sequence b, the block's 128 output rows from T0 and
+// output columns n0..n0+TN of the group:
+//   out[m, n] = Σ_{j<t1} Σ_{k<d} A[m + j, k] · W_j[n, k]
+//   forward (kFwd): A[r] = u at index T0 + r (zero at r ≥ M), computed in the loader from the bf16
+//     rows (and history), W_j[n, k] = wg[c0+n0+n, k, j]; out = y at token b·S + T0 + m, + bg.
+//     With mid, the loader also writes fp32 u to mid (rows T0 .. T0+127, and the t1−1 trailing
+//     rows in the last row tile; only column tile 0 writes).
+//   data gradient (kGrad): A[r] = dy at time T0 − (t1−1) + r (zero outside [0,S)),
+//     W_j[n, k] = wg[c0+k, n0+n, t1−1−j] (flipped in time, transposed per group), no bias,
+//     out = du at index T0 + m.
+// Operands are rounded to bf16 on their way into shared memory (fp32 → bf16 in the loader, no
+// cp.async) and multiplied by mma.sync m16n8k16 with fp32 accumulation. K (the d input channels)
+// streams in chunks of kKC = 32 through two shared stages with one barrier per chunk: the stage
+// filled at step s+1 was last read at step s−1, which every thread finished before it reached the
+// barrier of step s.
+// Stage layout (bf16, row stride kKS = 40 elements = 80 bytes, so the 8 row addresses of an
+// ldmatrix phase fall in 8 distinct 16-byte bank groups): A [R = 128 + t1 − 1 rows][kKS], then
+// W [t1·TN rows (j, n)][kKS]. Tap j's A fragments are the same rows shifted down by j.
+// Warps: 4 along M (32 rows each) × 2 along N (TN/2 columns each).
+enum BandMode { kFwd = 0, kGrad = 1 };
 
-size_t band_smem_bytes(int rn, int64_t t1) {
-  const int64_t TN = 16 * rn;
-  return size_t(2 * (kKC * kRS + kKC * t1 * (TN + 4))) * sizeof(float);
+size_t band_stage_elems(int tn, int64_t t1) {
+  return size_t(kBM + t1 - 1 + t1 * tn) * kKS;
+}
+size_t band_smem_bytes(int tn, int64_t t1) {
+  return 2 * band_stage_elems(tn, t1) * sizeof(bf16);
 }
 
-template <int RN, int kMode>
-__global__ void __launch_bounds__(kThreads, 2)
-    conv_band_kernel(float* __restrict__ out, const float* __restrict__ src,
-                     const bf16* __restrict__ qkv, int64_t ld, const float* __restrict__ hist,
-                     const float* __restrict__ wdw, const float* __restrict__ bdw,
-                     const float* __restrict__ wg, const float* __restrict__ bg, int S, int C,
-                     int d, int t0, int t1) {
-  constexpr int TN = 16 * RN, WS = TN + 4;
-  constexpr bool kForward = kMode != kGrad;
-  extern __shared__ float4 smem_f4[];  // float4: 16-byte aligned base
-  float* smem = reinterpret_cast<float*>(smem_f4);
-  const int KW = kKC * t1;  // weight rows per stage
-  // Stage st: a_s at smem + st·kKC·kRS, w_s at smem + 2·kKC·kRS + st·KW·WS (offsets, not a pointer
-  // array: a dynamically indexed local array would live in local memory).
-  float* const w_base = smem + 2 * kKC * kRS;
+struct BandArgs {
+  float* out;       // y [N, C] (kFwd) or du [B, M, C] (kGrad)
+  float* mid;       // kFwd: fp32 u [B, M, C] or null
+  const float* dy;  // kGrad: [N, C]
+  const bf16* qkv;  // kFwd
+  int64_t ld;
+  const float* hist;  // kFwd: [B, P, C] or null
+  const float *wdw, *bdw, *wg, *bg;
+  int S, C, d, t0, t1;
+  bool vec_in;   // kFwd: qkv 16-byte aligned and ld % 8 = 0; kGrad: dy 16-byte aligned
+  bool vec_mid;  // mid 16-byte aligned
+  bool vec_w;    // wg 16-byte aligned
+  bool vec_out;  // out 8-byte aligned
+};
 
+template <int TN, int kMode>
+__global__ void __launch_bounds__(256, 2) conv_band_mma_kernel(const BandArgs a) {
+  constexpr int WN = TN / 2;          // columns per warp
+  constexpr int NB = WN / 16;         // 16-column B loads per warp and k step
+  extern __shared__ uint4 smem_u4[];  // uint4: 16-byte aligned base
+  bf16* const smem = reinterpret_cast<bf16*>(smem_u4);
+  const int S = a.S, C = a.C, d = a.d, t0 = a.t0, t1 = a.t1;
   const int ntile = d / TN;
   const int g = blockIdx.y / ntile, n0 = (blockIdx.y % ntile) * TN, c0 = g * d;
   const int b = blockIdx.z;
   const int P = (t0 - 1) + (t1 - 1), M = S + t1 - 1;
-  const int T0 = blockIdx.x * kTM;
-  const int R = kTM + t1 - 1;  // input rows of the band
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int T0 = blockIdx.x * kBM;
+  const int R = kBM + t1 - 1;  // A rows of the band
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wm0 = (warp & 3) * 32, wn0 = (warp >> 2) * WN;
   const int K = d * t1;  // length of one wg row (co): (ci, j) with j fastest
+  const int stage_elems = (R + t1 * TN) * kKS;
+  const bool write_mid = kMode == kFwd && a.mid && n0 == 0;
+  const bool last_tile = T0 + kBM >= S;
 
-  // Stage `st` ← K chunk [kc0, kc0 + kKC).
-  auto load_stage = [&](int st, int kc0) {
-    float* a_s = smem + st * (kKC * kRS);
-    float* w_s = w_base + st * (KW * WS);
-    for (int e = tid; e < R * kKC; e += kThreads) {
-      const int r = e / kKC, kc = e % kKC, c = c0 + kc0 + kc;
-      float* dst = a_s + kc * kRS + r;
-      if constexpr (kMode == kMid) {
+  // Stage st ← K chunk [kc0, kc0 + kKC).
+  auto fill = [&](int st, int kc0) {
+    bf16* As = smem + st * stage_elems;
+    bf16* Ws = As + R * kKS;
+    for (int e = tid; e < R * (kKC / 8); e += 256) {
+      const int r = e / (kKC / 8), k8 = (e % (kKC / 8)) * 8, c = c0 + kc0 + k8;
+      float v[8];
+      if constexpr (kMode == kFwd) {
         const int i = T0 + r;
-        const bool ok = i < M;
-        cp_async4(dst, src + (int64_t(b) * M + (ok ? i : 0)) * C + c, ok);
-      } else if constexpr (kMode == kGrad) {
+        if (i < M) {
+          depthwise8(v, a.qkv, a.ld, a.hist, a.wdw, a.bdw, b, i, c, S, C, t0, P, a.vec_in);
+          if (write_mid && (r < kBM || last_tile))
+            store8(a.mid + (int64_t(b) * M + i) * C + c, v, a.vec_mid);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 8; q++) v[q] = 0.0f;
+        }
+      } else {
         const int t = T0 - (t1 - 1) + r;
-        const bool ok = t >= 0 && t < S;
-        cp_async4(dst, src + (int64_t(b) * S + (ok ? t : 0)) * C + c, ok);
-      } else {
-        const int i = T0 + r;
-        *dst = i < M ? depthwise_at(qkv, ld, hist, wdw, bdw, b, i, c, S, C, t0, P) : 0.0f;
+        if (t >= 0 && t < S) {
+          load8(v, a.dy + (int64_t(b) * S + t) * C + c, a.vec_in);
+        } else {
+#pragma unroll
+          for (int q = 0; q < 8; q++) v[q] = 0.0f;
+        }
       }
+      *reinterpret_cast<uint4*>(As + r * kKS + k8) = pack8(v);
     }
-    for (int e = tid; e < KW * TN; e += kThreads) {
-      if constexpr (kForward) {
-        // Row co = n0 + n of wg holds this chunk's (ci, j) pairs contiguously: k fastest.
-        const int n = e / KW, k = e % KW;
-        cp_async4(w_s + k * WS + n, wg + int64_t(c0 + n0 + n) * K + kc0 * t1 + k, true);
+    // Weights: a [rows × RL] block of the row-major wg [C, d·t1], read as float4 along the row.
+    //   kFwd:  rows co = c0+n0+n (n < TN), columns (kc0 + k)·t1 + j: RL = kKC·t1, (x, j) = (k, j).
+    //   kGrad: rows co = c0+kc0+k (k < kKC), columns (n0 + n)·t1 + j: RL = TN·t1, (x, j) = (n, j).
+    constexpr int kRows = kMode == kFwd ? TN : kKC;
+    const int RL = (kMode == kFwd ? kKC : TN) * t1, RL4 = RL / 4;
+    const int64_t row0 = kMode == kFwd ? c0 + n0 : c0 + kc0;
+    const int col0 = (kMode == kFwd ? kc0 : n0) * t1;
+    for (int e = tid; e < kRows * RL4; e += 256) {
+      const int row = e / RL4, f = (e % RL4) * 4;
+      const float* src = a.wg + (row0 + row) * K + col0 + f;
+      float w[4];
+      if (a.vec_w) {
+        const float4 q = *reinterpret_cast<const float4*>(src);
+        w[0] = q.x, w[1] = q.y, w[2] = q.z, w[3] = q.w;
       } else {
-        // Row co = kc0 + kc of wg, columns (ci = n0 + n, j) contiguous: (n, j) fastest.
-        const int kc = e / (TN * t1), rem = e % (TN * t1), n = rem / t1, jw = rem % t1;
-        cp_async4(w_s + (kc * t1 + (t1 - 1 - jw)) * WS + n,
-                  wg + int64_t(c0 + kc0 + kc) * K + int64_t(n0 + n) * t1 + jw, true);
+#pragma unroll
+        for (int q = 0; q < 4; q++) w[q] = src[q];
+      }
+      int x = f / t1, j = f - x * t1;
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        // kFwd: W_j[n = row][k = x]; kGrad: W_{t1−1−j}[n = x][k = row].
+        bf16* dst = kMode == kFwd ? Ws + (j * TN + row) * kKS + x
+                                  : Ws + ((t1 - 1 - j) * TN + x) * kKS + row;
+        *dst = __float2bfloat16(w[q]);
+        if (++j == t1) j = 0, x++;
       }
     }
   };
 
-  float acc[8][RN];
+  float acc[2][WN / 8][4];
 #pragma unroll
-  for (int q = 0; q < RN; q++) {
-    const float bias = kForward ? bg[c0 + n0 + tile_col<RN>(tx, q)] : 0.0f;
+  for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-    for (int p = 0; p < 8; p++) acc[p][q] = bias;
-  }
+    for (int ni = 0; ni < WN / 8; ni++)
+      acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
 
   const int nk = d / kKC;
-  load_stage(0, 0);
-  cp_async_commit();
   for (int s = 0; s < nk; s++) {
-    if (s + 1 < nk) load_stage((s + 1) & 1, (s + 1) * kKC);
-    cp_async_commit();  // possibly empty: keeps "all but the newest group" = stage s
-    cp_async_wait_prev();
-    __syncthreads();  // stage s landed for every thread
-    const float* a_s = smem + (s & 1) * (kKC * kRS);
-    const float* w_s = w_base + (s & 1) * (KW * WS);
+    fill(s & 1, s * kKC);
+    __syncthreads();  // stage s written by every thread (and stage s−1 consumed: see above)
+    const bf16* As = smem + (s & 1) * stage_elems;
+    const bf16* Ws = As + R * kKS;
 #pragma unroll 1
-    for (int kc = 0; kc < kKC; kc++) {
-      // Rows ty·8 .. ty·8 + 7 + (t1−1) of channel kc: the window every tap slides over.
-      const float* ar = a_s + kc * kRS + ty * 8;
-      float a[8 + kMaxT - 1];
-      const float4 lo = *reinterpret_cast<const float4*>(ar);
-      const float4 hi = *reinterpret_cast<const float4*>(ar + 4);
-      a[0] = lo.x, a[1] = lo.y, a[2] = lo.z, a[3] = lo.w;
-      a[4] = hi.x, a[5] = hi.y, a[6] = hi.z, a[7] = hi.w;
+    for (int j = 0; j < t1; j++) {
+      const bf16* Wj = Ws + j * TN * kKS;
 #pragma unroll
-      for (int e = 8; e < 8 + kMaxT - 1; e++) a[e] = e - 8 < t1 - 1 ? ar[e] : 0.0f;
+      for (int kk = 0; kk < kKC / 16; kk++) {
+        uint32_t af[2][4];
 #pragma unroll
-      for (int j = 0; j < kMaxT; j++) {
-        if (j < t1) {
-          float w[RN];
-          load_tile_row<RN>(w_s + (kc * t1 + j) * WS, tx, w);
+        for (int mi = 0; mi < 2; mi++)
+          ldmatrix_x4(af[mi],
+                      As + (wm0 + mi * 16 + j + (lane & 15)) * kKS + kk * 16 + (lane >> 4) * 8);
 #pragma unroll
-          for (int p = 0; p < 8; p++)
+        for (int nb = 0; nb < NB; nb++) {
+          uint32_t bfr[4];
+          ldmatrix_x4(bfr, Wj + (wn0 + nb * 16 + (lane & 7) + (lane >> 4) * 8) * kKS + kk * 16 +
+                               ((lane >> 3) & 1) * 8);
 #pragma unroll
-            for (int q = 0; q < RN; q++) acc[p][q] = fmaf(a[p + j], w[q], acc[p][q]);
+          for (int mi = 0; mi < 2; mi++) {
+            mma16816(acc[mi][2 * nb], af[mi], bfr[0], bfr[1]);
+            mma16816(acc[mi][2 * nb + 1], af[mi], bfr[2], bfr[3]);
+          }
         }
       }
     }
-    __syncthreads();  // stage s consumed before iteration s+1 refills it with chunk s+2
   }
 
-  const int rows_total = kForward ? S : M;
+  // C fragment: rows lane/4 (+8), columns 2·(lane%4) + {0, 1}.
+  const int rows_total = kMode == kFwd ? S : M;
 #pragma unroll
-  for (int p = 0; p < 8; p++) {
-    const int m = T0 + ty * 8 + p;
-    if (m >= rows_total) continue;
-    // Forward rows are tokens b·S + m of y [N,C]; backward rows are du [B, M, C].
-    float* orow = out + (kForward ? int64_t(b) * S + m : int64_t(b) * M + m) * C + c0 + n0;
+  for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-    for (int q = 0; q < RN; q++) orow[tile_col<RN>(tx, q)] = acc[p][q];
-  }
+    for (int h = 0; h < 2; h++) {
+      const int m = T0 + wm0 + mi * 16 + (lane >> 2) + h * 8;
+      if (m >= rows_total) continue;
+      // Forward rows are tokens b·S + m of y [N,C]; backward rows are du [B, M, C].
+      float* orow = a.out + (kMode == kFwd ? int64_t(b) * S + m : int64_t(b) * M + m) * C + c0 + n0;
+#pragma unroll
+      for (int ni = 0; ni < WN / 8; ni++) {
+        const int n = wn0 + ni * 8 + (lane & 3) * 2;
+        float v0 = acc[mi][ni][2 * h], v1 = acc[mi][ni][2 * h + 1];
+        if constexpr (kMode == kFwd) {
+          v0 += a.bg[c0 + n0 + n];
+          v1 += a.bg[c0 + n0 + n + 1];
+        }
+        if (a.vec_out) {
+          *reinterpret_cast<float2*>(orow + n) = make_float2(v0, v1);
+        } else {
+          orow[n] = v0;
+          orow[n + 1] = v1;
+        }
+      }
+    }
 }
 
-template <int RN, int kMode>
-void launch_band(float* out, const float* src, const bf16* qkv, int64_t ld, const float* hist,
-                 const float* wdw, const float* bdw, const float* wg, const float* bg, int64_t B,
-                 int64_t S, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st,
-                 const char* fn) {
-  constexpr int TN = 16 * RN;
-  const size_t smem = band_smem_bytes(RN, t1);
-  auto kern = conv_band_kernel<RN, kMode>;
+template <int TN, int kMode>
+void launch_band(const BandArgs& args, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t1,
+                 cudaStream_t st, const char* fn) {
+  const size_t smem = band_smem_bytes(TN, t1);
+  auto kern = conv_band_mma_kernel<TN, kMode>;
   if (smem > kDefaultSmem) {
-    // Only for t1 ≥ 5 at TN = 128: the opt-in is per function and cheap; 25 KB at t1 = 2 needs
-    // none.
+    // 62 KB at TN = 128, t1 = 2. The opt-in is per function and cheap (no stream work, so it is
+    // also allowed while a stream is being captured).
     int dev = 0, optin = 0;
     ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
     ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -331,35 +433,26 @@ void launch_band(float* out, const float* src, const bf16* qkv, int64_t ld, cons
         cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   }
   const int64_t rows = kMode == kGrad ? S + t1 - 1 : S;
-  const dim3 grid(unsigned((rows + kTM - 1) / kTM), unsigned((C / d) * (d / TN)), unsigned(B));
-  kern<<<grid, kThreads, smem, st>>>(out, src, qkv, ld, hist, wdw, bdw, wg, bg, int(S), int(C),
-                                     int(d), int(t0), int(t1));
+  const dim3 grid(unsigned((rows + kBM - 1) / kBM), unsigned((C / d) * (d / TN)), unsigned(B));
+  kern<<<grid, 256, smem, st>>>(args);
   check_launch(fn);
 }
 
 template <int kMode>
-void band(float* out, const float* src, const bf16* qkv, int64_t ld, const float* hist,
-          const float* wdw, const float* bdw, const float* wg, const float* bg, int64_t B,
-          int64_t S, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st,
-          const char* fn) {
-  switch (conv_rn(d)) {
-    case 8:
-      launch_band<8, kMode>(out, src, qkv, ld, hist, wdw, bdw, wg, bg, B, S, C, d, t0, t1, st, fn);
-      break;
-    case 4:
-      launch_band<4, kMode>(out, src, qkv, ld, hist, wdw, bdw, wg, bg, B, S, C, d, t0, t1, st, fn);
-      break;
-    case 2:
-      launch_band<2, kMode>(out, src, qkv, ld, hist, wdw, bdw, wg, bg, B, S, C, d, t0, t1, st, fn);
-      break;
-    default:
-      launch_band<1, kMode>(out, src, qkv, ld, hist, wdw, bdw, wg, bg, B, S, C, d, t0, t1, st, fn);
+void band(const BandArgs& args, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t1,
+          cudaStream_t st, const char* fn) {
+  switch (conv_tn(d)) {
+    case 128: launch_band<128, kMode>(args, B, S, C, d, t1, st, fn); break;
+    case 64: launch_band<64, kMode>(args, B, S, C, d, t1, st, fn); break;
+    default: launch_band<32, kMode>(args, B, S, C, d, t1, st, fn);
   }
 }
 
 // Decoding (a few tokens): block per (token n = b·S + t, group). u rows t .. t+t1−1 of the group
 // go to shared memory in wg's (ci, j) order; then one warp per output channel dots the contiguous
-// wg row with them (coalesced weight reads; fixed shuffle tree, so deterministic). Writes mid too
+// wg row with them (coalesced weight reads; fixed shuffle tree, so deterministic). Both operands
+// are rounded to bf16 first, as the tensor-core GEMM rounds them, so a decode step and a prefill
+// of the same tokens differ only in the fp32 summation order. Writes mid (fp32, unrounded) too
 // when given: row t, and the t1−1 trailing rows from the sequence's last token.
 __global__ void conv_direct_kernel(float* __restrict__ y, float* __restrict__ mid,
                                    const bf16* __restrict__ qkv, int64_t ld,
@@ -374,7 +467,7 @@ __global__ void conv_direct_kernel(float* __restrict__ y, float* __restrict__ mi
   for (int e = threadIdx.x; e < K; e += blockDim.x) {
     const int j = e / d, ci = e % d, i = t + j, c = c0 + ci;
     const float u = depthwise_at(qkv, ld, hist, wdw, bdw, b, i, c, S, C, t0, P);
-    u_s[ci * t1 + j] = u;
+    u_s[ci * t1 + j] = round_bf(u);
     if (mid && (j == 0 || t == S - 1)) mid[(int64_t(b) * M + i) * C + c] = u;
   }
   __syncthreads();
@@ -382,7 +475,7 @@ __global__ void conv_direct_kernel(float* __restrict__ y, float* __restrict__ mi
   for (int co = warp; co < d; co += nw) {
     const float* wr = wg + int64_t(c0 + co) * K;
     float s = 0.0f;
-    for (int k = lane; k < K; k += 32) s = fmaf(wr[k], u_s[k], s);
+    for (int k = lane; k < K; k += 32) s = fmaf(round_bf(wr[k]), u_s[k], s);
     s = warp_sum(s);
     if (lane == 0) y[int64_t(n) * C + c0 + co] = bg[c0 + co] + s;
   }
@@ -456,11 +549,14 @@ __global__ void conv_dw_bwd_kernel(bf16* __restrict__ dqkv, int64_t ld, float* _
 }
 
 // ---- conv backward: grouped weight gradient ----------------------------------------------------
-// dwg[c0+co, ci, j] = Σ_n dy[n, c0+co] · mid[b(n), t(n)+j, c0+ci]: per group and tap a TN×TN GEMM
-// reducing over tokens. Block = (co tile, ci tile, j; group; token chunk [tb, te) of the flattened
-// N = B·S tokens), thread tile RN co × RN ci; tokens stream through a two-stage cp.async pipeline
-// of kWT rows of dy and of mid (both row-major, so the copies are straight 16-byte ones when the
-// buffers are 16-byte aligned). Each block's sum goes to its own partial slot [chunk][C·d·t1].
+// dwg[c0+co, ci, j] = Σ_n dy[n, c0+co] · mid[b(n), t(n)+j, c0+ci]: per group and tap a T×T GEMM
+// (M = co, N = ci) reducing over tokens (K). Block = (co tile, ci tile, j; group; token chunk
+// [tb, te) of the flattened N = B·S tokens). Tokens stream in stages of kKT = 32: the loader reads
+// fp32 dy and mid rows (16-byte loads when both are 16-byte aligned), rounds them to bf16 and
+// stores them token-major (row stride T + 8 elements: 272 bytes at T = 128, so an ldmatrix phase
+// hits 8 distinct 16-byte bank groups); A (dy, [k][m] in shared memory) and B (mid, [k][n]) both
+// come out of ldmatrix.trans. Two stages, one barrier per stage (as the banded GEMM). Each block's
+// sum goes to its own partial slot [chunk][C·d·t1]; a second pass adds them in a fixed order.
 
 // Token chunks of the weight gradient: a fixed function of the shape (so workspace sizing and the
 // launch agree, and results do not depend on the device), about kWgBlocks blocks in all.
@@ -468,89 +564,117 @@ struct WgChunks {
   int64_t n, per;
 };
 WgChunks wg_chunks(int64_t N, int64_t C, int64_t d, int64_t t1) {
-  const int64_t ntile = d / (16 * conv_rn(d)), tiles = (C / d) * ntile * ntile * t1;
-  const int64_t max_n = (N + kWT - 1) / kWT;
+  const int64_t ntile = d / conv_tn(d), tiles = (C / d) * ntile * ntile * t1;
+  const int64_t max_n = (N + kKT - 1) / kKT;
   const int64_t want = std::max<int64_t>(1, std::min<int64_t>(max_n, kWgBlocks / tiles));
   int64_t per = (N + want - 1) / want;
-  per = (per + kWT - 1) / kWT * kWT;
+  per = (per + kKT - 1) / kKT * kKT;
   return {(N + per - 1) / per, per};
 }
 
-template <int RN>
-__global__ void __launch_bounds__(kThreads, 2)
-    conv_wg_bwd_kernel(float* __restrict__ part, const float* __restrict__ dy,
+// Warp grid of the weight-gradient tile T×T: WGM warps along co × WGN along ci, each warp
+// (T/WGM) × (T/WGN) with both a multiple of 16.
+template <int T>
+struct WgWarps {
+  static constexpr int M = T == 32 ? 2 : 4, N = 2, threads = 32 * M * N;
+};
+
+template <int T>
+__global__ void __launch_bounds__(WgWarps<T>::threads)
+    conv_wg_mma_kernel(float* __restrict__ part, const float* __restrict__ dy,
                        const float* __restrict__ mid, int N, int S, int C, int d, int t1, int per,
                        bool vec) {
-  constexpr int TN = 16 * RN, V = TN / 4;          // V float4 per tile row
-  __shared__ __align__(16) float a_s[2][kWT][TN];  // dy, columns co
-  __shared__ __align__(16) float b_s[2][kWT][TN];  // mid, columns ci
-  const int ntile = d / TN;
+  constexpr int NT = WgWarps<T>::threads, WM = T / WgWarps<T>::M, WN = T / WgWarps<T>::N;
+  constexpr int MI = WM / 16, NB = WN / 16, LS = T + 8, V = T / 4;  // V float4 per tile row
+  __shared__ __align__(16) bf16 a_s[2][kKT * LS];                   // dy: [token][co]
+  __shared__ __align__(16) bf16 b_s[2][kKT * LS];                   // mid: [token][ci]
+  const int ntile = d / T;
   // blockIdx.x = (co tile · ntile + ci tile) · t1 + j
-  const int j = blockIdx.x % t1, ci0 = ((blockIdx.x / t1) % ntile) * TN,
-            co0 = (blockIdx.x / (t1 * ntile)) * TN;
+  const int j = blockIdx.x % t1, ci0 = ((blockIdx.x / t1) % ntile) * T,
+            co0 = (blockIdx.x / (t1 * ntile)) * T;
   const int c0 = blockIdx.y * d;
   const int chunk = blockIdx.z, tb = chunk * per, te = min(N, tb + per);
   const int M = S + t1 - 1;
-  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wm0 = (warp % WgWarps<T>::M) * WM, wn0 = (warp / WgWarps<T>::M) * WN;
 
-  auto load_stage = [&](int st, int ts) {
-    if (vec) {
-#pragma unroll 1
-      for (int e = tid; e < kWT * V; e += kThreads) {
-        const int r = e / V, q = (e % V) * 4;
-        const int n = ts + r;
-        const bool ok = n < te;
-        const int nn = ok ? n : tb, bb = nn / S, t = nn - bb * S;
-        cp_async16(&a_s[st][r][q], dy + int64_t(nn) * C + c0 + co0 + q, ok);
-        cp_async16(&b_s[st][r][q], mid + (int64_t(bb) * M + t + j) * C + c0 + ci0 + q, ok);
+  auto fill = [&](int st, int ts) {
+#pragma unroll 2
+    for (int e = tid; e < kKT * V; e += NT) {
+      const int r = e / V, q = (e % V) * 4;
+      const int n = ts + r;
+      float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (n < te) {
+        const int bb = n / S, t = n - bb * S;
+        const float* ps = dy + int64_t(n) * C + c0 + co0 + q;
+        const float* pm = mid + (int64_t(bb) * M + t + j) * C + c0 + ci0 + q;
+        if (vec) {
+          const float4 u = *reinterpret_cast<const float4*>(ps);
+          const float4 w = *reinterpret_cast<const float4*>(pm);
+          x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w;
+          y[0] = w.x, y[1] = w.y, y[2] = w.z, y[3] = w.w;
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; k++) x[k] = ps[k], y[k] = pm[k];
+        }
       }
-    } else {
-#pragma unroll 1
-      for (int e = tid; e < kWT * TN; e += kThreads) {
-        const int r = e / TN, q = e % TN;
-        const int n = ts + r;
-        const bool ok = n < te;
-        const int nn = ok ? n : tb, bb = nn / S, t = nn - bb * S;
-        cp_async4(&a_s[st][r][q], dy + int64_t(nn) * C + c0 + co0 + q, ok);
-        cp_async4(&b_s[st][r][q], mid + (int64_t(bb) * M + t + j) * C + c0 + ci0 + q, ok);
-      }
+      *reinterpret_cast<uint2*>(&a_s[st][r * LS + q]) =
+          make_uint2(pack_bf16(x[0], x[1]), pack_bf16(x[2], x[3]));
+      *reinterpret_cast<uint2*>(&b_s[st][r * LS + q]) =
+          make_uint2(pack_bf16(y[0], y[1]), pack_bf16(y[2], y[3]));
     }
   };
 
-  float acc[RN][RN];
+  float acc[MI][WN / 8][4];
 #pragma unroll
-  for (int p = 0; p < RN; p++)
+  for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-    for (int q = 0; q < RN; q++) acc[p][q] = 0.0f;
+    for (int ni = 0; ni < WN / 8; ni++)
+      acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.0f;
 
-  const int nsteps = (te - tb + kWT - 1) / kWT;
-  load_stage(0, tb);
-  cp_async_commit();
+  const int nsteps = (te - tb + kKT - 1) / kKT;
   for (int s = 0; s < nsteps; s++) {
-    if (s + 1 < nsteps) load_stage((s + 1) & 1, tb + (s + 1) * kWT);
-    cp_async_commit();
-    cp_async_wait_prev();
-    __syncthreads();
-    const int st = s & 1;
-#pragma unroll 4
-    for (int r = 0; r < kWT; r++) {
-      float a[RN], w[RN];
-      load_tile_row<RN>(a_s[st][r], ty, a);
-      load_tile_row<RN>(b_s[st][r], tx, w);
+    fill(s & 1, tb + s * kKT);
+    __syncthreads();  // stage s written; the buffer refilled next was last read at step s−1
+    const bf16* As = a_s[s & 1];
+    const bf16* Bs = b_s[s & 1];
 #pragma unroll
-      for (int p = 0; p < RN; p++)
+    for (int kk = 0; kk < kKT / 16; kk++) {
+      // A = dyᵀ (m = co, k = token) from the token-major tile: ldmatrix.trans of the 8×8 blocks
+      // (k 0-7 | 8-15) × (m 0-7 | 8-15) in the order a0 (m lo, k lo), a1 (m hi, k lo), a2 (m lo,
+      // k hi), a3 (m hi, k hi).
+      uint32_t af[MI][4];
 #pragma unroll
-        for (int q = 0; q < RN; q++) acc[p][q] = fmaf(a[p], w[q], acc[p][q]);
+      for (int mi = 0; mi < MI; mi++)
+        ldmatrix_x4_trans(af[mi], As + (kk * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * LS + wm0 +
+                                      mi * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+      for (int nb = 0; nb < NB; nb++) {
+        // B (k = token, n = ci) row-major: b0, b1 → n-tile nb·16 (k lo, k hi), b2, b3 → +8.
+        uint32_t bfr[4];
+        ldmatrix_x4_trans(bfr, Bs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LS + wn0 +
+                                   nb * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int mi = 0; mi < MI; mi++) {
+          mma16816(acc[mi][2 * nb], af[mi], bfr[0], bfr[1]);
+          mma16816(acc[mi][2 * nb + 1], af[mi], bfr[2], bfr[3]);
+        }
+      }
     }
-    __syncthreads();
   }
   float* pp = part + int64_t(chunk) * C * d * t1;
 #pragma unroll
-  for (int p = 0; p < RN; p++) {
-    const int64_t c = c0 + co0 + tile_col<RN>(ty, p);
+  for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-    for (int q = 0; q < RN; q++) pp[(c * d + ci0 + tile_col<RN>(tx, q)) * t1 + j] = acc[p][q];
-  }
+    for (int h = 0; h < 2; h++) {
+      const int64_t co = c0 + co0 + wm0 + mi * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+      for (int ni = 0; ni < WN / 8; ni++) {
+        const int ci = ci0 + wn0 + ni * 8 + (lane & 3) * 2;
+        pp[(co * d + ci) * t1 + j] = acc[mi][ni][2 * h];
+        pp[(co * d + ci + 1) * t1 + j] = acc[mi][ni][2 * h + 1];
+      }
+    }
 }
 
 // out[e] += Σ_p part[p·L + off + e] in a fixed order: slice s = threadIdx.x / 32 sums
@@ -808,24 +932,31 @@ void cca_conv_fwd(float* y_NC, float* mid, const bf16* qkv, int64_t ld, float* h
   const char* fn = "cca_conv_fwd";
   check_conv_shape(fn, S, C, d, t0, t1);
   if (B <= 0 || S <= 0) return;
-  const int64_t M = S + t1 - 1;
   const size_t direct_smem = size_t(d * t1) * sizeof(float);
   if (B * S <= kDirectRows && direct_smem <= kDefaultSmem) {
-    conv_direct_kernel<<<dim3(unsigned(B * S), unsigned(C / d)), kThreads, direct_smem, st>>>(
+    conv_direct_kernel<<<dim3(unsigned(B * S), unsigned(C / d)), 256, direct_smem, st>>>(
         y_NC, mid, qkv, ld, hist_BPC, wdw_Ct0, bdw_C, wg_Cdt1, bg_C, int(S), int(C), int(d),
         int(t0), int(t1));
     check_launch(fn);
-  } else if (mid) {
-    // Training: u goes to mid anyway (backward needs it), so the GEMM streams it from there.
-    const int64_t total = B * M * C;
-    depthwise_fwd_kernel<<<unsigned((total + 255) / 256), 256, 0, st>>>(
-        mid, qkv, ld, hist_BPC, wdw_Ct0, bdw_C, int(S), int(C), int(t0), int(t1), total);
-    check_launch(fn);
-    band<kMid>(y_NC, mid, nullptr, 0, nullptr, nullptr, nullptr, wg_Cdt1, bg_C, B, S, C, d, t0, t1,
-               st, fn);
   } else {
-    band<kDepthwise>(y_NC, nullptr, qkv, ld, hist_BPC, wdw_Ct0, bdw_C, wg_Cdt1, bg_C, B, S, C, d,
-                     t0, t1, st, fn);
+    // Training (mid given) and prefill: the GEMM's loader forms u from the bf16 rows (and the
+    // history) itself, and writes it to mid when given (backward needs it).
+    BandArgs a{};
+    a.out = y_NC;
+    a.mid = mid;
+    a.qkv = qkv;
+    a.ld = ld;
+    a.hist = hist_BPC;
+    a.wdw = wdw_Ct0;
+    a.bdw = bdw_C;
+    a.wg = wg_Cdt1;
+    a.bg = bg_C;
+    a.S = int(S), a.C = int(C), a.d = int(d), a.t0 = int(t0), a.t1 = int(t1);
+    a.vec_in = aligned16(qkv) && ld % 8 == 0;
+    a.vec_mid = aligned16(mid);
+    a.vec_w = aligned16(wg_Cdt1);
+    a.vec_out = reinterpret_cast<uintptr_t>(y_NC) % 8 == 0;
+    band<kFwd>(a, B, S, C, d, t1, st, fn);
   }
   const int64_t P = (t0 - 1) + (t1 - 1);
   if (hist_BPC && update_hist && P > 0) {
@@ -839,7 +970,7 @@ size_t cca_conv_bwd_workspace_bytes(int64_t B, int64_t S, int64_t C, int64_t d, 
                                     int64_t t1) {
   const int64_t M = S + t1 - 1;
   const int64_t nrc = (S + kRB - 1) / kRB;
-  const int64_t nkc = conv_rn(d) ? wg_chunks(B * S, C, d, t1).n : 1;
+  const int64_t nkc = conv_tn(d) ? wg_chunks(B * S, C, d, t1).n : 1;
   return aligned(size_t(B * M * C) * sizeof(float)) +
          aligned(size_t(B * nrc * C * (t0 + 2)) * sizeof(float)) +
          aligned(size_t(nkc * C * d * t1) * sizeof(float));
@@ -861,31 +992,36 @@ void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, 
   float* part_wg = ws.take_n<float>(size_t(wc.n * C * d * t1));
 
   // du: the grouped conv's data gradient (banded GEMM, flipped kernel).
-  band<kGrad>(du, dy_NC, nullptr, 0, nullptr, nullptr, nullptr, wg_Cdt1, nullptr, B, S, C, d, t0,
-              t1, st, fn);
+  {
+    BandArgs a{};
+    a.out = du;
+    a.dy = dy_NC;
+    a.wg = wg_Cdt1;
+    a.S = int(S), a.C = int(C), a.d = int(d), a.t0 = int(t0), a.t1 = int(t1);
+    a.vec_in = aligned16(dy_NC);
+    a.vec_w = aligned16(wg_Cdt1);
+    a.vec_out = reinterpret_cast<uintptr_t>(du) % 8 == 0;
+    band<kGrad>(a, B, S, C, d, t1, st, fn);
+  }
   // dx (+= into dqkv), and partials of dwdw, dbdw, dbg.
   conv_dw_bwd_kernel<<<dim3(unsigned((C + 127) / 128), unsigned(nrc), unsigned(B)), 128, 0, st>>>(
       dqkv, ld, part_dw, du, dy_NC, qkv, wdw_Ct0, int(S), int(C), int(t0), int(t1));
   check_launch(fn);
   // dwg partials per token chunk.
   {
-    const int rn = conv_rn(d);
-    const int64_t ntile = d / (16 * rn);
+    const int tn = conv_tn(d);
+    const int64_t ntile = d / tn;
     const dim3 grid(unsigned(ntile * ntile * t1), unsigned(C / d), unsigned(wc.n));
-    const bool vec =
-        (reinterpret_cast<uintptr_t>(dy_NC) | reinterpret_cast<uintptr_t>(mid)) % 16 == 0;
-    if (rn == 8)
-      conv_wg_bwd_kernel<8><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, int(N), int(S), int(C),
-                                                       int(d), int(t1), int(wc.per), vec);
-    else if (rn == 4)
-      conv_wg_bwd_kernel<4><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, int(N), int(S), int(C),
-                                                       int(d), int(t1), int(wc.per), vec);
-    else if (rn == 2)
-      conv_wg_bwd_kernel<2><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, int(N), int(S), int(C),
-                                                       int(d), int(t1), int(wc.per), vec);
+    const bool vec = aligned16(dy_NC) && aligned16(mid);
+    if (tn == 128)
+      conv_wg_mma_kernel<128><<<grid, WgWarps<128>::threads, 0, st>>>(
+          part_wg, dy_NC, mid, int(N), int(S), int(C), int(d), int(t1), int(wc.per), vec);
+    else if (tn == 64)
+      conv_wg_mma_kernel<64><<<grid, WgWarps<64>::threads, 0, st>>>(
+          part_wg, dy_NC, mid, int(N), int(S), int(C), int(d), int(t1), int(wc.per), vec);
     else
-      conv_wg_bwd_kernel<1><<<grid, kThreads, 0, st>>>(part_wg, dy_NC, mid, int(N), int(S), int(C),
-                                                       int(d), int(t1), int(wc.per), vec);
+      conv_wg_mma_kernel<32><<<grid, WgWarps<32>::threads, 0, st>>>(
+          part_wg, dy_NC, mid, int(N), int(S), int(C), int(d), int(t1), int(wc.per), vec);
     check_launch(fn);
   }
   // Fixed-order sums of the partials.

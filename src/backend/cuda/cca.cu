@@ -795,15 +795,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // v[n] = [vc[n] | vd[n-1]] (vd[-1] from vd_last or zero). The thread that reads vd_last[b, i] (at
-// t = 0) is the only reader of that element, so it may overwrite it afterwards.
+// t = 0) is the only reader of that element, so it may overwrite it afterwards. Grid (token n,
+// column block): no 64-bit division per element.
 __global__ void finish_v_fwd_kernel(bf16* v, const bf16* qkv, int64_t ld, float* vd_last,
-                                    bool update, int S, int C, int KD, int64_t total) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= total) return;
+                                    bool update, int S, int C, int KD) {
+  const int e = int(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (e >= KD) return;
   const int VH = KD / 2;
-  const int64_t n = idx / KD;
-  const int e = int(idx % KD), t = int(n % S);
-  const int64_t b = n / S;
+  const int n32 = int(blockIdx.x), t = n32 % S;
+  const int64_t n = n32, b = n32 / S;
   bf16 val;
   if (e < VH) {
     val = qkv[n * ld + C + e];
@@ -876,14 +876,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 // The projections' gradients that the finish step owns (=): q0/k0 channels get the mean-skip path
 // (mq[h] receives dqpre[h] + dkpre[g]/G, split in halves onto q0[h] and k0[g]); vc channels get
 // dv's first half; vd channels of token t get dv's second half of token t+1 (0 for the last).
+// Grid (token n, column block): no 64-bit division per element.
 __global__ void finish_skip_v_bwd_kernel(bf16* dqkv, int64_t ld, const float* dconv, const bf16* dv,
-                                         int S, int Hq, int Hkv, int d, int64_t total) {
-  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= total) return;
+                                         int S, int Hq, int Hkv, int d) {
   const int G = Hq / Hkv, QD = Hq * d, C = (Hq + Hkv) * d, KD = Hkv * d, VH = KD / 2;
   const int W = C + KD;
-  const int64_t n = idx / W;
-  const int e = int(idx % W);
+  const int e = int(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (e >= W) return;
+  const int64_t n = blockIdx.x;
   const float* dc = dconv + n * C;
   float val;
   if (e < QD) {
@@ -900,7 +900,8 @@ __global__ void finish_skip_v_bwd_kernel(bf16* dqkv, int64_t ld, const float* dc
     return;
   } else {
     const int i = e - C - VH;
-    dqkv[n * ld + e] = (n % S) + 1 < S ? dv[(n + 1) * KD + VH + i] : __float2bfloat16(0.0f);
+    dqkv[n * ld + e] =
+        int(blockIdx.x) % S + 1 < S ? dv[(n + 1) * KD + VH + i] : __float2bfloat16(0.0f);
     return;
   }
   dqkv[n * ld + e] = __float2bfloat16(val);
@@ -1046,9 +1047,9 @@ void cca_qkv_finish_fwd(bf16* q_NHd, bf16* k_NGd, bf16* v_NGd, float* norms_NH,
       q_NHd, k_NGd, norms_NH, conv_NC, qkv, ld, temp_G, inv_freq(theta, r), pos0, int(r), int(S),
       int(Hq), int(Hkv), int(d), items);
   check_launch(fn);
-  const int64_t KD = Hkv * d, total = N * KD;
-  finish_v_fwd_kernel<<<unsigned((total + 255) / 256), 256, 0, st>>>(
-      v_NGd, qkv, ld, vd_last_B, update_vd_last, int(S), int((Hq + Hkv) * d), int(KD), total);
+  const int64_t KD = Hkv * d;
+  finish_v_fwd_kernel<<<dim3(unsigned(N), unsigned((KD + 255) / 256)), 256, 0, st>>>(
+      v_NGd, qkv, ld, vd_last_B, update_vd_last, int(S), int((Hq + Hkv) * d), int(KD));
   check_launch(fn);
 }
 
@@ -1071,9 +1072,9 @@ void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G,
       dconv_NC, dtemp_part, dq, dk, conv_NC, qkv, ld, norms_NH, temp_G, inv_freq(theta, r), int(r),
       int(S), int(Hq), int(Hkv), int(d), items);
   check_launch(fn);
-  const int64_t total = N * ((Hq + Hkv) * d + Hkv * d);
-  finish_skip_v_bwd_kernel<<<unsigned((total + 255) / 256), 256, 0, st>>>(
-      dqkv, ld, dconv_NC, dv, int(S), int(Hq), int(Hkv), int(d), total);
+  const int64_t W = (Hq + Hkv) * d + Hkv * d;
+  finish_skip_v_bwd_kernel<<<dim3(unsigned(N), unsigned((W + 255) / 256)), 256, 0, st>>>(
+      dqkv, ld, dconv_NC, dv, int(S), int(Hq), int(Hkv), int(d));
   check_launch(fn);
   dtemp_reduce_kernel<<<unsigned(Hkv), 256, 0, st>>>(dtemp_G, dtemp_part, N, int(Hkv));
   check_launch(fn);

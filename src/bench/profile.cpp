@@ -51,6 +51,8 @@ void merge_profile(nlohmann::json& profile, const nlohmann::json& update) {
       merge_array(profile[k], *it, {"m", "n", "k", "dtype", "groups", "method"});
     } else if (k == "collectives") {
       merge_array(profile[k], *it, {"op", "ranks", "bytes", "backend", "dtype", "group"});
+    } else if (k == "kernel_efficiency") {
+      merge_array(profile[k], *it, {"class", "shape"});
     } else if (it->is_object() && profile.contains(k) && profile[k].is_object()) {
       for (auto jt = it->begin(); jt != it->end(); ++jt) profile[k][jt.key()] = *jt;
     } else {

@@ -7,7 +7,8 @@
 //    "d2h_pinned_gbs","measured_peak_tflops":{"bf16","fp8"},
 //    "knee_gflop":{"p80","p90","reference_tflops","reference"},"knee_gflop_spec":{...},
 //    "gemm_efficiency":[{"m","n","k","dtype","tflops","fraction"}],
-//    "collectives":[{"op","ranks","bytes","busbw_gbs","backend","dtype","group"}]}
+//    "collectives":[{"op","ranks","bytes","busbw_gbs","backend","dtype","group"}],
+//    "kernel_efficiency":[{"class","shape","work","tflops"|"gbs","fraction","source"}]}
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,7 +24,8 @@ inline constexpr const char* kHardwareSchema = "zaya.hardware/1";
 
 // Merges `update` into `profile`: scalar and object fields are replaced (objects key by key),
 // "gemm_efficiency" entries are replaced when (m, n, k, dtype[, groups, method]) match and appended
-// otherwise, "collectives" likewise keyed by (op, ranks, bytes, backend, dtype, group).
+// otherwise, "collectives" likewise keyed by (op, ranks, bytes, backend, dtype, group),
+// "kernel_efficiency" by (class, shape).
 void merge_profile(nlohmann::json& profile, const nlohmann::json& update);
 // Reads `path` (an empty profile when it does not exist), merges, writes atomically. Throws
 // zaya::Error when the file exists but is not a zaya.hardware/1 JSON document.

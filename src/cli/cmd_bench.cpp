@@ -1,15 +1,17 @@
-// `zaya bench comm|gemm|mem|profile`: cluster characterization (ZAYA1.md §5). This file only parses
-// flags and writes reports; the measurements live in src/bench/. gemm and mem need the CUDA build,
-// comm needs MPI (and NCCL for --backend nccl); each says so when it is missing.
+// `zaya bench comm|gemm|mem|profile|kernels`: cluster characterization (ZAYA1.md §5). This file
+// only parses flags and writes reports; the measurements live in src/bench/. gemm and mem need the
+// CUDA build, comm needs MPI (and NCCL for --backend nccl); each says so when it is missing.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_common.h"
 #include "bench/comm_bench.h"
 #include "bench/gemm_bench.h"
+#include "bench/kernel_bench.h"
 #include "bench/mem_bench.h"
 #include "bench/profile.h"
 #include "cli/command.h"
@@ -17,6 +19,7 @@
 #include "core/plot.h"
 #include "dist/comm.h"
 #include "model/config.h"
+#include "sizing/hardware.h"
 
 using namespace zaya;
 using namespace zaya::bench;
@@ -429,6 +432,101 @@ int bench_mem_cli(int argc, char** argv) {
 #endif
 }
 
+// ---- kernels ----
+
+int bench_kernels_cli(int argc, char** argv) {
+  CLI::App app{
+      "zaya bench kernels: the model's own CUDA kernels (attention, CCA, norms, SwiGLU and "
+      "dispatch, loss, AdamW) at a config's training shapes, and the efficiencies the sizing "
+      "cost model uses for them",
+      "zaya bench kernels"};
+  std::string preset, config, json;
+  std::string profile;
+  int64_t batch = 4, seq = 4096, opt_elems = int64_t(1) << 28;
+  double peak = 0, copy = 0;
+  int iters = 20, warmup = 5, device = 0;
+  auto* p = app.add_option("--preset", preset, "model preset (default zaya1-base)");
+  auto* c = app.add_option("--config", config, "model config.json (or a folder holding one)");
+  p->excludes(c);
+  c->excludes(p);
+  app.add_option("--batch", batch, "sequences per micro-batch")->capture_default_str();
+  app.add_option("--seq", seq, "tokens per sequence")->capture_default_str();
+  app.add_option("--optimizer-elems", opt_elems, "parameters the AdamW update runs over")
+      ->capture_default_str();
+  app.add_option("--peak-tflops", peak,
+                 "bf16 peak the attention fractions are taken of (default: the profile's, else "
+                 "the built-in profile's, else the device's)");
+  app.add_option("--copy-gbs", copy,
+                 "copy bandwidth the memory-bound fractions are taken of (default as above)");
+  app.add_option("-n,--iters", iters, "timed launches per kernel (at least)")
+      ->capture_default_str();
+  app.add_option("-w,--warmup", warmup, "untimed launches first")->capture_default_str();
+  app.add_option("--device", device, "CUDA device")->capture_default_str();
+  app.add_option("--json", json, "write the timings and efficiencies as JSON to this file");
+  app.add_option("--profile", profile,
+                 "merge the efficiencies into this zaya.hardware/1 profile (created if missing)");
+  if (!parse(app, argc, argv)) return 0;
+  ZAYA_CHECK(batch > 0 && seq > 1, "--batch must be positive and --seq above 1");
+  ZAYA_CHECK(opt_elems > 0, "--optimizer-elems must be positive");
+  ZAYA_CHECK(iters > 0 && warmup >= 0, "--iters must be positive and --warmup not negative");
+  ZAYA_CHECK(peak >= 0 && copy >= 0, "--peak-tflops and --copy-gbs must not be negative");
+  check_output_path("--json", json);
+  check_output_path("--profile", profile);
+  ZayaConfig cfg = !config.empty() ? ZayaConfig::load(config)
+                                   : ZayaConfig::preset(preset.empty() ? "zaya1-base" : preset);
+#ifndef ZAYA_HAVE_CUDA
+  no_cuda("zaya bench kernels");
+#else
+  const DeviceInfo dev = query_device(device);
+  // The references the fractions are taken of: the flags, else the profile being extended (its
+  // measured copy bandwidth), else the built-in profile of this GPU, else the device's figures.
+  double ref_peak = dev.peak_bf16_tflops, ref_copy = dev.peak_hbm_gbs;
+  std::string ref = "device";
+  if (const std::string key = sizing::match_builtin_device(dev.name); !key.empty()) {
+    const auto h = sizing::builtin_hardware(key);
+    ref_peak = h.peak_bf16_tflops, ref_copy = h.copy_gbs, ref = "built-in " + key;
+  }
+  if (!profile.empty() && std::filesystem::exists(profile)) {
+    const auto h = sizing::load_hardware(profile);
+    ref_peak = h.peak_bf16_tflops, ref_copy = h.copy_gbs, ref = profile;
+  }
+  if (peak > 0) ref_peak = peak, ref = "--peak-tflops";
+  if (copy > 0) ref_copy = copy, ref += " / --copy-gbs";
+  ZAYA_CHECK(ref_peak > 0 && ref_copy > 0,
+             "zaya bench kernels: no bf16 peak or copy bandwidth known for '{}' (give "
+             "--peak-tflops and --copy-gbs)",
+             dev.name);
+  KernelBenchOptions o;
+  o.cfg = cfg;
+  o.batch = batch, o.seq = seq, o.optimizer_elems = opt_elems, o.device = device;
+  o.timing.min_iters = iters;
+  o.timing.warmup = warmup;
+  fmt::print(
+      "# zaya bench kernels: {} on {} ({} SMs, L2 {} MiB); B {} x S {}; fractions of {:.1f} "
+      "TFLOP/s bf16 and {:.0f} GB/s copy ({})\n",
+      config.empty() ? (preset.empty() ? "zaya1-base" : preset) : config, dev.name, dev.sm_count,
+      dev.l2_bytes >> 20, batch, seq, ref_peak, ref_copy, ref);
+  const auto rows = run_kernel_bench(o, dev);
+  fmt::print("{}", kernel_table(rows, ref_peak, ref_copy));
+  const auto eff = kernel_efficiencies(cfg, batch, seq, rows, opt_elems, ref_peak, ref_copy);
+  fmt::print(
+      "\n# efficiencies for the cost model (attention: FLOPs as FlashAttention counts them; "
+      "memory classes: the bytes the cost model counts, forward + backward, per layer)\n{}",
+      efficiency_table(eff));
+  const std::string model = config.empty() ? (preset.empty() ? "zaya1-base" : preset) : config;
+  if (!json.empty())
+    write_text_file_atomic(
+        json, kernel_results_json(rows, eff, dev, model, batch, seq, ref_peak, ref_copy));
+  if (!profile.empty()) {
+    merge_profile_file(profile, profile_from_kernels(eff, dev));
+    // Read back so a profile the cost model cannot use fails here, not in `zaya size`.
+    sizing::load_hardware(profile);
+    fmt::print("# merged {} kernel efficiency rows into {}\n", eff.size(), profile);
+  }
+  return 0;
+#endif
+}
+
 // ---- profile ----
 
 int bench_profile_cli(int argc, char** argv) {
@@ -481,7 +579,9 @@ int run_bench(int argc, char** argv) {
       "  mem      device memory and host<->device copy bandwidth\n"
       "  profile  run gemm and mem and write a zaya.hardware/1 profile\n"
       "  train    the CUDA training step: tokens/s, model TFLOP/s, memory, time by op class\n"
-      "  infer    GPU inference: prefill tokens/s, decode step vs the bandwidth roofline\n";
+      "  infer    GPU inference: prefill tokens/s, decode step vs the bandwidth roofline\n"
+      "  kernels  the model's attention/CCA/norm/loss/optimizer kernels: efficiencies for the "
+      "cost model\n";
   if (argc < 2) {
     std::fprintf(stderr, "zaya bench: missing sub-command\n%s", usage.c_str());
     return 2;
@@ -497,10 +597,12 @@ int run_bench(int argc, char** argv) {
   if (sub == "profile") return bench_profile_cli(argc - 1, argv + 1);
   if (sub == "train") return zaya::cli::bench_train_cli(argc - 1, argv + 1);
   if (sub == "infer") return zaya::cli::bench_infer_cli(argc - 1, argv + 1);
+  if (sub == "kernels") return bench_kernels_cli(argc - 1, argv + 1);
   std::fprintf(stderr, "zaya bench: unknown sub-command '%s'\n%s", sub.c_str(), usage.c_str());
   return 2;
 }
 
 }  // namespace
 
-ZAYA_COMMAND("bench", "characterize the cluster: comm, gemm, mem, profile", run_bench);
+ZAYA_COMMAND("bench", "characterize the cluster: comm, gemm, mem, profile, kernels, train, infer",
+             run_bench);

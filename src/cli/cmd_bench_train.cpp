@@ -63,7 +63,9 @@ nlohmann::json profile_json(const cuda::OpClassTimes& p) {
 }
 
 // The sizing cost model's prediction for the benchmarked step (issue: sizing rules), by the op
-// classes of the profile: what the roofline of `hw` allows against what the step took.
+// classes of the profile: the pure roofline of `hw` (non-GEMM kernels at the peak and the copy
+// bandwidth), the calibrated model (the profile's kernel efficiencies: `zaya bench kernels`, or the
+// built-in defaults) and what the step took.
 nlohmann::json cost_model_check(const ZayaConfig& cfg, const BenchTrainArgs& a,
                                 const std::string& hw_name, const cuda::OpClassTimes* prof,
                                 double optimizer_ms, double step_ms) {
@@ -74,10 +76,11 @@ nlohmann::json cost_model_check(const ZayaConfig& cfg, const BenchTrainArgs& a,
   ts.ranks = 1;
   ts.recompute = a.recompute;
   ts.optimizer = a.optimizer == "muon" ? sizing::OptimizerKind::Muon : sizing::OptimizerKind::AdamW;
-  const sizing::TrainEstimate est = sizing::estimate_training(cfg, hw, ts);
+  const sizing::TrainEstimate cal = sizing::estimate_training(cfg, hw, ts);
+  const sizing::TrainEstimate roof = sizing::estimate_training(cfg, hw.roofline(), ts);
   // Cost-model ops grouped as the CUDA profile groups its kernels.
   auto cls = [](const std::string& op) -> std::string {
-    if (op == "attention") return "attention";
+    if (op == "attention" || op == "attention_sliding") return "attention";
     if (op == "cca_conv" || op == "qk_norm_rope") return "cca";
     if (op == "norms_residual") return "norms";
     if (op == "final_norm_loss") return "loss";
@@ -85,32 +88,47 @@ nlohmann::json cost_model_check(const ZayaConfig& cfg, const BenchTrainArgs& a,
       return "dispatch+other";
     return "gemm";
   };
-  std::map<std::string, double> pred;
-  for (const auto& o : est.ops) pred[cls(o.name)] += o.seconds * 1e3;
+  std::map<std::string, double> pred, pred_r;
+  for (const auto& o : cal.ops) pred[cls(o.name)] += o.seconds * 1e3;
+  for (const auto& o : roof.ops) pred_r[cls(o.name)] += o.seconds * 1e3;
   std::map<std::string, double> meas;
   if (prof) {
     meas["gemm"] = prof->gemm, meas["attention"] = prof->attention, meas["cca"] = prof->cca;
     meas["norms"] = prof->norms, meas["loss"] = prof->loss;
     meas["dispatch+other"] = prof->moe_dispatch + prof->other;
   }
-  pred["optimizer"] = est.optimizer_s * 1e3;
+  pred["optimizer"] = cal.optimizer_s * 1e3;
+  pred_r["optimizer"] = roof.optimizer_s * 1e3;
   meas["optimizer"] = optimizer_ms;
-  fmt::print("\n# cost model ({}) against this step, ms: class, model, measured, measured/model\n",
-             hw_name);
+  fmt::print(
+      "\n# cost model ({}) against this step, ms: class, roofline, calibrated, measured, "
+      "measured/calibrated\n",
+      hw_name);
   nlohmann::json rows = nlohmann::json::array();
   for (const char* c :
        {"gemm", "attention", "cca", "norms", "dispatch+other", "loss", "optimizer"}) {
-    const double p = pred[c], m = meas.count(c) ? meas[c] : 0.0;
-    fmt::print("  {:<16} {:9.2f} {:9.2f} {:7.2f}\n", c, p, m, p > 0 && m > 0 ? m / p : 0.0);
-    rows.push_back({{"class", c}, {"model_ms", p}, {"measured_ms", m}});
+    const double r = pred_r[c], p = pred[c], m = meas.count(c) ? meas[c] : 0.0;
+    fmt::print("  {:<16} {:9.2f} {:10.2f} {:9.2f} {:7.2f}\n", c, r, p, m,
+               p > 0 && m > 0 ? m / p : 0.0);
+    rows.push_back({{"class", c}, {"roofline_ms", r}, {"model_ms", p}, {"measured_ms", m}});
   }
-  const double model_step = est.step_s * 1e3;
-  fmt::print("  {:<16} {:9.2f} {:9.2f} {:7.2f}\n", "step", model_step, step_ms,
+  const double model_step = cal.step_s * 1e3, roof_step = roof.step_s * 1e3;
+  fmt::print("  {:<16} {:9.2f} {:10.2f} {:9.2f} {:7.2f}\n", "step", roof_step, model_step, step_ms,
              model_step > 0 ? step_ms / model_step : 0.0);
-  return {{"hardware", hw_name},
-          {"classes", rows},
-          {"model_step_ms", model_step},
-          {"measured_step_ms", step_ms}};
+  fmt::print(
+      "# calibrated: {}; the gap that remains is what no kernel benchmark sees (launch gaps "
+      "between kernels, host synchronisation for the expert counts, profiling events)\n",
+      hw.kernels.empty() ? "no kernel efficiencies in this profile (= roofline)"
+                         : "kernel efficiencies of the profile (docs/SIZING.md)");
+  nlohmann::json eff = nlohmann::json::array();
+  for (const auto& k : hw.kernels) {
+    nlohmann::json r = sizing::kernel_measurement_json(k);
+    r["fraction"] = hw.kernel_fraction(k.cls, k.work);
+    eff.push_back(r);
+  }
+  return {{"hardware", hw_name},         {"classes", rows},
+          {"model_step_ms", model_step}, {"roofline_step_ms", roof_step},
+          {"measured_step_ms", step_ms}, {"kernel_efficiency", eff}};
 }
 
 int run(const BenchTrainArgs& a) {

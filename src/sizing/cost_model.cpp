@@ -1,7 +1,9 @@
-// The roofline cost model behind `zaya size`. Backward costs twice the forward (dX and dW GEMMs;
-// flash-attention backward per DESIGN.md's 6 = 2 + 4), recomputation adds one more forward of the
-// decoder layers. The optimizer step is elementwise over each rank's ZeRO-1 shard, plus Muon's five
-// Newton–Schulz iterations on the matrices a rank owns (1/ranks of them).
+// The roofline cost model behind `zaya size`. Backward costs what model_shape.h's ops say (twice
+// the forward for GEMMs: dX and dW; 2.5x the forward's FLOPs for flash attention), recomputation
+// adds one more forward of the decoder layers. The optimizer step is elementwise over each rank's
+// ZeRO-1 shard (with the gradient norm's read), plus Muon's five Newton–Schulz iterations on the
+// matrices a rank owns (1/ranks of them). Non-GEMM kernels run at the profile's kernel
+// efficiencies (hardware.h) when it has them.
 #include "sizing/cost_model.h"
 
 #include <algorithm>
@@ -33,6 +35,24 @@ double roofline_seconds(const HardwareProfile& hw, OpKind kind, double flops, do
   const double thr =
       kind == OpKind::Gemm ? hw.gemm_flops_per_s(instance_gflop) : hw.peak_bf16_tflops * 1e12;
   const double tc = flops / thr, tm = bytes / (hw.copy_gbs * 1e9);
+  if (compute_bound) *compute_bound = tc >= tm;
+  return std::max(tc, tm);
+}
+
+double op_seconds(const HardwareProfile& hw, const Op& o, bool backward, bool* compute_bound) {
+  const double flops = backward ? o.bwd_flops : o.flops;
+  const double bytes = backward ? o.bwd_bytes : o.bytes;
+  if (o.kind == OpKind::Gemm)  // dX and dW have the forward's shape: its work picks the rate
+    return roofline_seconds(hw, o.kind, flops, bytes, o.flops * 1e-9, compute_bound);
+  const double copy = hw.copy_gbs * 1e9, peak = hw.peak_bf16_tflops * 1e12;
+  double tc = flops / peak, tm = bytes / copy;
+  if (o.kind == OpKind::Attention) {
+    const KernelClass c = backward ? KernelClass::AttentionBwd : KernelClass::AttentionFwd;
+    tc = flops / hw.kernel_rate(c, flops * 1e-9);
+  } else if (o.cls != KernelClass::None) {
+    // The class's rows are measured on the forward + backward bytes of one instance.
+    tm = bytes / hw.kernel_rate(o.cls, (o.bytes + o.bwd_bytes) * 1e-9);
+  }
   if (compute_bound) *compute_bound = tc >= tm;
   return std::max(tc, tm);
 }
@@ -70,16 +90,18 @@ TrainEstimate estimate_training(const ZayaConfig& c, const HardwareProfile& hw,
   TrainEstimate e;
   const std::vector<Op> fwd = forward_ops(c, s.micro_tokens(), s.seq);
   for (const Op& o : fwd) {
-    // forward + backward (2x) + forward again when recomputing the decoder layers
-    const double mult = 3.0 + (s.recompute && o.per_layer ? 1.0 : 0.0);
+    // forward + backward + forward again when recomputing the decoder layers
+    const double fwd_mult = 1.0 + (s.recompute && o.per_layer ? 1.0 : 0.0);
+    const double n = double(o.count);
     OpTime t;
     t.name = o.name;
     t.kind = o.kind;
-    t.flops = o.flops * double(o.count) * mult;
-    t.bytes = o.bytes * double(o.count) * mult;
+    t.cls = o.cls;
+    t.flops = n * (o.flops * fwd_mult + o.bwd_flops);
+    t.bytes = n * (o.bytes * fwd_mult + o.bwd_bytes);
     t.gemm_gflop = o.kind == OpKind::Gemm ? o.flops * 1e-9 : 0;
-    t.seconds = double(o.count) * mult *
-                roofline_seconds(hw, o.kind, o.flops, o.bytes, t.gemm_gflop, &t.compute_bound);
+    t.seconds =
+        n * (fwd_mult * op_seconds(hw, o, false, &t.compute_bound) + op_seconds(hw, o, true));
     e.microbatch_s += t.seconds;
     e.ops.push_back(t);
   }
@@ -88,12 +110,12 @@ TrainEstimate estimate_training(const ZayaConfig& c, const HardwareProfile& hw,
 
   const ParamCounts p = count_params(c);
   const double P = double(p.total_with_embedding()), N = double(s.ranks);
-  // Per parameter of the shard: master read+write (8), gradient read (4), states read+write,
-  // bf16 copy written (2).
+  // Per parameter of the shard (kOptimizerBytesPerParam) and per fp32 state element.
   const double state_elems =
       s.optimizer == OptimizerKind::Muon ? double(p.matrix) + (P - double(p.matrix)) * 2 : P * 2;
-  const double opt_bytes = (P * 14 + state_elems * 8) / N;
-  e.optimizer_s = opt_bytes / (hw.copy_gbs * 1e9);
+  const double opt_bytes =
+      (P * kOptimizerBytesPerParam + state_elems * kOptimizerBytesPerState) / N;
+  e.optimizer_s = opt_bytes / hw.kernel_rate(KernelClass::Optimizer, opt_bytes * 1e-9);
   if (s.optimizer == OptimizerKind::Muon) {
     double ns_gflop = 0;
     const double ns = muon_flops(c, &ns_gflop) / N;
@@ -124,6 +146,7 @@ json TrainEstimate::to_json() const {
   json ops_j = json::array();
   for (auto& o : ops)
     ops_j.push_back({{"op", o.name},
+                     {"class", o.kind == OpKind::Gemm ? "gemm" : kernel_class_name(o.cls)},
                      {"flops", o.flops},
                      {"bytes", o.bytes},
                      {"seconds", o.seconds},
@@ -155,7 +178,7 @@ InferenceEstimate estimate_inference(const ZayaConfig& c, const HardwareProfile&
   InferenceEstimate r;
   r.prompt = prompt, r.batch = batch, r.context = context;
   for (const Op& o : forward_ops(c, prompt * batch, prompt))
-    r.prefill_s += double(o.count) * roofline_seconds(hw, o.kind, o.flops, o.bytes, o.flops * 1e-9);
+    r.prefill_s += double(o.count) * op_seconds(hw, o, false);
   r.prefill_tokens_per_s = double(prompt * batch) / r.prefill_s;
 
   // Decode: every layer streams its dense weights, the experts the batch touches and the batch's

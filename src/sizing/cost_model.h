@@ -1,6 +1,10 @@
 // A roofline cost model for ZAYA-style training and inference on one hardware profile: each op
-// takes max(FLOPs / throughput, bytes / bandwidth), where throughput is the datasheet peak or, when
-// the profile carries a measured GEMM table, the achieved rate interpolated by the GEMM's work.
+// takes max(FLOPs / throughput, bytes / bandwidth). GEMMs run at the datasheet peak or, when the
+// profile carries a measured GEMM table, the achieved rate interpolated by the GEMM's work.
+// Calibrated (the default whenever the profile has kernel efficiencies): attention runs at the
+// profile's attention_fwd / attention_bwd rate and each memory-bound op at its class's share of the
+// copy bandwidth (hardware.h); HardwareProfile::roofline() gives the pure roofline, every non-GEMM
+// kernel at the peak and the copy bandwidth.
 // Training adds the ZeRO-1 optimizer step (sharded elementwise update, Muon's Newton–Schulz) and
 // the data-parallel gradient reduce-scatter and parameter all-gather; inference gives prefill
 // throughput and decode latency (weights and KV cache streamed from HBM).
@@ -35,25 +39,39 @@ struct TrainSetup {
   int64_t accumulation_steps() const { return global_sequences() / (micro_batch * ranks); }
 };
 
+// Bytes the elementwise optimizer step moves per parameter of a rank's shard: the gradient read
+// for the global norm (4), the gradient read by the update (4), the fp32 master read and written
+// (8), the bf16 copy written (2); plus 8 per fp32 state (read and written): AdamW 18 + 2·8 = 34.
+inline constexpr double kOptimizerBytesPerParam = 18, kOptimizerBytesPerState = 8;
+
 struct OpTime {
   std::string name;
   OpKind kind = OpKind::Memory;
+  KernelClass cls = KernelClass::None;
   double flops = 0, bytes = 0;  // all instances, forward + backward (+ recompute)
   double seconds = 0;
   bool compute_bound = false;
   double gemm_gflop = 0;  // work of one forward instance (GEMMs)
 };
 
-// Roofline time of `count` instances of an op whose single instance has `flops`, `bytes`.
+// Roofline time of an op instance with `flops`, `bytes`: GEMMs at the measured GEMM rate for
+// `instance_gflop`, everything else at the bf16 peak; bytes at the copy bandwidth.
 double roofline_seconds(const HardwareProfile& hw, OpKind kind, double flops, double bytes,
                         double instance_gflop, bool* compute_bound = nullptr);
+// Time of one instance of an op's forward (backward = false) or backward pass with the profile's
+// kernel efficiencies: GEMMs as roofline_seconds, attention at the attention_fwd / attention_bwd
+// rate for the pass's FLOPs, memory-bound ops at their class's bandwidth for the op's forward +
+// backward bytes; each never faster than its bytes at the copy bandwidth (compute-bound ops) or
+// its FLOPs at the peak (memory-bound ops). On HardwareProfile::roofline() this is the roofline.
+double op_seconds(const HardwareProfile& hw, const Op& o, bool backward,
+                  bool* compute_bound = nullptr);
 
 struct TrainEstimate {
   std::vector<OpTime> ops;  // one micro-batch, forward + backward
   double microbatch_s = 0;
   int64_t accumulation = 1;
   double compute_s = 0;    // all micro-batches of one step on one rank
-  double optimizer_s = 0;  // sharded update + Newton–Schulz
+  double optimizer_s = 0;  // gradient norm, sharded update, Newton–Schulz
   double reduce_scatter_s = 0, all_gather_s = 0;
   double reduce_scatter_busbw = 0, all_gather_busbw = 0;  // bytes/s
   double step_s = 0;             // no overlap: compute + communication + optimizer

@@ -143,6 +143,52 @@ HardwareProfile h200() {
 const Builtin kBuiltins[] = {{"mi300x", mi300x}, {"mi325x", mi325x}, {"h100", h100},
                              {"h200", h200},     {"b200", b200},     {"a100", a100}};
 
+// Default kernel efficiencies of a built-in profile, stored as achieved rates (fraction × the
+// datasheet figure) so that a measured profile that replaces the peak or the copy bandwidth but
+// measures no kernels keeps the same absolute rates. One row per class: it applies at any work.
+void add_default_kernels(HardwareProfile& h) {
+  using KC = KernelClass;
+  // ZAYA1-base's attention at 4 x 4096 tokens: 137 GFLOP forward, 2.5x that backward; with a
+  // single row per class the work only labels it.
+  const double fwd_gflop = 4.0 * 16384 * 2048 * 8 * 128 * 1e-9;
+  auto att = [&](double f_fwd, double f_bwd, const std::string& src) {
+    h.kernels.push_back(
+        {KC::AttentionFwd, "default", fwd_gflop, f_fwd * h.peak_bf16_tflops, f_fwd, src});
+    h.kernels.push_back({KC::AttentionBwd, "default", kAttentionBwdFlopFactor * fwd_gflop,
+                         f_bwd * h.peak_bf16_tflops, f_bwd, src});
+  };
+  if (h.key == "h100" || h.key == "h200") {
+    // FlashAttention-3 (Shah et al. 2024), H100 SXM5, bf16/fp16, head dim 128: forward up to
+    // 740 TFLOP/s (75%) without a mask, less with the causal mask; backward 542 TFLOP/s (55%) at
+    // 4K tokens. Taken as 0.60 forward (causal) and 0.55 backward; the H200 has the same SMs.
+    att(0.60, 0.55,
+        "FlashAttention-3 paper, H100 SXM5, head dim 128 (causal forward rounded down)");
+  } else if (h.key == "a100") {
+    // FlashAttention-2 (Dao 2023): forward 50-73% of the A100's peak; its backward runs below
+    // its forward. Taken as 0.60 forward, 0.50 backward (the backward figure is an assumption).
+    att(0.60, 0.50, "FlashAttention-2 paper, A100 (forward 50-73% of peak; backward assumed 0.50)");
+  } else if (h.key == "b200") {
+    att(0.60, 0.55,
+        "assumption: the Hopper (FlashAttention-3) fractions; no Blackwell figure here");
+  } else {
+    // MI300X / MI325X: no vendor attention figure is recorded here. Dense bf16 GEMMs reach a
+    // smaller fraction of the MI300X datasheet than of Hopper's, so attention is assumed lower.
+    att(0.40, 0.30, "assumption: no vendor attention figure recorded for CDNA3");
+  }
+  // Memory-bound classes, as fractions of the datasheet bandwidth (the built-in copy rate): an
+  // assumption. A device copy reaches 82% (MI300X, ZAYA1.md §5) to 89% (H200, measured
+  // 2026-12-03) of the datasheet, and a fused elementwise kernel most of a copy; the loss and the
+  // optimizer stream long contiguous rows, the norms reduce over rows, CCA's grouped convolution
+  // runs on CUDA cores / vector ALUs.
+  const std::string mem_src = "assumption: fraction of the datasheet HBM bandwidth";
+  for (auto [c, f] : {std::pair{KC::NormResidual, 0.70},
+                      {KC::Elementwise, 0.70},
+                      {KC::Cca, 0.50},
+                      {KC::Loss, 0.80},
+                      {KC::Optimizer, 0.80}})
+    h.kernels.push_back({c, "default", 1.0, f * h.hbm_peak_gbs, f, mem_src});
+}
+
 void finish_builtin(HardwareProfile& h) {
   h.origin = "built-in";
   h.datasheet_bf16_tflops = h.peak_bf16_tflops;
@@ -150,6 +196,7 @@ void finish_builtin(HardwareProfile& h) {
   h.copy_gbs = h.hbm_peak_gbs;
   h.read_gbs = h.hbm_peak_gbs;
   h.knee_gflop = 200;  // ZAYA1.md §5: ~200 GFLOP of work per GEMM to approach peak (MI300X)
+  add_default_kernels(h);
 }
 
 double interp_log(double x, double x0, double x1, double y0, double y1) {
@@ -180,6 +227,33 @@ double HardwareProfile::gemm_flops_per_s(double gflop) const {
   }
   if (pts.empty() || gflop <= 0) return peak_bf16_tflops * 1e12;
   return interp_table(pts, gflop) * 1e12;
+}
+
+double HardwareProfile::kernel_rate(KernelClass c, double work) const {
+  const bool compute = kernel_class_is_compute(c);
+  const double ref = compute ? peak_bf16_tflops : copy_gbs;  // TFLOP/s or GB/s
+  const double unit = compute ? 1e12 : 1e9;
+  std::vector<std::pair<double, double>> pts;
+  for (const auto& k : kernels) {
+    if (k.cls != c) continue;
+    const double r = k.rate > 0 ? k.rate : k.fraction * ref;
+    if (r > 0 && k.work > 0) pts.push_back({k.work, r});
+  }
+  if (pts.empty()) return ref * unit;
+  if (!(work > 0)) work = pts.front().first;
+  return interp_table(pts, work) * unit;
+}
+
+double HardwareProfile::kernel_fraction(KernelClass c, double work) const {
+  const bool compute = kernel_class_is_compute(c);
+  const double ref = compute ? peak_bf16_tflops * 1e12 : copy_gbs * 1e9;
+  return ref > 0 ? kernel_rate(c, work) / ref : 0.0;
+}
+
+HardwareProfile HardwareProfile::roofline() const {
+  HardwareProfile h = *this;
+  h.kernels.clear();
+  return h;
 }
 
 double HardwareProfile::intra_node_busbw(int n) const {
@@ -235,6 +309,14 @@ json HardwareProfile::to_json() const {
             {"nic_gbs", nic_gbs},
             {"gemm_measurements", gemm.size()},
             {"collective_measurements", collectives.size()}};
+  json ke = json::array();
+  for (const auto& k : kernels) {
+    json r = kernel_measurement_json(k);
+    // The fraction the cost model uses now (a rate row against this profile's peak or copy).
+    r["fraction"] = kernel_fraction(k.cls, k.work);
+    ke.push_back(r);
+  }
+  j["kernel_efficiency"] = ke;
   if (topology == Topology::FullyConnected) {
     j["links_per_gpu"] = links_per_gpu;
     j["link_gbs"] = link_gbs;
@@ -242,6 +324,37 @@ json HardwareProfile::to_json() const {
     j["gpu_fabric_gbs"] = gpu_fabric_gbs;
   }
   return j;
+}
+
+const char* kernel_class_name(KernelClass c) {
+  switch (c) {
+    case KernelClass::AttentionFwd: return "attention_fwd";
+    case KernelClass::AttentionBwd: return "attention_bwd";
+    case KernelClass::NormResidual: return "norm_residual";
+    case KernelClass::Elementwise: return "elementwise";
+    case KernelClass::Cca: return "cca";
+    case KernelClass::Loss: return "loss";
+    case KernelClass::Optimizer: return "optimizer";
+    case KernelClass::None: break;
+  }
+  return "";
+}
+
+bool kernel_class_from_name(const std::string& name, KernelClass* out) {
+  for (KernelClass c : kKernelClasses)
+    if (name == kernel_class_name(c)) {
+      *out = c;
+      return true;
+    }
+  return false;
+}
+
+json kernel_measurement_json(const KernelMeasurement& k) {
+  json r = {{"class", kernel_class_name(k.cls)}, {"shape", k.shape}, {"work", k.work}};
+  if (k.rate > 0) r[kernel_class_is_compute(k.cls) ? "tflops" : "gbs"] = k.rate;
+  if (k.fraction > 0) r["fraction"] = k.fraction;
+  if (!k.source.empty()) r["source"] = k.source;
+  return r;
 }
 
 std::vector<std::string> builtin_hardware_names() {
@@ -402,6 +515,62 @@ HardwareProfile hardware_from_json(const json& j, const std::string& where) {
         c.backend = r["backend"].get<std::string>();
       h.collectives.push_back(c);
     }
+  }
+  if (j.contains("kernel_efficiency") && !j["kernel_efficiency"].is_null()) {
+    ZAYA_CHECK(j["kernel_efficiency"].is_array(),
+               "{}: field 'kernel_efficiency' must be an array of rows {{\"class\", \"work\", "
+               "\"tflops\" or \"gbs\", \"fraction\"}}",
+               where);
+    std::vector<KernelMeasurement> rows;
+    size_t i = 0;
+    for (const json& r : j["kernel_efficiency"]) {
+      const std::string w = fmt::format("{} kernel_efficiency[{}]", where, i++);
+      ZAYA_CHECK(r.is_object(), "{}: expected an object, found {}", w, r.dump());
+      ZAYA_CHECK(r.contains("class") && r["class"].is_string(),
+                 "{}: field 'class' must be a string (one of attention_fwd, attention_bwd, "
+                 "norm_residual, elementwise, cca, loss, optimizer)",
+                 w);
+      KernelMeasurement k;
+      const std::string cname = r["class"].get<std::string>();
+      ZAYA_CHECK(kernel_class_from_name(cname, &k.cls),
+                 "{}: field 'class' is '{}', expected one of attention_fwd, attention_bwd, "
+                 "norm_residual, elementwise, cca, loss, optimizer",
+                 w, cname);
+      const bool compute = kernel_class_is_compute(k.cls);
+      ZAYA_CHECK(r.contains("work"), "{}: field 'work' ({} of the measurement) is required", w,
+                 compute ? "GFLOP" : "GB");
+      ZAYA_CHECK(opt_pos(r, "work", &k.work, w), "{}: field 'work' must be a positive number", w);
+      const char* rate_key = compute ? "tflops" : "gbs";
+      const char* other_key = compute ? "gbs" : "tflops";
+      ZAYA_CHECK(!r.contains(other_key),
+                 "{}: field '{}' does not apply to class '{}' (its rate is '{}')", w, other_key,
+                 cname, rate_key);
+      opt_pos(r, rate_key, &k.rate, w);
+      if (r.contains("fraction") && !r["fraction"].is_null()) {
+        ZAYA_CHECK(r["fraction"].is_number(), "{}: field 'fraction' must be a number, found {}", w,
+                   r["fraction"].dump());
+        k.fraction = r["fraction"].get<double>();
+        ZAYA_CHECK(k.fraction > 0 && k.fraction <= 1 && std::isfinite(k.fraction),
+                   "{}: field 'fraction' must be in (0, 1] (a share of the {}), found {}", w,
+                   compute ? "bf16 peak" : "copy bandwidth", k.fraction);
+      }
+      ZAYA_CHECK(k.rate > 0 || k.fraction > 0, "{}: needs a positive '{}' or a 'fraction'", w,
+                 rate_key);
+      for (const char* f : {"shape", "source"})
+        if (r.contains(f) && !r[f].is_null()) {
+          ZAYA_CHECK(r[f].is_string(), "{}: field '{}' must be a string, found {}", w, f,
+                     r[f].dump());
+          (std::string(f) == "shape" ? k.shape : k.source) = r[f].get<std::string>();
+        }
+      if (k.source.empty()) k.source = "measured";
+      rows.push_back(k);
+    }
+    // A measured class replaces the built-in's defaults of that class; others keep them.
+    std::erase_if(h.kernels, [&](const KernelMeasurement& d) {
+      return std::any_of(rows.begin(), rows.end(),
+                         [&](const KernelMeasurement& m) { return m.cls == d.cls; });
+    });
+    h.kernels.insert(h.kernels.end(), rows.begin(), rows.end());
   }
   ZAYA_CHECK(h.compute_units > 0, "{}: sm_count must be positive", where);
   ZAYA_CHECK(h.peak_bf16_tflops > 0, "{}: peak_tflops.bf16 must be positive", where);

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "sizing/kernel_class.h"
+
 namespace zaya::sizing {
 
 // How GPUs inside one node reach each other.
@@ -26,6 +28,20 @@ struct GemmMeasurement {  // one row of the bench's GEMM efficiency table
   double tflops = 0;    // achieved
   double fraction = 0;  // of the profile's peak
   double work_gflop() const { return 2.0 * double(m) * double(n) * double(k) * 1e-9; }
+};
+
+// One row of a kernel efficiency table: what the kernels of one class achieved at one amount of
+// work. Attention classes: work in GFLOP (forward 4·T·keys·Hq·d, backward 2.5x that), rate in
+// TFLOP/s, fraction of the bf16 peak. Memory-bound classes: work in GB (1e9 bytes) as the cost
+// model counts the class's bytes (forward + backward), rate in GB/s of those bytes, fraction of the
+// copy bandwidth.
+struct KernelMeasurement {
+  KernelClass cls = KernelClass::None;
+  std::string shape;  // what was measured ("B4 S4096 Hq8 Hkv2 d128 causal", ...)
+  double work = 0;
+  double rate = 0;      // achieved TFLOP/s or GB/s (0: use fraction)
+  double fraction = 0;  // of the peak or copy bandwidth (0: use rate)
+  std::string source;   // "measured" or where a default comes from
 };
 
 struct CollectiveMeasurement {  // one row of the bench's collective table (nccl-tests busbw)
@@ -71,6 +87,7 @@ struct HardwareProfile {
 
   std::vector<GemmMeasurement> gemm;
   std::vector<CollectiveMeasurement> collectives;
+  std::vector<KernelMeasurement> kernels;  // kernel efficiency rows, any order
 
   // Bytes per flop at which a kernel turns from memory- to compute-bound (peak / copy bandwidth).
   double ridge_flop_per_byte() const { return peak_bf16_tflops * 1e12 / (copy_gbs * 1e9); }
@@ -84,6 +101,16 @@ struct HardwareProfile {
   double busbw_bytes_per_s(const std::string& op, int ranks, double bytes) const;
   // Bandwidth the topology alone gives a collective over n GPUs of one node (bytes/s, one way).
   double intra_node_busbw(int n) const;
+  // Achieved rate of a kernel class for `work` (GFLOP or GB, see KernelMeasurement): FLOP/s for
+  // attention, bytes/s for the memory-bound classes. The class's rows interpolated linearly in
+  // log(work), clamped at their ends (a row's `rate` when set, else fraction × peak or copy);
+  // with no rows for the class, the bf16 peak or the copy bandwidth (the pure roofline).
+  double kernel_rate(KernelClass c, double work) const;
+  // kernel_rate as a fraction of the peak or the copy bandwidth.
+  double kernel_fraction(KernelClass c, double work) const;
+  // The same profile without kernel efficiencies: non-GEMM kernels at the peak and the copy
+  // bandwidth (GEMMs keep the measured table), as the cost model priced them before calibration.
+  HardwareProfile roofline() const;
 
   nlohmann::json to_json() const;
 };
@@ -95,7 +122,12 @@ HardwareProfile builtin_hardware(const std::string& name);
 // The built-in key whose device this name describes ("NVIDIA H200" -> "h200"), or "" if none.
 std::string match_builtin_device(const std::string& device_name);
 // Parses a measured "zaya.hardware/1" profile; `where` names its source in errors.
+// "kernel_efficiency" rows (optional): {"class", "work", "tflops" (attention) or "gbs" (memory
+// classes), "fraction" in (0, 1], "shape", "source"}; a class the profile measures replaces the
+// built-in's default rows of that class.
 HardwareProfile hardware_from_json(const nlohmann::json& j, const std::string& where);
+// The JSON form of kernel efficiency rows (as `zaya bench kernels` writes them).
+nlohmann::json kernel_measurement_json(const KernelMeasurement& k);
 // `--hardware` argument: a built-in name or a path to a measured profile JSON.
 HardwareProfile load_hardware(const std::string& name_or_path);
 

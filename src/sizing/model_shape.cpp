@@ -132,18 +132,22 @@ Op gemm(std::string name, double m, double n, double k, int64_t count, bool per_
   o.m = m, o.n = n, o.k = k;
   o.flops = 2 * m * n * k;
   o.bytes = 2 * (m * k + k * n + m * n);  // bf16 A and B read, C written once
+  o.bwd_flops = 2 * o.flops, o.bwd_bytes = 2 * o.bytes;
   o.count = count;
   o.per_layer = per_layer;
   o.expert = expert;
   return o;
 }
 
-Op mem(std::string name, double flops, double bytes, int64_t count, bool per_layer = true) {
+Op mem(std::string name, KernelClass cls, double flops, double bytes, int64_t count,
+       bool per_layer = true) {
   Op o;
   o.name = std::move(name);
   o.kind = OpKind::Memory;
+  o.cls = cls;
   o.flops = flops;
   o.bytes = bytes;
+  o.bwd_flops = 2 * flops, o.bwd_bytes = 2 * bytes;
   o.count = count;
   o.per_layer = per_layer;
   return o;
@@ -164,9 +168,11 @@ std::vector<Op> forward_ops(const ZayaConfig& c, int64_t tokens, int64_t seq) {
   // q, k and both value halves read the same normed x (v_del is computed for every position then
   // shifted by one), so one fused GEMM produces them: (Hq + 2·Hkv)·d columns.
   ops.push_back(gemm("qkv_proj", T, C + Hkv * d, D, L));
-  ops.push_back(mem("cca_conv", 2 * T * (C * double(c.cca_time0) + C * d * double(c.cca_time1)),
-                    2 * T * C * 4, L));
-  ops.push_back(mem("qk_norm_rope", 8 * T * C, 2 * 2 * T * C, L));
+  using KC = KernelClass;
+  ops.push_back(mem("cca_conv", KC::Cca,
+                    2 * T * (C * double(c.cca_time0) + C * d * double(c.cca_time1)), 2 * T * C * 4,
+                    L));
+  ops.push_back(mem("qk_norm_rope", KC::Cca, 8 * T * C, 2 * 2 * T * C, L));
   // Attention cores, grouped by window so that sliding layers cost what they attend to.
   int64_t n_sliding = 0;
   for (int64_t l = 0; l < L; ++l) n_sliding += c.layer_is_sliding(l) ? 1 : 0;
@@ -177,25 +183,37 @@ std::vector<Op> forward_ops(const ZayaConfig& c, int64_t tokens, int64_t seq) {
     Op a;
     a.name = pass == 0 ? "attention" : "attention_sliding";
     a.kind = OpKind::Attention;
+    a.cls = KC::AttentionFwd;
     a.flops = 4 * T * keys * Hq * d;               // QK^T and PV
     a.bytes = 2 * T * (2 * Hq * d + 2 * Hkv * d);  // q, k, v read once, output written
+    // Flash backward recomputes QK^T and runs dV, dP, dQ, dK: 2.5x the forward's matmul FLOPs
+    // (the FlashAttention papers' count, which their TFLOP/s figures use). It reads q, k, v, o,
+    // dout and writes dq, dk, dv: twice the forward's bytes.
+    a.bwd_flops = kAttentionBwdFlopFactor * a.flops;
+    a.bwd_bytes = 2 * a.bytes;
     a.count = n;
     ops.push_back(a);
   }
   ops.push_back(gemm("o_proj", T, D, Hq * d, L));
   // Two RMSNorms (fp32 residual read, bf16 written) and two residual affines (bf16 branch and fp32
   // residual read, fp32 residual written) per layer.
-  ops.push_back(mem("norms_residual", 20 * T * D, T * (2 * (4 + 2) * D + 2 * (2 + 4 + 4) * D), L));
+  ops.push_back(mem("norms_residual", KC::NormResidual, 20 * T * D,
+                    T * (2 * (4 + 2) * D + 2 * (2 + 4 + 4) * D), L));
   ops.push_back(gemm("router_down", T, R, D, L));
   ops.push_back(gemm("router_mlp", T, R, R, 2 * L));
   ops.push_back(gemm("router_out", T, E + 1, R, L));
-  ops.push_back(mem("router_softmax", 8 * T * (E + 1), 8 * T * (E + 1), L));
-  ops.push_back(mem("dispatch_combine", 2 * T * k * D, 8 * T * k * D, L));
+  ops.push_back(mem("router_softmax", KC::Elementwise, 8 * T * (E + 1), 8 * T * (E + 1), L));
+  ops.push_back(mem("dispatch_combine", KC::Elementwise, 2 * T * k * D, 8 * T * k * D, L));
   ops.push_back(gemm("expert_gate_up", Te, 2 * I, D, L * Ei, true, true));
-  ops.push_back(mem("swiglu", 4 * T * k * I, 6 * T * k * I, L));
+  ops.push_back(mem("swiglu", KC::Elementwise, 4 * T * k * I, 6 * T * k * I, L));
   ops.push_back(gemm("expert_down", Te, D, I, L * Ei, true, true));
   ops.push_back(gemm("lm_head", T, V, D, 1, false));
-  ops.push_back(mem("final_norm_loss", 6 * T * V, T * (6 * D + 2 * 2 * V), 1, false));
+  // Cross-entropy over vocabulary chunks of fp32 logits (the LM-head GEMM writes them): the
+  // forward's statistics pass reads them (4V per token); the backward's gradient pass reads them
+  // again and writes bf16 dlogits (6V), and the final RMSNorm's backward moves 16D.
+  Op loss = mem("final_norm_loss", KC::Loss, 6 * T * V, T * (6 * D + 4 * V), 1, false);
+  loss.bwd_bytes = T * (16 * D + 6 * V);
+  ops.push_back(loss);
   return ops;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "sizing/kernel_class.h"
 
 namespace zaya::sizing {
 
@@ -44,13 +45,19 @@ ParamCounts count_params(const ZayaConfig& c);
 
 enum class OpKind { Gemm, Attention, Memory };
 
-// One forward op of a micro-batch, `count` identical instances (per layer, per expert).
+// One forward op of a micro-batch, `count` identical instances (per layer, per expert), with what
+// its backward costs (by default twice the forward: dX and dW GEMMs, DESIGN.md's 6 = 2 + 4).
 struct Op {
   std::string name;
   OpKind kind = OpKind::Memory;
+  // The efficiency table that prices it (Attention: AttentionFwd, whose backward is AttentionBwd;
+  // Memory: one of the memory-bound classes; Gemm: None).
+  KernelClass cls = KernelClass::None;
   double m = 0, n = 0, k = 0;  // Gemm: [m,k] x [k,n]; m may be fractional (tokens per expert)
   double flops = 0;            // one instance
   double bytes = 0;            // one instance, bf16 operands, read + written
+  double bwd_flops = 0;        // one instance of its backward
+  double bwd_bytes = 0;
   int64_t count = 1;
   bool per_layer = true;  // recomputed under activation checkpointing (the LM head is not)
   bool expert = false;

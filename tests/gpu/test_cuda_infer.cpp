@@ -3,8 +3,8 @@
 // prefill, graph replay, and bad input. Tolerances follow DESIGN.md §Numerics: the GPU path keeps
 // weights and activations in bf16, so logits agree with the fp32 reference to a few bf16 ulps of
 // the logit scale; greedy tokens agree wherever the reference's top-2 margin is clear of that.
-// Also kernel-level checks of decode_experts and decode_router_tail (infer_kernels.h) against
-// double-precision host references and the CPU ops.
+// Also kernel-level checks of decode_experts, decode_router, decode_conv, decode_attention and
+// decode_residual_norm (infer_kernels.h) against double-precision host references and the CPU ops.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -345,9 +345,13 @@ TEST(CudaDecodeKernels, ExpertsMatchTheHostReference) {
 struct RouterCase {
   int64_t M, R, E1;
   bool state, tie;  // tie: classes 1 and E1-2 get identical logits and bias, the largest bias
+  int64_t D = 64, ldx_pad = 0;
 };
 
-TEST(CudaDecodeKernels, RouterTailMatchesTheHostReferenceAndCpuOps) {
+// decode_router: the down projection from bf16 x, then the router MLP and choice; the cluster
+// kernel splits every stage over its blocks (R = 20: ranks without rows; R = 30: no cp.async;
+// ldx + 3: the scalar x path; D = 2048, R = 256, E1 = 17: ZAYA1-base).
+TEST(CudaDecodeKernels, RouterMatchesTheHostReferenceAndCpuOps) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   std::vector<RouterCase> cases;
   for (int64_t E1 : {5, 17, 40})
@@ -358,14 +362,34 @@ TEST(CudaDecodeKernels, RouterTailMatchesTheHostReferenceAndCpuOps) {
   cases.push_back({3, 48, 5, true, true});
   cases.push_back({3, 64, 17, true, true});
   cases.push_back({2, 64, 40, true, true});
+  cases.push_back({1, 256, 17, true, false, 2048});
+  cases.push_back({3, 256, 17, true, false, 2048, 8});
+  cases.push_back({2, 32, 5, true, false, 64, 3});
+  cases.push_back({2, 30, 5, true, false});
+  cases.push_back({1, 20, 5, true, false});
   std::mt19937_64 g(43);
   for (const RouterCase& c : cases) {
-    const int64_t M = c.M, R = c.R, E1 = c.E1;
+    const int64_t M = c.M, R = c.R, E1 = c.E1, D = c.D, ldx = c.D + c.ldx_pad;
     SCOPED_TRACE("M " + std::to_string(M) + " R " + std::to_string(R) + " E1 " +
                  std::to_string(E1) + " state " + std::to_string(c.state) + " tie " +
-                 std::to_string(c.tie));
-    const float eps = 1e-6f, ws = 1.f / std::sqrt(float(R));
-    const auto r0 = test_util::random_uniform(g, size_t(M * R), -2.f, 2.f);
+                 std::to_string(c.tie) + " D " + std::to_string(D) + " ldx " + std::to_string(ldx));
+    const float eps = 1e-6f, ws = 1.f / std::sqrt(float(R)), wd = 1.f / std::sqrt(float(D));
+    const auto x = test_util::random_uniform(g, size_t(M * ldx), -1.f, 1.f, true);
+    const auto dw = test_util::random_uniform(g, size_t(R * D), -1.7f * wd, 1.7f * wd, true);
+    const auto db = test_util::random_uniform(g, size_t(R), -1.f, 1.f);
+    // The down projection in double: the router's input r0 (and its magnitude sum for slack).
+    std::vector<double> r0d(size_t(M * R)), r0a(size_t(M * R));
+    std::vector<float> r0(size_t(M * R));
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t o = 0; o < R; o++) {
+        double sum = db[size_t(o)], a = std::fabs(db[size_t(o)]);
+        for (int64_t k = 0; k < D; k++) {
+          const double t = double(x[size_t(m * ldx + k)]) * dw[size_t(o * D + k)];
+          sum += t, a += std::fabs(t);
+        }
+        r0d[size_t(m * R + o)] = sum, r0a[size_t(m * R + o)] = a,
+                           r0[size_t(m * R + o)] = float(sum);
+      }
     const auto state = test_util::random_uniform(g, size_t(M * R), -2.f, 2.f);
     const auto scale = test_util::random_uniform(g, size_t(R), -0.5f, 0.5f);
     const auto nw = test_util::random_uniform(g, size_t(R), 0.7f, 1.3f);
@@ -380,16 +404,19 @@ TEST(CudaDecodeKernels, RouterTailMatchesTheHostReferenceAndCpuOps) {
       bal[1] = bal[size_t(E1 - 2)] = 1.f;
     }
     test_util::DeviceArena ar;
-    float* rd = ar.up(r0);
+    float* rd = ar.alloc<float>(size_t(M * R));
+    const bf16 *xd = ar.up_bf16(x), *dwd = ar.up_bf16(dw);
+    const float* dbd = ar.up(db);
     float* probs = ar.alloc<float>(size_t(M * E1));
     int32_t* choice = ar.alloc<int32_t>(static_cast<size_t>(M));
     float* gate = ar.alloc<float>(static_cast<size_t>(M));
     const float *sd = ar.up(state), *scd = ar.up(scale), *nwd = ar.up(nw), *f1wd = ar.up(f1w),
                 *f1bd = ar.up(f1b), *f2wd = ar.up(f2w), *f2bd = ar.up(f2b), *owd = ar.up(ow),
                 *bald = ar.up(bal);
-    ASSERT_TRUE(rd && probs && choice && gate && sd && scd && nwd && f1wd && f2wd && owd && bald);
-    decode_router_tail(rd, probs, choice, gate, c.state ? sd : nullptr, scd, nwd, eps, f1wd, f1bd,
-                       f2wd, f2bd, owd, bald, M, R, E1, nullptr);
+    ASSERT_TRUE(rd && xd && dwd && dbd && probs && choice && gate && sd && scd && nwd && f1wd &&
+                f2wd && owd && bald);
+    decode_router(rd, probs, choice, gate, xd, ldx, dwd, dbd, c.state ? sd : nullptr, scd, nwd, eps,
+                  f1wd, f1bd, f2wd, f2bd, owd, bald, M, D, R, E1, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     const auto r_h = test_util::download(rd, size_t(M * R));
     const auto p_h = test_util::download(probs, size_t(M * E1));
@@ -416,8 +443,8 @@ TEST(CudaDecodeKernels, RouterTailMatchesTheHostReferenceAndCpuOps) {
       for (int64_t i = 0; i < R; i++) {
         const size_t k = size_t(m * R + i);
         const double sc = c.state ? double(state[k]) * scale[size_t(i)] : 0.0;
-        v[size_t(i)] = double(r0[k]) + sc;
-        EXPECT_NEAR(r_h[k], v[size_t(i)], 1e-6 * (std::fabs(r0[k]) + std::fabs(sc)) + 1e-30)
+        v[size_t(i)] = r0d[k] + sc;
+        EXPECT_NEAR(r_h[k], v[size_t(i)], 1e-6 * (3 * r0a[k] + std::fabs(sc)) + 1e-30)
             << "state r[" << m << "," << i << "]";
         ss += v[size_t(i)] * v[size_t(i)];
       }
@@ -464,6 +491,193 @@ TEST(CudaDecodeKernels, RouterTailMatchesTheHostReferenceAndCpuOps) {
       EXPECT_NEAR(g_h[size_t(m)], p[size_t(best)], 1e-5) << "gate row " << m;
     }
   }
+}
+
+// decode_conv: the depthwise conv over [history | token] and the grouped conv, against double;
+// float4 weight rows (d·t1 = 128, 256, 512) and the scalar loop (d = 32, t1 = 2; t1 = 1), M up to
+// 8. The history is read only.
+TEST(CudaDecodeKernels, ConvMatchesTheHostReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int64_t M, Hq, Hkv, d, t0, t1;
+  };
+  const std::vector<Case> cases = {{1, 8, 2, 128, 2, 2}, {8, 8, 2, 128, 2, 2}, {3, 4, 2, 32, 2, 2},
+                                   {2, 4, 2, 64, 2, 2},  {2, 2, 1, 128, 3, 4}, {2, 2, 2, 64, 1, 3},
+                                   {1, 2, 1, 32, 2, 1}};
+  std::mt19937_64 g(47);
+  for (const Case& c : cases) {
+    const int64_t M = c.M, d = c.d, t0 = c.t0, t1 = c.t1, C = (c.Hq + c.Hkv) * d;
+    const int64_t ld = C + c.Hkv * d + 8, P = (t0 - 1) + (t1 - 1), K = d * t1;
+    SCOPED_TRACE("M " + std::to_string(M) + " C " + std::to_string(C) + " d " + std::to_string(d) +
+                 " t0 " + std::to_string(t0) + " t1 " + std::to_string(t1));
+    const auto qkv = test_util::random_uniform(g, size_t(M * ld), -1.f, 1.f, true);
+    const auto hist =
+        test_util::random_uniform(g, size_t(M * std::max<int64_t>(P, 1) * C), -1.f, 1.f);
+    const auto wdw = test_util::random_uniform(g, size_t(C * t0), -1.f, 1.f);
+    const auto bdw = test_util::random_uniform(g, size_t(C), -0.1f, 0.1f);
+    const float wk = 1.7f / std::sqrt(float(K));
+    const auto wg = test_util::random_uniform(g, size_t(C * K), -wk, wk);
+    const auto bg = test_util::random_uniform(g, size_t(C), -0.1f, 0.1f);
+    test_util::DeviceArena ar;
+    float* y = ar.alloc<float>(size_t(M * C));
+    float* hd = ar.up(hist);
+    const bf16* qd = ar.up_bf16(qkv);
+    const float *wdwd = ar.up(wdw), *bdwd = ar.up(bdw), *wgd = ar.up(wg), *bgd = ar.up(bg);
+    ASSERT_TRUE(y && hd && qd && wdwd && bdwd && wgd && bgd);
+    decode_conv(y, qd, ld, hd, wdwd, bdwd, wgd, bgd, M, C, d, t0, t1, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto y_h = test_util::download(y, size_t(M * C));
+    EXPECT_EQ(test_util::download(hd, hist.size()), hist) << "the history is only read";
+    double worst = 0;
+    for (int64_t m = 0; m < M; m++) {
+      std::vector<double> u(size_t(t1 * C)), ua(u.size());
+      for (int64_t ch = 0; ch < C; ch++)
+        for (int64_t i = 0; i < t1; i++) {
+          double sum = bdw[size_t(ch)], a = std::fabs(bdw[size_t(ch)]);
+          for (int64_t j = 0; j < t0; j++) {
+            const int64_t pi = i + j;
+            const double xv =
+                pi < P ? hist[size_t((m * P + pi) * C + ch)] : qkv[size_t(m * ld + ch)];
+            sum += wdw[size_t(ch * t0 + j)] * xv, a += std::fabs(wdw[size_t(ch * t0 + j)] * xv);
+          }
+          u[size_t(i * C + ch)] = sum, ua[size_t(i * C + ch)] = a;
+        }
+      for (int64_t co = 0; co < C; co++) {
+        const int64_t c0 = co / d * d;
+        double sum = bg[size_t(co)], a = std::fabs(bg[size_t(co)]);
+        for (int64_t ci = 0; ci < d; ci++)
+          for (int64_t j = 0; j < t1; j++) {
+            const double w = wg[size_t(co * K + ci * t1 + j)];
+            sum += w * u[size_t(j * C + c0 + ci)], a += std::fabs(w) * ua[size_t(j * C + c0 + ci)];
+          }
+        worst = std::max(worst, std::fabs(y_h[size_t(m * C + co)] - sum) / (2e-6 * a + 1e-30));
+      }
+    }
+    EXPECT_LE(worst, 1.0) << "error over 2e-6 of the magnitude sum";
+  }
+}
+
+// decode_attention in one launch: against double at the bench shape (1097 keys, chunks of 16)
+// and short, windowed, batched contexts; a second launch on the same workspace (the counters
+// must be back at zero) gives the same bits.
+TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    std::vector<int32_t> ctx;
+    int64_t Hkv, G, d, window, cap;
+  };
+  const std::vector<Case> cases = {
+      {{1097}, 2, 4, 128, 0, 1100},      {{1090, 17}, 2, 4, 128, 0, 1100},
+      {{5, 700}, 2, 4, 128, 300, 1100},  {{1, 31, 32}, 2, 4, 32, 0, 320},
+      {{33, 300, 1}, 1, 1, 64, 16, 320}, {{1000}, 1, 8, 32, 100, 1024},
+      {{300, 1, 33}, 8, 1, 64, 0, 4100}};
+  std::mt19937_64 g(53);
+  for (const Case& c : cases) {
+    const int64_t M = int64_t(c.ctx.size()), Hkv = c.Hkv, Hq = c.Hkv * c.G, d = c.d, cap = c.cap;
+    SCOPED_TRACE("M " + std::to_string(M) + " ctx0 " + std::to_string(c.ctx[0]) + " Hq " +
+                 std::to_string(Hq) + " Hkv " + std::to_string(Hkv) + " d " + std::to_string(d) +
+                 " window " + std::to_string(c.window));
+    const auto q = test_util::random_uniform(g, size_t(M * Hq * d), -2.f, 2.f, true);
+    const auto k = test_util::random_uniform(g, size_t(M * cap * Hkv * d), -2.f, 2.f, true);
+    const auto v = test_util::random_uniform(g, size_t(M * cap * Hkv * d), -1.f, 1.f, true);
+    std::vector<int32_t> len(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; m++) len[size_t(m)] = c.ctx[size_t(m)] - 1;
+    test_util::DeviceArena ar;
+    const bf16 *qd = ar.up_bf16(q), *kd = ar.up_bf16(k), *vd = ar.up_bf16(v);
+    const int32_t* lend = ar.up(len);
+    const size_t wsb = decode_attention_workspace_bytes(M, Hq, d, cap);
+    char* ws = ar.alloc<char>(wsb);
+    bf16* o = ar.alloc<bf16>(size_t(M * Hq * d));
+    bf16* o2 = ar.alloc<bf16>(size_t(M * Hq * d));
+    ASSERT_TRUE(qd && kd && vd && lend && ws && o && o2);
+    ASSERT_EQ(cudaMemset(ws, 0, wsb), cudaSuccess);
+    decode_attention(o, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr);
+    decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto o_h = test_util::download_bf16(o, size_t(M * Hq * d));
+    EXPECT_EQ(o_h, test_util::download_bf16(o2, size_t(M * Hq * d))) << "relaunch";
+    std::vector<float> ref(o_h.size());
+    std::vector<double> ref_d(o_h.size()), slack(o_h.size());
+    for (int64_t m = 0; m < M; m++) {
+      const int64_t pos = len[size_t(m)];
+      const int64_t lo = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+      for (int64_t h = 0; h < Hq; h++) {
+        const int64_t gg = h / c.G;
+        std::vector<double> p(size_t(pos + 1));
+        double mx = -1e300, sum = 0;
+        for (int64_t j = lo; j <= pos; j++) {
+          double t = 0;
+          for (int64_t i = 0; i < d; i++)
+            t += double(q[size_t((m * Hq + h) * d + i)]) *
+                 k[size_t(((m * cap + j) * Hkv + gg) * d + i)];
+          p[size_t(j)] = t / std::sqrt(double(d)), mx = std::max(mx, p[size_t(j)]);
+        }
+        for (int64_t j = lo; j <= pos; j++) sum += p[size_t(j)] = std::exp(p[size_t(j)] - mx);
+        for (int64_t i = 0; i < d; i++) {
+          double acc = 0, a = 0;
+          for (int64_t j = lo; j <= pos; j++) {
+            const double t = p[size_t(j)] / sum * v[size_t(((m * cap + j) * Hkv + gg) * d + i)];
+            acc += t, a += std::fabs(t);
+          }
+          ref_d[size_t((m * Hq + h) * d + i)] = acc;
+          slack[size_t((m * Hq + h) * d + i)] = 1e-5 * (a + 4.0);
+        }
+      }
+    }
+    expect_bf16_ulp("o", o_h, ref_d, slack);
+  }
+}
+
+// decode_residual_norm: the float4 path (D % 4 == 0, D <= 4096) and the scalar one, with and
+// without the residual.
+TEST(CudaDecodeKernels, ResidualNormMatchesTheHostReference) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 g(59);
+  for (int64_t D : {64, 36, 300, 2048, 4096, 4100})
+    for (bool with_a : {true, false}) {
+      const int64_t M = 3;
+      SCOPED_TRACE("D " + std::to_string(D) + " residual " + std::to_string(with_a));
+      const float eps = 1e-5f;
+      const auto a = test_util::random_uniform(g, size_t(M * D), -2.f, 2.f, true);
+      const auto h0 = test_util::random_uniform(g, size_t(M * D), -2.f, 2.f);
+      const auto hs = test_util::random_uniform(g, size_t(D), 0.5f, 1.5f);
+      const auto hb = test_util::random_uniform(g, size_t(D), -0.1f, 0.1f);
+      const auto rs = test_util::random_uniform(g, size_t(D), 0.5f, 1.5f);
+      const auto rb = test_util::random_uniform(g, size_t(D), -0.1f, 0.1f);
+      const auto w = test_util::random_uniform(g, size_t(D), 0.5f, 1.5f);
+      test_util::DeviceArena ar;
+      float* hd = ar.up(h0);
+      bf16* y = ar.alloc<bf16>(size_t(M * D));
+      const bf16* ad = ar.up_bf16(a);
+      const float *hsd = ar.up(hs), *hbd = ar.up(hb), *rsd = ar.up(rs), *rbd = ar.up(rb),
+                  *wd = ar.up(w);
+      ASSERT_TRUE(hd && y && ad && hsd && hbd && rsd && rbd && wd);
+      decode_residual_norm(hd, y, with_a ? ad : nullptr, hsd, hbd, rsd, rbd, wd, eps, M, D,
+                           nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto h_h = test_util::download(hd, size_t(M * D));
+      const auto y_h = test_util::download_bf16(y, size_t(M * D));
+      std::vector<double> yr(size_t(M * D)), ys(size_t(M * D));
+      for (int64_t m = 0; m < M; m++) {
+        double ss = 0;
+        std::vector<double> hv(static_cast<size_t>(D));
+        for (int64_t i = 0; i < D; i++) {
+          const size_t kk = size_t(m * D + i);
+          const double t1 = (double(a[kk]) + hb[size_t(i)]) * hs[size_t(i)];
+          const double t2 = (double(h0[kk]) + rb[size_t(i)]) * rs[size_t(i)];
+          hv[size_t(i)] = with_a ? t1 + t2 : h0[kk];
+          EXPECT_NEAR(h_h[kk], hv[size_t(i)], 1e-6 * (std::fabs(t1) + std::fabs(t2) + 1))
+              << "h " << m << "," << i;
+          ss += hv[size_t(i)] * hv[size_t(i)];
+        }
+        const double rstd = 1 / std::sqrt(ss / double(D) + eps);
+        for (int64_t i = 0; i < D; i++) {
+          yr[size_t(m * D + i)] = w[size_t(i)] * hv[size_t(i)] * rstd;
+          ys[size_t(m * D + i)] = 1e-5 * std::fabs(yr[size_t(m * D + i)]) + 1e-7;
+        }
+      }
+      expect_bf16_ulp("y", y_h, yr, ys);
+    }
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 // Positions come from a device counter so a captured decode step replays unchanged.
 // Deliberately not here: batched prefill (it runs the training-path kernels and GEMMs) and
 // sampling other than greedy (done on the host from the logits).
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 
@@ -13,6 +16,8 @@
 
 namespace zaya::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 using kern::aligned16;
 using kern::warp_max;
@@ -155,11 +160,88 @@ __global__ void expert_down_combine_kernel(bf16* out, const bf16* act, const bf1
   if (lane == 0) out[m * D + o] = __float2bfloat16(gate[m] * s);
 }
 
+// The CCA convolutions of decode rows (one token per sequence; its history hist [B, P, C],
+// P = (t0−1) + (t1−1)): the depthwise conv (kernel t0) at the t1 positions the grouped conv reads,
+// then y[m, co] = bg[co] + Σ_{ci<d, j<t1} wg[co, ci·t1 + j] · u[m, j, c0 + ci] over the head group
+// c0 of co — cca_conv_fwd for S = 1, spread over C/8 blocks instead of one per group. One warp per
+// output channel (the 8 channels of a block lie in one group: d % 8 == 0) for all M rows, so each
+// weight row is read once; its loads are issued before the depthwise pass (NV float4 per lane when
+// d·t1 = 128·NV; NV = 0: a lane-strided scalar loop). u of the group in shared memory, [M][d·t1]
+// in wg's (ci, j) order. The history is advanced later, by decode_qkv_finish.
+constexpr int kConvWarps = 8;
+
+template <int NV>
+__global__ void __launch_bounds__(kConvWarps* kWarp)
+    decode_conv_kernel(float* y, const bf16* qkv, int64_t ld, const float* hist, const float* wdw,
+                       const float* bdw, const float* wg, const float* bg, int M, int C, int d,
+                       int t0, int t1) {
+  extern __shared__ __align__(16) float u_s[];  // [M, d·t1]
+  const int K = d * t1, P = (t0 - 1) + (t1 - 1);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int co = blockIdx.x * kConvWarps + warp;
+  const int c0 = (blockIdx.x * kConvWarps / d) * d;
+  const float* wr = wg + int64_t(co) * K;
+  float4 wv[NV > 0 ? NV : 1];
+  if constexpr (NV > 0) {
+#pragma unroll
+    for (int i = 0; i < NV; i++)
+      wv[i] = *reinterpret_cast<const float4*>(wr + 4 * lane + 4 * kWarp * i);
+  }
+  for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
+    const int mm = e / K, k = e % K, ci = k / t1, j = k % t1, c = c0 + ci;
+    float s = bdw[c];  // depthwise_at of cca.cu at index j of a one-token sequence
+    for (int jj = 0; jj < t0; jj++) {
+      const int pi = j + jj;
+      const float xv = pi >= P ? __bfloat162float(qkv[int64_t(mm) * ld + c])
+                               : hist[(int64_t(mm) * P + pi) * C + c];
+      s += wdw[c * t0 + jj] * xv;
+    }
+    u_s[e] = s;
+  }
+  __syncthreads();
+  float acc[kGemvMaxRows];
+#pragma unroll
+  for (int mm = 0; mm < kGemvMaxRows; mm++) acc[mm] = 0.f;
+  if constexpr (NV > 0) {
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+      const int k = 4 * lane + 4 * kWarp * i;
+#pragma unroll
+      for (int mm = 0; mm < kGemvMaxRows; mm++) {
+        if (mm >= M) break;
+        const float4 u = *reinterpret_cast<const float4*>(u_s + mm * K + k);
+        acc[mm] = fmaf(wv[i].x, u.x, acc[mm]);
+        acc[mm] = fmaf(wv[i].y, u.y, acc[mm]);
+        acc[mm] = fmaf(wv[i].z, u.z, acc[mm]);
+        acc[mm] = fmaf(wv[i].w, u.w, acc[mm]);
+      }
+    }
+  } else {
+    for (int k = lane; k < K; k += kWarp) {
+      const float w = wr[k];
+#pragma unroll
+      for (int mm = 0; mm < kGemvMaxRows; mm++) {
+        if (mm >= M) break;
+        acc[mm] = fmaf(w, u_s[mm * K + k], acc[mm]);
+      }
+    }
+  }
+#pragma unroll
+  for (int mm = 0; mm < kGemvMaxRows; mm++) {
+    if (mm >= M) break;
+    const float s = warp_sum(acc[mm]);
+    if (lane == 0) y[int64_t(mm) * C + co] = bg[co] + s;
+  }
+}
+
 // One block per token. Dynamic shared memory: (Hq + Hkv)·d floats of pre-norm q and k.
+// Also advances the convolution history: hist[m] ← its last P−1 rows and this token's q0|k0
+// channels (what cca_conv_fwd's history update does for S = 1); the conv kernel ran before.
 __global__ void decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache, float* vd_last,
                                          const float* conv, const bf16* qkv, int64_t ld,
                                          const float* temp, const int32_t* len, int64_t cap,
-                                         float theta, int r, int Hq, int Hkv, int d) {
+                                         float theta, int r, int Hq, int Hkv, int d, float* hist,
+                                         int P) {
   extern __shared__ float sh[];
   const int m = blockIdx.x;
   const int G = Hq / Hkv, QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
@@ -224,125 +306,202 @@ __global__ void decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache
   __syncthreads();
   for (int i = threadIdx.x; i < VH; i += blockDim.x)
     vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
+  if (hist && P > 0) {
+    float* hm = hist + int64_t(m) * P * C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      for (int p = 0; p + 1 < P; p++) hm[int64_t(p) * C + c] = hm[int64_t(p + 1) * C + c];
+      hm[int64_t(P - 1) * C + c] = __bfloat162float(row[c]);
+    }
+  }
 }
 
-// Split-context attention: block (chunk, kv head g, sequence m) scores its chunk of `ch` keys for
-// the G query heads of g and writes unnormalised partial outputs with their max and sum. Four
-// warps split the chunk's keys; within a warp the lanes split the head dim (d/32 values each), so
-// every K and V row is read once, coalesced, and the loads of different keys are in flight
-// together. Shared memory: G·d floats of q, G·ch scores, 4·G·d partial outputs.
+// Split-context attention, one launch: block (chunk, kv head g, sequence m) handles `ch` keys of
+// the cache for the G query heads of g and writes unnormalised partial outputs with their max and
+// sum; the last block of (g, m) to finish (a counter per (m, g), reset by that block) combines the
+// partials of the chunks that hold visible keys, in chunk order, so the result does not depend on
+// which block finished last.
+// Scores: the lanes of a warp form four groups of 8, one key per group (16 keys per pass of the
+// block); a lane holds PER = d/8 consecutive values of the key row (16-byte loads at d = 64, 128),
+// and the group's dot products are summed by three butterfly shuffles inside the group. P·V: one
+// key per warp at a time, lanes across the head dim (d/32 values each, one load per lane), the four
+// warps' sums added in order. Shared memory: G·d floats of q (pre-scaled by 1/sqrt(d)), G·ch
+// scores, 4·G·d partial outputs, and one flag.
 constexpr int kAttnWarps = 4;
-__global__ void __launch_bounds__(kAttnWarps * 32)
-    decode_attn_partial_kernel(float* part_o, float* part_ml, const bf16* q, const bf16* kcache,
-                               const bf16* vcache, const int32_t* len, int64_t cap, int64_t window,
-                               int Hq, int Hkv, int d, int ch, int nchunks) {
-  extern __shared__ float sh[];
+constexpr int kAttnThreads = kAttnWarps * kWarp;
+constexpr int kAttnMaxG = 8;
+constexpr int kAttnKeysPerPass = kAttnWarps * 4;
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
+template <int PER>
+__device__ __forceinline__ void load_bf16_vals(float (&f)[PER], const bf16* p) {
+  if constexpr (PER % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < PER / 8; i++)
+      bf16x8_to_f32(reinterpret_cast<const uint4*>(p)[i], f + 8 * i);
+  } else if constexpr (PER == 4) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+    const float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
+    f[0] = a.x, f[1] = a.y, f[2] = b.x, f[3] = b.y;
+  } else if constexpr (PER == 2) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+    f[0] = a.x, f[1] = a.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < PER; i++) f[i] = __bfloat162float(p[i]);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kAttnThreads)
+    decode_attn_kernel(bf16* o, float* part_o, float* part_ml, unsigned* counters, const bf16* q,
+                       const bf16* kcache, const bf16* vcache, const int32_t* len, int64_t cap,
+                       int64_t window, int Hq, int Hkv, int ch, int nchunks, int flag_at) {
+  constexpr int PER = D / 8;     // key values per lane in the score pass
+  constexpr int PV = D / kWarp;  // value dims per lane in the P·V pass
+  extern __shared__ __align__(16) float sh[];
   const int c = blockIdx.x, g = blockIdx.y, m = blockIdx.z;
-  const int G = Hq / Hkv, per = d / kWarp;  // head-dim values per lane (1, 2 or 4)
-  const int64_t pos = len[m];               // the new token (already in the cache) is at pos
+  const int G = Hq / Hkv;
+  const int64_t pos = len[m];  // the new token (already in the cache) is at pos
   const int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
   const int64_t k0 = int64_t(c) * ch;
   const int64_t kb = k0 > lo ? k0 : lo;
   const int64_t ke = (k0 + ch < pos + 1) ? k0 + ch : pos + 1;
   const int64_t slot = (int64_t(m) * Hq + int64_t(g) * G) * nchunks + c;  // + t·nchunks per head
-  if (kb >= ke) {
-    if (threadIdx.x < G) {
-      part_ml[2 * (slot + int64_t(threadIdx.x) * nchunks)] = -INFINITY;
-      part_ml[2 * (slot + int64_t(threadIdx.x) * nchunks) + 1] = 0.f;
-    }
-    return;
-  }
-  float* qs = sh;           // [G, d], pre-scaled by 1/sqrt(d)
-  float* sc = qs + G * d;   // [G, ch]
-  float* po = sc + G * ch;  // [warps, G, d]
-  const float scale = rsqrtf(float(d));
-  for (int i = threadIdx.x; i < G * d; i += blockDim.x)
-    qs[i] = __bfloat162float(q[(int64_t(m) * Hq + int64_t(g) * G) * d + i]) * scale;
-  __syncthreads();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int n = int(ke - kb);
-  const int64_t row = int64_t(Hkv) * d;  // elements between consecutive keys in the cache
-  const bf16* kbase = kcache + (int64_t(m) * cap + kb) * row + int64_t(g) * d + lane * per;
-  const bf16* vbase = vcache + (int64_t(m) * cap + kb) * row + int64_t(g) * d + lane * per;
-  for (int j = warp; j < n; j += kAttnWarps) {
-    float kf[4];
-    for (int e = 0; e < per; e++) kf[e] = __bfloat162float(kbase[int64_t(j) * row + e]);
+  float* qs = sh;           // [G, D]
+  float* sc = qs + G * D;   // [G, ch]
+  float* po = sc + G * ch;  // [warps, G, D]
+  unsigned* flag = reinterpret_cast<unsigned*>(sh + flag_at);
+  const int64_t row = int64_t(Hkv) * D;  // elements between consecutive keys in the cache
+  if (kb < ke) {
+    const float scale = rsqrtf(float(D));
+    for (int i = threadIdx.x; i < G * D; i += kAttnThreads)
+      qs[i] = __bfloat162float(q[(int64_t(m) * Hq + int64_t(g) * G) * D + i]) * scale;
+    __syncthreads();
+    const int n = int(ke - kb);
+    const bf16* kbase = kcache + (int64_t(m) * cap + kb) * row + int64_t(g) * D;
+    const bf16* vbase = vcache + (int64_t(m) * cap + kb) * row + int64_t(g) * D;
+    const int grp = lane / 8, sub = lane % 8;
+    for (int j0 = 0; j0 < n; j0 += kAttnKeysPerPass) {
+      const int j = j0 + warp * 4 + grp;
+      // A group past the chunk's end reads key 0 again (all lanes stay converged for the
+      // shuffles) and stores nothing.
+      float kf[PER];
+      const int64_t at = int64_t(j < n ? j : 0) * row + sub * PER;
+      load_bf16_vals<PER>(kf, kbase + at);
+      prefetch_l2(vbase + at);  // the P·V pass reads this row next
 #pragma unroll
-    for (int t = 0; t < 8; t++) {
+      for (int t = 0; t < kAttnMaxG; t++) {
+        if (t >= G) break;
+        const float* qt = qs + t * D + sub * PER;
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < PER; e++) s = fmaf(qt[e], kf[e], s);
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        if (sub == 0 && j < n) sc[t * ch + j] = s;
+      }
+    }
+    __syncthreads();
+    // Per head: max and sum over the chunk (one warp per head), probabilities in place.
+    for (int t = warp; t < G; t += kAttnWarps) {
+      float mx = -INFINITY;
+      for (int j = lane; j < n; j += kWarp) mx = fmaxf(mx, sc[t * ch + j]);
+      mx = warp_max(mx);
+      float sum = 0.f;
+      for (int j = lane; j < n; j += kWarp) {
+        const float p = expf(sc[t * ch + j] - mx);
+        sc[t * ch + j] = p;
+        sum += p;
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) {
+        part_ml[2 * (slot + int64_t(t) * nchunks)] = mx;
+        part_ml[2 * (slot + int64_t(t) * nchunks) + 1] = sum;
+      }
+    }
+    __syncthreads();
+    // P·V: warps split the keys, lanes the head dim; then the warps' sums are added in order.
+    float acc[kAttnMaxG][PV];
+#pragma unroll
+    for (int t = 0; t < kAttnMaxG; t++)
+#pragma unroll
+      for (int e = 0; e < PV; e++) acc[t][e] = 0.f;
+#pragma unroll 2
+    for (int j = warp; j < n; j += kAttnWarps) {
+      float vf[PV];
+      load_bf16_vals<PV>(vf, vbase + int64_t(j) * row + lane * PV);
+#pragma unroll
+      for (int t = 0; t < kAttnMaxG; t++) {
+        if (t >= G) break;
+        const float p = sc[t * ch + j];
+#pragma unroll
+        for (int e = 0; e < PV; e++) acc[t][e] = fmaf(p, vf[e], acc[t][e]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kAttnMaxG; t++) {
       if (t >= G) break;
+#pragma unroll
+      for (int e = 0; e < PV; e++) po[(warp * G + t) * D + lane * PV + e] = acc[t][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < G * D; i += kAttnThreads) {
       float s = 0.f;
-      for (int e = 0; e < per; e++) s = fmaf(qs[t * d + lane * per + e], kf[e], s);
-      s = warp_sum(s);
-      if (lane == 0) sc[t * ch + j] = s;
+      for (int w = 0; w < kAttnWarps; w++) s += po[w * G * D + i];
+      const int t = i / D, e = i % D;
+      part_o[(slot + int64_t(t) * nchunks) * D + e] = s;
     }
   }
+  // Every block of (g, m) counts itself; the last one combines.
+  __threadfence();
   __syncthreads();
-  // Per head: max and sum over the chunk (one warp per head), probabilities in place.
+  unsigned* counter = counters + int64_t(m) * Hkv + g;
+  if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == unsigned(gridDim.x) - 1u;
+  __syncthreads();
+  if (*flag == 0u) return;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (or graph replay)
+  // Combine the chunks holding visible keys: per head, the weights exp(max_c − max) of the chunks
+  // and the total (one warp per head, fixed lane order), then each output in chunk order.
+  const int c_lo = int(lo / ch), c_hi = int(pos / ch);
+  float* wts = sh;                 // [G, nchunks]
+  float* lsum = sh + G * nchunks;  // [G]
   for (int t = warp; t < G; t += kAttnWarps) {
+    const float* ml = part_ml + 2 * ((int64_t(m) * Hq + int64_t(g) * G + t) * nchunks);
     float mx = -INFINITY;
-    for (int j = lane; j < n; j += kWarp) mx = fmaxf(mx, sc[t * ch + j]);
+    for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) mx = fmaxf(mx, __ldcg(ml + 2 * cc));
     mx = warp_max(mx);
-    float sum = 0.f;
-    for (int j = lane; j < n; j += kWarp) {
-      const float p = expf(sc[t * ch + j] - mx);
-      sc[t * ch + j] = p;
-      sum += p;
+    float l = 0.f;
+    for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) {
+      const float lc = __ldcg(ml + 2 * cc + 1);
+      const float w = lc > 0.f ? expf(__ldcg(ml + 2 * cc) - mx) : 0.f;
+      wts[t * nchunks + cc] = w;
+      l += lc * w;
     }
-    sum = warp_sum(sum);
-    if (lane == 0) {
-      part_ml[2 * (slot + int64_t(t) * nchunks)] = mx;
-      part_ml[2 * (slot + int64_t(t) * nchunks) + 1] = sum;
-    }
+    l = warp_sum(l);
+    if (lane == 0) lsum[t] = l;
   }
   __syncthreads();
-  // P·V: warps split the keys again, lanes the head dim; then the warps' sums are added in order.
-  float acc[8][4];
-#pragma unroll
-  for (int t = 0; t < 8; t++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) acc[t][e] = 0.f;
-  for (int j = warp; j < n; j += kAttnWarps) {
-    float vf[4];
-    for (int e = 0; e < per; e++) vf[e] = __bfloat162float(vbase[int64_t(j) * row + e]);
-#pragma unroll
-    for (int t = 0; t < 8; t++) {
-      if (t >= G) break;
-      const float p = sc[t * ch + j];
-#pragma unroll
-      for (int e = 0; e < 4; e++)
-        if (e < per) acc[t][e] = fmaf(p, vf[e], acc[t][e]);
+  for (int i = threadIdx.x; i < G * D / 4; i += kAttnThreads) {
+    const int t = 4 * i / D, e = 4 * i % D;
+    const int64_t base = (int64_t(m) * Hq + int64_t(g) * G + t) * nchunks;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int cc = c_lo; cc <= c_hi; cc++) {
+      const float w = wts[t * nchunks + cc];
+      const float4 p = __ldcg(reinterpret_cast<const float4*>(part_o + (base + cc) * D + e));
+      a.x = fmaf(p.x, w, a.x), a.y = fmaf(p.y, w, a.y), a.z = fmaf(p.z, w, a.z),
+      a.w = fmaf(p.w, w, a.w);
     }
-  }
-#pragma unroll
-  for (int t = 0; t < 8; t++) {
-    if (t >= G) break;
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      if (e < per) po[(warp * G + t) * d + lane * per + e] = acc[t][e];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
-    float s = 0.f;
-    for (int w = 0; w < kAttnWarps; w++) s += po[w * G * d + i];
-    const int t = i / d, e = i % d;
-    part_o[(slot + int64_t(t) * nchunks) * d + e] = s;
-  }
-}
-
-__global__ void decode_attn_combine_kernel(bf16* o, const float* part_o, const float* part_ml,
-                                           int nchunks, int d) {
-  const int64_t mh = blockIdx.x;  // m·Hq + h
-  const float* ml = part_ml + 2 * mh * nchunks;
-  float mx = -INFINITY;
-  for (int c = 0; c < nchunks; c++) mx = fmaxf(mx, ml[2 * c]);
-  float l = 0.f;
-  for (int c = 0; c < nchunks; c++)
-    if (ml[2 * c + 1] > 0.f) l += ml[2 * c + 1] * expf(ml[2 * c] - mx);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float acc = 0.f;
-    for (int c = 0; c < nchunks; c++)
-      if (ml[2 * c + 1] > 0.f) acc += part_o[(mh * nchunks + c) * d + i] * expf(ml[2 * c] - mx);
-    o[mh * d + i] = __float2bfloat16(l > 0.f ? acc / l : 0.f);
+    const float l = lsum[t], r = l > 0.f ? 1.f / l : 0.f;
+    bf16* dst = o + (int64_t(m) * Hq + int64_t(g) * G + t) * D + e;
+    dst[0] = __float2bfloat16(a.x * r), dst[1] = __float2bfloat16(a.y * r);
+    dst[2] = __float2bfloat16(a.z * r), dst[3] = __float2bfloat16(a.w * r);
   }
 }
 
@@ -361,6 +520,12 @@ __device__ float block_sum_rows(float v, float* red) {
   return t;
 }
 
+// The vector form: thread t owns the float4 groups t, t + 256, ... (up to kRowVec of them, so
+// D <= 4096), and issues every load of the row before its first store (the stores to h could
+// alias the inputs as far as the compiler knows, which would otherwise serialise the loop).
+constexpr int kRowVec = 4;
+
+template <bool kVec>
 __global__ void __launch_bounds__(kRowThreads)
     decode_residual_norm_kernel(float* h, bf16* y, const bf16* a, const float* hs, const float* hb,
                                 const float* rs, const float* rb, const float* w, float eps,
@@ -369,73 +534,231 @@ __global__ void __launch_bounds__(kRowThreads)
   const int64_t m = blockIdx.x;
   float* hr = h + m * D;
   float ss = 0.f;
-  for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
-    const float v =
-        a ? (__bfloat162float(a[m * D + i]) + hb[i]) * hs[i] + (hr[i] + rb[i]) * rs[i] : hr[i];
-    hr[i] = v;
-    ss += v * v;
+  if constexpr (kVec) {
+    using kern::load4;
+    float hv[kRowVec][4], wv[kRowVec][4];
+    float av[kRowVec][4], hsv[kRowVec][4], hbv[kRowVec][4], rsv[kRowVec][4], rbv[kRowVec][4];
+#pragma unroll
+    for (int k = 0; k < kRowVec; k++) {
+      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+      if (i >= D) break;
+      load4(hr + i, hv[k]);
+      load4(w + i, wv[k]);
+      if (a) {
+        load4(a + m * D + i, av[k]);
+        load4(hs + i, hsv[k]), load4(hb + i, hbv[k]), load4(rs + i, rsv[k]), load4(rb + i, rbv[k]);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kRowVec; k++) {
+      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+      if (i >= D) break;
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        if (a) hv[k][e] = (av[k][e] + hbv[k][e]) * hsv[k][e] + (hv[k][e] + rbv[k][e]) * rsv[k][e];
+        ss += hv[k][e] * hv[k][e];
+      }
+      if (a) kern::store4(hr + i, hv[k]);
+    }
+    const float rstd = 1.0f / sqrtf(block_sum_rows(ss, red) / float(D) + eps);
+#pragma unroll
+    for (int k = 0; k < kRowVec; k++) {
+      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+      if (i >= D) break;
+      float o[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) o[e] = wv[k][e] * hv[k][e] * rstd;
+      kern::store4(y + m * D + i, o);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
+      const float v =
+          a ? (__bfloat162float(a[m * D + i]) + hb[i]) * hs[i] + (hr[i] + rb[i]) * rs[i] : hr[i];
+      hr[i] = v;
+      ss += v * v;
+    }
+    const float rstd = 1.0f / sqrtf(block_sum_rows(ss, red) / float(D) + eps);
+    for (int64_t i = threadIdx.x; i < D; i += kRowThreads)
+      y[m * D + i] = __float2bfloat16(w[i] * hr[i] * rstd);
   }
-  const float rstd = 1.0f / sqrtf(block_sum_rows(ss, red) / float(D) + eps);
-  for (int64_t i = threadIdx.x; i < D; i += kRowThreads)
-    y[m * D + i] = __float2bfloat16(w[i] * hr[i] * rstd);
 }
 
-// The router after its down projection, for a few decode rows, in one block per row: EDA state,
-// RMSNorm, fc1 + GELU, fc2 + GELU, the class logits, fp32 softmax and the biased top-1 choice
-// (ties to the lowest class) — the chain router_eda_fwd … router_select of the training path, in
-// one launch instead of eight. Shared memory: 3·R + E1 floats.
+// Thread-block clusters (sm_90): this block's rank, the cluster's size, a peer block's shared
+// memory, and the split cluster barrier (arrive has release, wait acquire semantics, so
+// shared-memory writes before an arrive, local or remote, are visible after the matching wait).
+// Compiled for an older target (the PTX fallback), a cluster is one block and the launcher asks for
+// no clusters.
+__device__ __forceinline__ unsigned cl_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().block_rank();
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ unsigned cl_size() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+__device__ __forceinline__ float* cl_map(float* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().map_shared_rank(p, int(rank));
+#else
+  return p;
+#endif
+}
+__device__ __forceinline__ void cl_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::this_cluster().barrier_arrive();
+#endif
+}
+__device__ __forceinline__ void cl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::this_cluster().barrier_wait();
+#else
+  __syncthreads();
+#endif
+}
+__device__ __forceinline__ void cl_sync() {
+  cl_arrive();
+  cl_wait();
+}
+
+// 16-byte global → shared copies that complete in the background (cp.async, L2 only), and the wait
+// for all of this thread's copies.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// The router of decode rows, one cluster of blocks per row: the down projection
+// r = x·W_down + b, r += state ⊙ scale (EDA; r keeps the result as the next layer's state),
+// RMSNorm, fc1 + exact GELU, fc2 + GELU, the class logits, fp32 softmax and the biased top-1
+// choice (warp_router_select: ties to the lowest class) — the chain from the down projection to
+// router_select of the training path in one launch.
+//
+// Each stage's output rows are split over the cluster's blocks (rank q takes rows
+// [q·rpb, (q+1)·rpb), rpb = ⌈R/cluster⌉), one warp per row, and every result is written into the
+// shared memory of every block of the cluster (distributed shared memory), followed by a cluster
+// barrier; so each block holds the full vector the next stage reads, and the R×R matrices are
+// streamed by the whole cluster instead of one SM. The block's fc1/fc2 rows (and, at rank 0, the
+// class rows) are copied into shared memory with cp.async at the start, behind the down
+// projection. The arithmetic per output (lane-strided fmaf, butterfly warp sum, then the bias) and
+// the norm's reduction order are those of gemv_bf16 and the former one-block router, so the
+// result does not depend on the cluster size.
+//
+// Shared memory (floats): red[8] | v[R] | rn[R] | h1[R] | h2[R] | lg[E1p] | w1[rpb·R] | w2[rpb·R] |
+// wo[E1·R], E1p = E1 rounded up to 4 (keeps the weight copies 16-byte aligned when R % 4 == 0).
 constexpr int kRouterThreads = 256;
+constexpr int kRouterWarps = kRouterThreads / kWarp;
 
-// y[o] = Σ_k W[o,k] x[k] + b[o] for o < O, one warp per output row, x in shared memory.
-__device__ void block_matvec(float* y, const float* x, const float* W, const float* b, int O, int K,
-                             bool gelu) {
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  for (int o = warp; o < O; o += kRouterThreads / kWarp) {
-    const float* w = W + int64_t(o) * K;
-    float s = 0.f;
-    for (int k = lane; k < K; k += kWarp) s = fmaf(w[k], x[k], s);
-    s = warp_sum(s) + (b ? b[o] : 0.f);
-    if (lane == 0) y[o] = gelu ? kern::gelu_erf(s) : s;
-  }
+__host__ __device__ inline int64_t router_smem_floats(int64_t R, int64_t E1, int64_t rpb) {
+  return kRouterWarps + 4 * R + ((E1 + 3) / 4) * 4 + 2 * rpb * R + E1 * R;
 }
 
+template <bool kVecX>
 __global__ void __launch_bounds__(kRouterThreads)
-    decode_router_tail_kernel(float* r, float* probs, int32_t* choice, float* gate,
-                              const float* state, const float* scale, const float* norm_w,
-                              float eps, const float* fc1_w, const float* fc1_b, const float* fc2_w,
-                              const float* fc2_b, const float* out_w, const float* bal, int R,
-                              int E1) {
-  extern __shared__ float sh[];
-  __shared__ float red[kRouterThreads / kWarp];
-  const int64_t m = blockIdx.x;
-  float* rn = sh;          // [R]
-  float* h1 = sh + R;      // [R]
-  float* h2 = sh + 2 * R;  // [R]
-  float* lg = sh + 3 * R;  // [E1]
-  float* rr = r + m * R;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < R; i += kRouterThreads) {
-    float v = rr[i];
-    if (state) v += state[m * R + i] * scale[i];
-    rr[i] = v;  // the next layer's EDA state
-    rn[i] = v;
-    ss += v * v;
+    decode_router_kernel(float* r, float* probs, int32_t* choice, float* gate, const bf16* x,
+                         int64_t ldx, const bf16* Wd, const float* bd, const float* state,
+                         const float* scale, const float* norm_w, float eps, const float* fc1_w,
+                         const float* fc1_b, const float* fc2_w, const float* fc2_b,
+                         const float* out_w, const float* bal, int D, int R, int E1, bool stage,
+                         bool vec_w) {
+  extern __shared__ __align__(16) float sh[];
+  cl_arrive();  // paired with the wait before the first remote write: every peer has started
+  const unsigned q = cl_rank(), cs = cl_size();
+  const int64_t m = blockIdx.y;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int rpb = int((R + int(cs) - 1) / int(cs));
+  const int o0 = int(q) * rpb, o1 = o0 + rpb < R ? o0 + rpb : R;
+  const int nw = o1 > o0 ? (o1 - o0) * R : 0;  // this block's weight elements per R×R matrix
+  float* red = sh;
+  float* v = sh + kRouterWarps;
+  float* rn = v + R;
+  float* h1 = rn + R;
+  float* h2 = h1 + R;
+  float* lg = h2 + R;
+  float* w1 = lg + ((E1 + 3) / 4) * 4;
+  float* w2 = w1 + int64_t(rpb) * R;
+  float* wo = w2 + int64_t(rpb) * R;
+  // Prefetch the MLP rows this block needs (they do not depend on x).
+  const float* g1 = fc1_w + int64_t(o0) * R;
+  const float* g2 = fc2_w + int64_t(o0) * R;
+  if (!stage) {
+    // Too large for shared memory (or no cluster): the stages read the weights where they are.
+  } else if (vec_w) {
+    for (int i = threadIdx.x * 4; i < nw; i += kRouterThreads * 4) {
+      cp_async16(w1 + i, g1 + i);
+      cp_async16(w2 + i, g2 + i);
+    }
+    if (q == 0)
+      for (int i = threadIdx.x * 4; i < E1 * R; i += kRouterThreads * 4)
+        cp_async16(wo + i, out_w + i);
+  } else {
+    for (int i = threadIdx.x; i < nw; i += kRouterThreads) w1[i] = g1[i], w2[i] = g2[i];
+    if (q == 0)
+      for (int i = threadIdx.x; i < E1 * R; i += kRouterThreads) wo[i] = out_w[i];
   }
+  // Stage 0: the down projection and the EDA state, rows [o0, o1).
+  bool waited = false;
+  for (int o = o0 + warp; o < o1; o += kRouterWarps) {
+    float acc[1] = {0.f};
+    gemv_bf16_row<1, kVecX>(acc, x + m * ldx, ldx, Wd + int64_t(o) * D, D, lane);
+    float s = warp_sum(acc[0]) + bd[o];
+    if (state) s += state[m * R + o] * scale[o];
+    if (lane == 0) r[m * R + o] = s;  // the next layer's EDA state
+    if (!waited) cl_wait(), waited = true;
+    for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(v + o, t) = s;
+  }
+  if (!waited) cl_wait();
+  cl_sync();
+  // Stage 1: RMSNorm of the full v (every block the same, in the same order).
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < R; i += kRouterThreads) ss += v[i] * v[i];
   ss = warp_sum(ss);
-  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = ss;
+  if (lane == 0) red[warp] = ss;
   __syncthreads();
   float tot = 0.f;
-  for (int w = 0; w < kRouterThreads / kWarp; w++) tot += red[w];
+  for (int w = 0; w < kRouterWarps; w++) tot += red[w];
   const float rstd = 1.0f / sqrtf(tot / float(R) + eps);
-  for (int i = threadIdx.x; i < R; i += kRouterThreads) rn[i] = norm_w[i] * (rn[i] * rstd);
+  for (int i = threadIdx.x; i < R; i += kRouterThreads) rn[i] = norm_w[i] * (v[i] * rstd);
+  cp_async_wait_all();
   __syncthreads();
-  block_matvec(h1, rn, fc1_w, fc1_b, R, R, true);
+  // fc1 + GELU, then fc2 + GELU: rows of this block, results to every block.
+  const float* w1p = stage ? w1 : g1;
+  const float* w2p = stage ? w2 : g2;
+  const float* wop = stage ? wo : out_w;
+  for (int o = o0 + warp; o < o1; o += kRouterWarps) {
+    const float* w = w1p + int64_t(o - o0) * R;
+    float s = 0.f;
+    for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], rn[k], s);
+    s = kern::gelu_erf(warp_sum(s) + fc1_b[o]);
+    for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
+  }
+  cl_sync();
+  for (int o = o0 + warp; o < o1; o += kRouterWarps) {
+    const float* w = w2p + int64_t(o - o0) * R;
+    float s = 0.f;
+    for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], h1[k], s);
+    s = kern::gelu_erf(warp_sum(s) + fc2_b[o]);
+    for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
+  }
+  cl_sync();  // no remote access after this: the other blocks may exit
+  if (q != 0) return;
+  for (int o = warp; o < E1; o += kRouterWarps) {
+    const float* w = wop + int64_t(o) * R;
+    float s = 0.f;
+    for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], h2[k], s);
+    s = warp_sum(s);
+    if (lane == 0) lg[o] = s;
+  }
   __syncthreads();
-  block_matvec(h2, h1, fc2_w, fc2_b, R, R, true);
-  __syncthreads();
-  block_matvec(lg, h2, out_w, nullptr, E1, R, false);
-  __syncthreads();
-  if (threadIdx.x < kWarp)  // softmax and choice: one warp, the training path's rule
+  if (warp == 0)  // softmax and choice: one warp, the training path's rule
     kern::warp_router_select(probs + m * E1, choice + m, gate + m, lg, bal, E1);
 }
 
@@ -592,10 +915,30 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
-void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,
-                       const float* conv_MC, const bf16* qkv, int64_t ld, const float* temp_G,
-                       const int32_t* len_B, int64_t cap, float theta, int64_t r, int64_t M,
-                       int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st) {
+void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC,
+                 const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
+                 int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st) {
+  const int64_t K = d * t1;
+  const size_t smem = size_t(M * K) * sizeof(float);
+  check(M >= 1 && M <= kGemvMaxRows && d % kConvWarps == 0 && C % d == 0 && t0 >= 1 && t1 >= 1 &&
+            (t0 - 1) + (t1 - 1) >= 0 && smem <= 48 * 1024,
+        "decode_conv: needs M <= 8, d a multiple of 8 dividing C, and M·d·t1 floats <= 48 KiB");
+  const bool vec = aligned16(wg_Cdt1) && K % (4 * kWarp) == 0;
+  const unsigned grid = unsigned(C / kConvWarps);
+  const int nv = vec ? int(K / (4 * kWarp)) : 0;
+  const auto kernel = nv == 1   ? decode_conv_kernel<1>
+                      : nv == 2 ? decode_conv_kernel<2>
+                      : nv == 4 ? decode_conv_kernel<4>
+                                : decode_conv_kernel<0>;
+  kernel<<<grid, kConvWarps * kWarp, smem, st>>>(y_MC, qkv, ld, hist_BPC, wdw_Ct0, bdw_C, wg_Cdt1,
+                                                 bg_C, int(M), int(C), int(d), int(t0), int(t1));
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
+                       int64_t P, const float* conv_MC, const bf16* qkv, int64_t ld,
+                       const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
+                       int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st) {
   check(Hq % Hkv == 0 && r % 2 == 0 && r <= d && (Hkv * d) % 2 == 0,
         "decode_qkv_finish: heads must divide, rotary dim even and <= head dim");
   const size_t smem = size_t((Hq + Hkv) * d) * sizeof(float);
@@ -604,50 +947,69 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   decode_qkv_finish_kernel<<<unsigned(M), 256, smem, st>>>(
       q_MHd, kcache, vcache, vd_last_B, conv_MC, qkv, ld, temp_G, len_B, cap, theta, int(r),
-      int(Hq), int(Hkv), int(d));
+      int(Hq), int(Hkv), int(d), hist_BPC, int(P));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
-// Keys per split-context block: small enough that a short context still spreads over the SMs
-// (about two blocks per SM for one sequence), at most 256 so the scores fit shared memory.
+// Keys per split-context block: a multiple of 16 (one pass of the block), small enough that a
+// short context still spreads over the SMs (about two blocks per SM for one sequence), at most
+// 256 so the scores fit shared memory.
 int attn_chunk(int64_t M, int64_t Hkv, int64_t cap) {
-  int ch = 32;
-  while (ch < 256 && (cap + ch - 1) / ch * Hkv * M > 512) ch *= 2;
+  int ch = kAttnKeysPerPass;
+  while (ch < 256 && (cap + ch - 1) / ch * Hkv * M > 256) ch *= 2;
   return ch;
+}
+
+// Workspace: the (m, g) counters first (room for kGemvMaxRows sequences of up to Hq kv heads, so
+// the offset does not depend on M), then the partial outputs and their (max, sum).
+size_t attn_counter_bytes(int64_t Hq) {
+  return size_t((kGemvMaxRows * Hq * 4 + 255) / 256 * 256);
 }
 
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap) {
   // The largest chunk count any batch up to M takes (smaller batches may use smaller chunks).
-  const int64_t nchunks = (cap + 31) / 32;
-  return size_t(M * Hq * nchunks * (d + 2)) * sizeof(float);
+  const int64_t nchunks = (cap + kAttnKeysPerPass - 1) / kAttnKeysPerPass;
+  return attn_counter_bytes(Hq) + size_t(M * Hq * nchunks * (d + 2)) * sizeof(float);
 }
 
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st) {
   const int64_t G = Hq / Hkv;
-  check(Hq % Hkv == 0 && G <= 8 && d % kWarp == 0 && d <= 4 * kWarp,
-        "decode_attention: needs Hq/Hkv <= 8 and a head dim of 32, 64, 96 or 128");
+  check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
+            (d == 32 || d == 64 || d == 128),
+        "decode_attention: needs M <= 8, Hq/Hkv <= 8 and a head dim of 32, 64 or 128");
   const int ch = attn_chunk(M, Hkv, cap);
   const int nchunks = int((cap + ch - 1) / ch);
-  float* part_o = static_cast<float*>(ws);
+  unsigned* counters = static_cast<unsigned*>(ws);
+  float* part_o = reinterpret_cast<float*>(static_cast<char*>(ws) + attn_counter_bytes(Hq));
   float* part_ml = part_o + M * Hq * nchunks * d;
-  const size_t smem = size_t(G * d + G * ch + kAttnWarps * G * d) * sizeof(float);
+  // The main pass's arrays, or the combine's weights, whichever is larger; then the flag.
+  const size_t smem =
+      size_t(std::max<int64_t>(G * d + G * ch + kAttnWarps * G * d, G * (nchunks + 1)) + 1) *
+      sizeof(float);
+  const int flag_at = int(smem / sizeof(float)) - 1;
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
-  decode_attn_partial_kernel<<<grid, kAttnWarps * kWarp, smem, st>>>(
-      part_o, part_ml, q_MHd, kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), int(d), ch,
-      nchunks);
-  ZAYA_CUDA_CHECK(cudaGetLastError());
-  decode_attn_combine_kernel<<<unsigned(M * Hq), 128, 0, st>>>(o_MHd, part_o, part_ml, nchunks,
-                                                               int(d));
+  const auto kernel = d == 128  ? decode_attn_kernel<128>
+                      : d == 64 ? decode_attn_kernel<64>
+                                : decode_attn_kernel<32>;
+  kernel<<<grid, kAttnThreads, smem, st>>>(o_MHd, part_o, part_ml, counters, q_MHd, kcache, vcache,
+                                           len_B, cap, window, int(Hq), int(Hkv), ch, nchunks,
+                                           flag_at);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st) {
-  decode_residual_norm_kernel<<<unsigned(M), kRowThreads, 0, st>>>(h_MD, y_MD, a_MD, hs_D, hb_D,
-                                                                   rs_D, rb_D, norm_w_D, eps, D);
+  const bool vec = D % 4 == 0 && D <= 4 * kRowVec * kRowThreads &&
+                   kern::vec4_ok(D, {h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D});
+  if (vec)
+    decode_residual_norm_kernel<true><<<unsigned(M), kRowThreads, 0, st>>>(
+        h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D, eps, D);
+  else
+    decode_residual_norm_kernel<false><<<unsigned(M), kRowThreads, 0, st>>>(
+        h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D, eps, D);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -673,16 +1035,114 @@ void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V,
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
-void decode_router_tail(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
-                        const float* state_MR, const float* scale_R, const float* norm_w_R,
-                        float eps, const float* fc1_w, const float* fc1_b, const float* fc2_w,
-                        const float* fc2_b, const float* out_w, const float* balancing_E1,
-                        int64_t M, int64_t R, int64_t E1, cudaStream_t st) {
-  const size_t smem = size_t(3 * R + E1) * sizeof(float);
-  check(smem <= 48 * 1024, "decode_router_tail: router width too large for one block");
-  decode_router_tail_kernel<<<unsigned(M), kRouterThreads, smem, st>>>(
-      r_MR, probs_ME1, choice_M, gate_M, state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w,
-      fc2_b, out_w, balancing_E1, int(R), int(E1));
+namespace {
+
+// The router's cluster size: the largest of 16 (non-portable, sm_90), 8, 4, 2 that the device
+// can schedule with the kernel's shared memory (its rows of fc1, fc2, out staged); otherwise 1 (no
+// cluster launch, as before sm_90), staging the weights only if they fit. Decided once
+// per (R, E1) on the first call, which runs eagerly, so a captured step makes no such queries.
+struct RouterLaunch {
+  int64_t R = -1, E1 = -1;
+  int device = -1;
+  int cs = 1;
+  size_t smem = 0;
+  bool stage = true;  // the MLP weights go through shared memory
+};
+
+template <bool kVecX>
+RouterLaunch router_launch(int64_t R, int64_t E1) {
+  static RouterLaunch cached;
+  int dev = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+  if (cached.R == R && cached.E1 == E1 && cached.device == dev) return cached;
+  RouterLaunch L;
+  L.R = R, L.E1 = E1, L.device = dev;
+  int major = 0, max_smem = 0;
+  ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  auto smem_for = [&](int cs) {
+    return size_t(router_smem_floats(R, E1, (R + cs - 1) / cs)) * sizeof(float);
+  };
+  const auto kernel = decode_router_kernel<kVecX>;
+  L.cs = 1;
+  L.smem = smem_for(1);
+  L.stage = L.smem <= size_t(max_smem);
+  if (!L.stage) L.smem = size_t(router_smem_floats(R, E1, 0)) * sizeof(float);
+  if (major >= 9) {
+    ZAYA_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    for (int cs : {16, 8, 4, 2}) {
+      const size_t smem = smem_for(cs);
+      if (smem > size_t(max_smem)) continue;
+      ZAYA_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = unsigned(cs), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+      cfg.gridDim = dim3(unsigned(cs), 1, 1);
+      cfg.blockDim = dim3(kRouterThreads, 1, 1);
+      cfg.dynamicSmemBytes = smem;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n >= 1) {
+        L.cs = cs, L.smem = smem, L.stage = true;
+        break;
+      }
+      (void)cudaGetLastError();  // an unsupported size is not an error of the step
+    }
+  }
+  check(L.smem <= size_t(max_smem), "decode_router: router width too large for shared memory");
+  ZAYA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L.smem)));
+  cached = L;
+  return L;
+}
+
+template <bool kVecX>
+void launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
+                   const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
+                   const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
+                   const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
+                   const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
+                   int64_t E1, bool vec_w, cudaStream_t st) {
+  const RouterLaunch L = router_launch<kVecX>(R, E1);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(L.cs), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  cfg.gridDim = dim3(unsigned(L.cs), unsigned(M), 1);
+  cfg.blockDim = dim3(kRouterThreads, 1, 1);
+  cfg.dynamicSmemBytes = L.smem;
+  cfg.stream = st;
+  cfg.attrs = at;
+  cfg.numAttrs = L.cs > 1 ? 1 : 0;
+  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX>, r_MR, probs_ME1, choice_M,
+                                     gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
+                                     norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1,
+                                     int(D), int(R), int(E1), L.stage, vec_w));
+}
+
+}  // namespace
+
+void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
+                   const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
+                   const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
+                   const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
+                   const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
+                   int64_t E1, cudaStream_t st) {
+  check(M >= 1 && D > 0 && R > 0 && E1 > 0 && ldx >= D, "decode_router: bad sizes");
+  const bool vec_x = D % 8 == 0 && ldx % 8 == 0 && aligned16(x_MD) && aligned16(down_w_RD);
+  const bool vec_w = R % 4 == 0 && aligned16(fc1_w) && aligned16(fc2_w) && aligned16(out_w);
+  if (vec_x)
+    launch_router<true>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
+                        scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M,
+                        D, R, E1, vec_w, st);
+  else
+    launch_router<false>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R,
+                         state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
+                         balancing_E1, M, D, R, E1, vec_w, st);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

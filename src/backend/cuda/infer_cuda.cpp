@@ -246,6 +246,9 @@ void CudaInference::Impl::zero_cache() {
   }
   ZAYA_CUDA_CHECK(cudaMemsetAsync(len, 0, size_t(MB) * 4, st));
   ZAYA_CUDA_CHECK(cudaMemsetAsync(bad, 0, 4, st));
+  // decode_attention's counters start at zero (each launch leaves them there again).
+  ZAYA_CUDA_CHECK(cudaMemsetAsync(
+      attn_ws, 0, decode_attention_workspace_bytes(MB, Hq, d, opt.max_context), st));
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
   length = 0;
 }
@@ -257,17 +260,14 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv) {
   DevLayer& l = s.L[size_t(li)];
   float* rc = s.r[li % 2];
   const float* rp = s.r[(li + 1) % 2];
-  if (gemv)
-    gemv_bf16(rc, nullptr, s.R, s.x, s.D, l.r_down, s.D, l.r_down_b, N, s.R, s.D, s.st);
-  else
-    s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R,
-                 GemmType::BF16, GemmType::F32, l.r_down_b, s.st);
-  if (gemv) {  // decode rows: the rest of the router in one launch
-    decode_router_tail(rc, s.probs, s.choice, s.gate, li > 0 ? rp : nullptr, l.r_scale, l.r_norm,
-                       float(s.c.rms_norm_eps), l.fc1_w, l.fc1_b, l.fc2_w, l.fc2_b, l.out_w,
-                       l.balancing, N, s.R, s.E1, s.st);
+  if (gemv) {  // decode rows: the whole router in one launch
+    decode_router(rc, s.probs, s.choice, s.gate, s.x, s.D, l.r_down, l.r_down_b,
+                  li > 0 ? rp : nullptr, l.r_scale, l.r_norm, float(s.c.rms_norm_eps), l.fc1_w,
+                  l.fc1_b, l.fc2_w, l.fc2_b, l.out_w, l.balancing, N, s.D, s.R, s.E1, s.st);
     return;
   }
+  s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R, GemmType::BF16,
+               GemmType::F32, l.r_down_b, s.st);
   if (li > 0) router_eda_fwd(rc, rp, l.r_scale, N, s.R, s.st);
   rmsnorm_fwd_f32(s.rn, s.rstd, rc, l.r_norm, float(s.c.rms_norm_eps), N, s.R, s.st);
   s.gemm->gemm(false, true, N, s.R, s.R, 1.f, s.rn, s.R, l.fc1_w, s.R, 0.f, s.t1, s.R,
@@ -356,11 +356,11 @@ void CudaInference::Impl::run_decode_step() {
     const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
     gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
     mark("qkv, o projections");
-    cca_conv_fwd(conv, nullptr, qkv, LD, l.hist, true, l.conv_dw_w, l.conv_dw_b, l.conv_g_w,
-                 l.conv_g_b, M, 1, C, d, c.cca_time0, c.cca_time1, st);
+    decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
+                c.cca_time0, c.cca_time1, st);
     mark("cca conv");
-    decode_qkv_finish(q, l.kc, l.vc, l.vd_last, conv, qkv, LD, l.temp, len, opt.max_context,
-                      float(rs.theta), rot, M, Hq, Hkv, d, st);
+    decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
+                      opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
     mark("cca qk-norm, rope, cache");
     decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st);
     mark("attention");

@@ -37,17 +37,27 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st);
 
+// The CCA convolutions for one token per sequence (cca_conv_fwd with S = 1): the depthwise conv
+// (kernel t0) over hist_BPC (P = (t0−1)+(t1−1) earlier rows, fp32 [B,P,C]) and the token's q0|k0
+// channels of qkv (row stride ld), then the grouped conv (kernel t1, d×d per head group) into y
+// fp32 [M,C]. hist is only read: decode_qkv_finish advances it. Needs d % 8 == 0, M <= 8.
+void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC,
+                 const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
+                 int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st);
 // After the convolutions, for one token per sequence at position len_B[b]: mean skip, QK-norm
 // (temperature on k), partial NeoX RoPE, delayed value (vd_last_B holds vd of the previous token
 // and is updated), and the new k, v appended to the cache at index len_B[b]. q out bf16 [M,Hq,d];
-// k/v cache bf16 [B, cap, Hkv, d].
-void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,
-                       const float* conv_MC, const bf16* qkv, int64_t ld, const float* temp_G,
-                       const int32_t* len_B, int64_t cap, float theta, int64_t r, int64_t M,
-                       int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st);
+// k/v cache bf16 [B, cap, Hkv, d]. Also advances the conv history hist_BPC (P rows per sequence;
+// null or P = 0: none) by this token's q0|k0 channels, after decode_conv has read it.
+void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
+                       int64_t P, const float* conv_MC, const bf16* qkv, int64_t ld,
+                       const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
+                       int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st);
 // Split-context attention of one query per sequence over keys 0..len_B[b] (causal, optional
-// sliding window), fp32 softmax: chunk partials in ws (workspace bytes from
-// decode_attention_workspace_bytes), then a combine pass. o bf16 [M,Hq,d].
+// sliding window), fp32 softmax, in one launch: chunk partials in ws, combined by the last block of
+// each (sequence, kv head) through a counter in ws. ws: decode_attention_workspace_bytes, zero-
+// filled once before the first call (the kernel leaves its counters at zero again). o bf16
+// [M,Hq,d]; d 32, 64 or 128; M <= 8.
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
@@ -66,15 +76,17 @@ void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t
 size_t argmax_workspace_bytes(int64_t M);
 void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, void* ws,
                  cudaStream_t st);
-// The router after its down projection (r = x·W_down + b, fp32 [M,R]) for decode rows, one launch:
-// r += state ⊙ scale (EDA; state null in layer 0; r keeps the result as the next layer's state),
-// RMSNorm, fc1 + exact GELU, fc2 + GELU, class logits, fp32 softmax (probs), choice = argmax of
-// probs + balancing bias (ties to the lowest class), gate = probs[choice].
-void decode_router_tail(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
-                        const float* state_MR, const float* scale_R, const float* norm_w_R,
-                        float eps, const float* fc1_w, const float* fc1_b, const float* fc2_w,
-                        const float* fc2_b, const float* out_w, const float* balancing_E1,
-                        int64_t M, int64_t R, int64_t E1, cudaStream_t st);
+// The router of decode rows in one launch (a thread-block cluster per row on sm_90): the down
+// projection r = x·W_down^T + b (x bf16 [M,D] with row stride ldx, W_down bf16 [R,D], fp32 out),
+// r += state ⊙ scale (EDA; state null in layer 0; r_MR keeps the result as the next layer's
+// state), RMSNorm, fc1 + exact GELU, fc2 + GELU, class logits, fp32 softmax (probs), choice =
+// argmax of probs + balancing bias (ties to the lowest class), gate = probs[choice].
+void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
+                   const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
+                   const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
+                   const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
+                   const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
+                   int64_t E1, cudaStream_t st);
 // len_B[b] += n for every sequence.
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);
 

@@ -76,7 +76,8 @@ void rmsnorm_fwd(bf16* y_ND, float* rstd_N, const float* x_ND, const float* w_D,
 // Same with an fp32 output (the router's norm, whose output feeds fp32 router math).
 void rmsnorm_fwd_f32(float* y_ND, float* rstd_N, const float* x_ND, const float* w_D, float eps,
                      int64_t N, int64_t D, cudaStream_t st);
-// dx (= or += by `accumulate`), dw (+=). dy is bf16 (the dgrad GEMM output) or fp32 (_f32 variant).
+// dx (= or += by `accumulate`; dx may be null when only dw is wanted), dw (+=, may be null). dy is
+// bf16 (the dgrad GEMM output) or fp32 (_f32 variant); a non-accumulating fp32 dx may alias dy.
 size_t rmsnorm_bwd_workspace_bytes(int64_t N, int64_t D);
 void rmsnorm_bwd(float* dx_ND, float* dw_D, const bf16* dy_ND, const float* x_ND, const float* w_D,
                  const float* rstd_N, bool accumulate, int64_t N, int64_t D, Workspace& ws,
@@ -91,13 +92,27 @@ void residual_scale_rmsnorm_fwd(float* h_out_ND, bf16* y_ND, float* rstd_N, cons
                                 const float* h_ND, const float* hs_D, const float* hb_D,
                                 const float* rs_D, const float* rb_D, const float* norm_w_D,
                                 float eps, int64_t N, int64_t D, cudaStream_t st);
-// Given dout: da = dout ⊙ hs (bf16, the next dgrad GEMM's input), dh = dout ⊙ rs (fp32, =);
-// dhs += Σ dout⊙(a+hb); dhb += Σ dout⊙hs; drs += Σ dout⊙(h+rb); drb += Σ dout⊙rs.
+// Given dout: da = dout ⊙ hs (bf16, the next dgrad GEMM's input), dh = dout ⊙ rs (fp32, =; may
+// alias dout or h); dhs += Σ dout⊙(a+hb); dhb += Σ dout⊙hs; drs += Σ dout⊙(h+rb); drb += Σ dout⊙rs.
 size_t residual_scale_bwd_workspace_bytes(int64_t N, int64_t D);
 void residual_scale_bwd(bf16* da_ND, float* dh_ND, float* dhs_D, float* dhb_D, float* drs_D,
                         float* drb_D, const float* dout_ND, const bf16* a_ND, const float* h_ND,
                         const float* hs_D, const float* hb_D, const float* rs_D, const float* rb_D,
                         int64_t N, int64_t D, Workspace& ws, cudaStream_t st);
+// An RMSNorm backward fused with the residual-scale backward that consumes its input gradient (the
+// model's chains norm(h_out) -> residual(a, h)): g = acc + dx_norm(dy, x, w, rstd) (acc fp32, may
+// be null: g = dx_norm), then residual_scale_bwd with dout = g (da bf16 =, dh fp32 =, may alias
+// acc), dw += Σ dy·x·rstd and dhs, dhb, drs, drb as residual_scale_bwd. g never goes to memory.
+// Bit-identical to rmsnorm_bwd_f32 into a buffer holding acc (accumulate) followed by
+// residual_scale_bwd from that buffer when the calls select the same access width: D % 4 != 0, or
+// D % 4 == 0 and every pointer 16-byte aligned (always so in CudaModel).
+size_t rmsnorm_residual_bwd_workspace_bytes(int64_t N, int64_t D);
+void rmsnorm_residual_bwd(bf16* da_ND, float* dh_ND, float* dw_D, float* dhs_D, float* dhb_D,
+                          float* drs_D, float* drb_D, const float* dy_ND, const float* x_ND,
+                          const float* w_D, const float* rstd_N, const float* acc_ND,
+                          const bf16* a_ND, const float* h_ND, const float* hs_D, const float* hb_D,
+                          const float* rs_D, const float* rb_D, int64_t N, int64_t D, Workspace& ws,
+                          cudaStream_t st);
 
 // ---- activations
 // ------------------------------------------------------------------------------------ SwiGLU on

@@ -169,7 +169,7 @@ struct CudaModel::Impl {
   float* dconv;                // [N,C]
   bf16* dqkv;                  // [N,LD]
   bf16 *dys, *dact, *dgu, *dxs;
-  float *dgate, *dlog_r, *da_r, *db_r, *dr, *dr_next, *r_dummy;
+  float *dgate, *dlog_r, *da_r, *db_r, *dr, *dr_next;
   bf16* dr_bf;
   // Loss.
   float *logits, *ce_max, *ce_sum, *ce_t, *loss_n, *lse_n;  // logits [chunk,V]; others [N]
@@ -527,7 +527,6 @@ void CudaModel::Impl::carve(Carver& cv) {
   db_r = cv.take<float>(N * R);
   dr = cv.take<float>(N * R);
   dr_next = cv.take<float>(N * R);
-  r_dummy = cv.take<float>(N * R);
   dr_bf = cv.take<bf16>(N * R);
 
   logits = cv.take<float>(chunk_tokens * V);
@@ -554,6 +553,7 @@ size_t CudaModel::Impl::workspace_need(int64_t B, int64_t S) const {
   at_least(rmsnorm_bwd_workspace_bytes(N, D));
   at_least(rmsnorm_bwd_workspace_bytes(N, R));
   at_least(residual_scale_bwd_workspace_bytes(N, D));
+  at_least(rmsnorm_residual_bwd_workspace_bytes(N, D));
   at_least(bias_gelu_bwd_workspace_bytes(N, R));
   at_least(column_sum_workspace_bytes(N, R));
   at_least(cca_conv_bwd_workspace_bytes(B, S, C, d, t0, t1));
@@ -795,8 +795,19 @@ void CudaModel::Impl::backward(int64_t B, int64_t S) {
   const int64_t N = B * S;
   {
     Scope s(this, kNorms);
-    rmsnorm_bwd_f32(dh, final_norm->grad, dhn, hbuf[size_t(L)], final_norm->master, rstd_f, false,
-                    N, D, wsr(), st);
+    if (!opt.recompute) {
+      // The final norm's backward fused with layer L-1's post-MLP residual backward (d h_out never
+      // goes to memory): dbf = d m, dh2 = d hmid of layer L-1; layer_backward skips that step.
+      const LayerParams& P = lp[size_t(L - 1)];
+      const LayerActs& A = acts[size_t(L - 1)];
+      rmsnorm_residual_bwd(dbf, dh2, final_norm->grad, P.pm_hs->grad, P.pm_hb->grad, P.pm_rs->grad,
+                           P.pm_rb->grad, dhn, hbuf[size_t(L)], final_norm->master, rstd_f, nullptr,
+                           A.m, A.hmid, P.pm_hs->master, P.pm_hb->master, P.pm_rs->master,
+                           P.pm_rb->master, N, D, wsr(), st);
+    } else {
+      rmsnorm_bwd_f32(dh, final_norm->grad, dhn, hbuf[size_t(L)], final_norm->master, rstd_f, false,
+                      N, D, wsr(), st);
+    }
   }
   for (int64_t li = L - 1; li >= 0; li--) {
     if (opt.recompute) layer_forward(li, B, S, false);
@@ -808,12 +819,17 @@ void CudaModel::Impl::backward(int64_t B, int64_t S) {
                    in_scale->master, in_bias->master, N, D, V, wsr(), st);
 }
 
-// On entry dh holds d loss / d h_out of layer li; on exit d loss / d h_in.
+// On entry dh holds d loss / d h_out of layer li; on exit d loss / d h_in. Without recompute the
+// norm backwards are fused with the residual backward that consumes them, across layers too: then
+// on entry dbf and dh2 already hold the post-MLP residual's outputs, and on exit (li > 0) they hold
+// those of layer li-1 instead of d h_in in dh. rmsnorm_residual_bwd gives the same bits as the
+// separate calls, so recompute on and off still agree exactly.
 void CudaModel::Impl::layer_backward(int64_t li, int64_t B, int64_t S) {
   const LayerParams& P = lp[size_t(li)];
   LayerActs& A = acts[size_t(li)];
   const int64_t N = B * S;
-  {
+  const bool fused = !opt.recompute;
+  if (!fused) {
     Scope s(this, kNorms);
     // Post-MLP residual: dbf = d m (bf16), dh2 = d hmid through the residual path (=).
     residual_scale_bwd(dbf, dh2, P.pm_hs->grad, P.pm_hb->grad, P.pm_rs->grad, P.pm_rb->grad, dh,
@@ -823,16 +839,27 @@ void CudaModel::Impl::layer_backward(int64_t li, int64_t B, int64_t S) {
   moe_backward(li, N);  // dx = d xpost
   {
     Scope s(this, kNorms);
-    rmsnorm_bwd_f32(dh2, P.ln_post->grad, dx, A.hmid, P.ln_post->master, A.rstd_post, true, N, D,
-                    wsr(), st);
-    // Post-attention residual: dbf = d a, dh = d hin through the residual path (=).
-    residual_scale_bwd(dbf, dh, P.pa_hs->grad, P.pa_hb->grad, P.pa_rs->grad, P.pa_rb->grad, dh2,
-                       A.a, A.hin, P.pa_hs->master, P.pa_hb->master, P.pa_rs->master,
-                       P.pa_rb->master, N, D, wsr(), st);
+    // Post-attention norm (dh2 += its dx) and residual: dbf = d a, dh = d hin through the residual
+    // path (=).
+    rmsnorm_residual_bwd(dbf, dh, P.ln_post->grad, P.pa_hs->grad, P.pa_hb->grad, P.pa_rs->grad,
+                         P.pa_rb->grad, dx, A.hmid, P.ln_post->master, A.rstd_post, dh2, A.a, A.hin,
+                         P.pa_hs->master, P.pa_hb->master, P.pa_rs->master, P.pa_rb->master, N, D,
+                         wsr(), st);
   }
   attention_backward(li, B, S);  // dx = d xin
   Scope s(this, kNorms);
-  rmsnorm_bwd_f32(dh, P.ln_in->grad, dx, A.hin, P.ln_in->master, A.rstd_in, true, N, D, wsr(), st);
+  if (fused && li > 0) {
+    // Input norm (dh += its dx = d h_out of layer li-1) with layer li-1's post-MLP residual.
+    const LayerParams& Q = lp[size_t(li - 1)];
+    const LayerActs& Z = acts[size_t(li - 1)];
+    rmsnorm_residual_bwd(dbf, dh2, P.ln_in->grad, Q.pm_hs->grad, Q.pm_hb->grad, Q.pm_rs->grad,
+                         Q.pm_rb->grad, dx, A.hin, P.ln_in->master, A.rstd_in, dh, Z.m, Z.hmid,
+                         Q.pm_hs->master, Q.pm_hb->master, Q.pm_rs->master, Q.pm_rb->master, N, D,
+                         wsr(), st);
+  } else {
+    rmsnorm_bwd_f32(dh, P.ln_in->grad, dx, A.hin, P.ln_in->master, A.rstd_in, true, N, D, wsr(),
+                    st);
+  }
 }
 
 // From dbf = d m to dx = d xpost (fp32, =). dr_next holds d loss / d r of layer li+1 on entry and
@@ -907,10 +934,9 @@ void CudaModel::Impl::moe_backward(int64_t li, int64_t N) {
     if (li + 1 < L)
       router_eda_fwd(dr, dr_next, lp[size_t(li + 1)].r_states_scale->master, N, R, st);
     // d states_scale = Σ_n dr ⊙ r_{li-1}: the weight gradient of an RMSNorm whose rstd and weight
-    // are 1 (its dx goes to a scratch buffer), which keeps the sum deterministic without a
-    // dedicated kernel.
+    // are 1 (no dx), which keeps the sum deterministic without a dedicated kernel.
     if (li > 0)
-      rmsnorm_bwd_f32(r_dummy, P.r_states_scale->grad, dr, acts[size_t(li - 1)].r, ones, ones,
+      rmsnorm_bwd_f32(nullptr, P.r_states_scale->grad, dr, acts[size_t(li - 1)].r, ones, ones,
                       false, N, R, wsr(), st);
     f32_to_bf16(dr_bf, dr, N * R, st);
     column_sum(P.r_down_b->grad, dr, N, R, wsr(), st);

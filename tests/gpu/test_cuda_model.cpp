@@ -229,8 +229,11 @@ TEST_P(CudaGrads, LossAndEveryGradientMatchCpuReference) {
         continue;
       }
       // bf16 activations and weight copies through the whole stack: the small router and
-      // temperature gradients land at 3-4% (H200, 2026-12-03), the large ones well below.
-      EXPECT_LT(dn / rn, 5e-2) << name << ": |Δ| " << dn << " |ref| " << rn;
+      // temperature gradients landed at 3-4% (H200, 2026-12-03), at up to 5.5% once the CCA conv
+      // took bf16 operands (762de3c: one more bf16 rounding on q and k, which the router sees
+      // through the residual stream); the large ones stay well below. A wrong gradient is off by
+      // O(100%).
+      EXPECT_LT(dn / rn, 8e-2) << name << ": |Δ| " << dn << " |ref| " << rn;
     }
   }
   EXPECT_TRUE(compared) << "every seed hit a routing near-tie; no gradient was compared";

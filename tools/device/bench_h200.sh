@@ -36,7 +36,9 @@ finish() {
 }
 trap finish EXIT
 
-note "# zaya bench on $(hostname) at $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
+# A snapshot made with `git archive` has no .git (the rev-parse would find an enclosing
+# repository's HEAD): it carries its commit in a COMMIT file.
+note "# zaya bench on $(hostname) at $(date -u +%FT%TZ), commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,power.limit,driver_version \
   --format=csv >"$W/nvidia-smi.csv" 2>&1 && note "$(cat "$W/nvidia-smi.csv")"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \

@@ -58,7 +58,9 @@ stage() {
   return $rc
 }
 
-note "# gpu_all on $(hostname) at $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null)"
+# A snapshot made with `git archive` has no .git (the rev-parse would find an enclosing
+# repository's HEAD): it carries its commit in a COMMIT file.
+note "# gpu_all on $(hostname) at $(date -u +%FT%TZ), commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader \
   2>&1 | head -2 | tee -a "$summary"
 

@@ -15,8 +15,16 @@ TimingPolicy), with its numbers read from the JSON:
     launch cost per call is not timed), each between consecutive CUDA events; the median.
   * cuBLAS workspace 32 MiB (CUBLAS_WORKSPACE_CONFIG=:4096:8, PyTorch's own Hopper default,
     stated explicitly so both sides are known to run with the same workspace as zaya's cuBLASLt).
-With --rounds R the whole GEMM list is measured R times in a row (rounds interleave with zaya's
-runs in tools/device/bench_h200.sh; the comparison takes the best round of each side).
+With --rounds R the whole GEMM list is measured R times in a row; tools/device/bench_h200.sh runs
+one round per call (--rounds 1) between zaya's rounds, and the comparison pairs each round with its
+neighbours in time (tools/bench_peer_compare.py).
+
+Clock: like zaya, every GEMM row records the wall-clock window of its timed launches (t_start,
+t_end: Unix seconds at which the host saw the first and the last timed event complete; the host
+polls the events instead of blocking) and, when NVML is reachable (pynvml if importable, else the
+driver's libnvidia-ml.so.1 through ctypes), the mean SM clock, power and temperature sampled about
+every millisecond in between (clock_samples, sm_clock_mhz, sm_clock_min_mhz, power_w, temp_c,
+clock_reasons), for attributing a zaya/peer difference to the clock. --no-nvml turns sampling off.
 
 Memory: torch's device copy (dst.copy_(src)) and plain cudaMemcpyAsync device-to-device through
 ctypes, both counted as 2N bytes (read + write) like zaya, timed as `zaya bench mem` times its
@@ -34,6 +42,7 @@ import math
 import os
 import statistics
 import sys
+import time
 
 # Before torch creates its cuBLAS handle (see the docstring).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -72,13 +81,121 @@ def operand_sets(l2, m, n, k, g, es, free_bytes):
     return sets
 
 
+class Nvml:
+    """The GPU's SM clock, power, temperature and clock event reasons (as zaya's sampler)."""
+
+    def __init__(self, pci_bus_id):
+        self.sample_fn = None
+        try:
+            self._pynvml(pci_bus_id)
+        except Exception:
+            try:
+                self._ctypes(pci_bus_id)
+            except Exception:
+                self.sample_fn = None
+        self.ok = self.sample_fn is not None
+        self.backend = getattr(self, "backend", None) if self.ok else None
+
+    def _pynvml(self, bus):
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByPciBusId(bus.encode() if isinstance(bus, str) else bus)
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+
+        def sample():
+            mhz = pynvml.nvmlDeviceGetClockInfo(h, 1)  # NVML_CLOCK_SM
+            mw = pynvml.nvmlDeviceGetPowerUsage(h)
+            c = pynvml.nvmlDeviceGetTemperature(h, 0)  # NVML_TEMPERATURE_GPU
+            why = reasons(h) if reasons else 0
+            return float(mhz), mw * 1e-3, float(c), int(why)
+        sample()
+        self.sample_fn, self.backend = sample, "pynvml"
+
+    def _ctypes(self, bus):
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if lib.nvmlInit_v2() != 0:
+            raise OSError("nvmlInit_v2 failed")
+        h = ctypes.c_void_p()
+        if lib.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus.encode()),
+                                                ctypes.byref(h)) != 0:
+            raise OSError(f"no NVML device at {bus}")
+        try:
+            reasons = lib.nvmlDeviceGetCurrentClocksEventReasons
+        except AttributeError:
+            reasons = lib.nvmlDeviceGetCurrentClocksThrottleReasons
+        u, ull = ctypes.c_uint(), ctypes.c_ulonglong()
+
+        def sample():
+            if lib.nvmlDeviceGetClockInfo(h, 1, ctypes.byref(u)) != 0:
+                raise OSError("nvmlDeviceGetClockInfo failed")
+            mhz = float(u.value)
+            mw = u.value if lib.nvmlDeviceGetPowerUsage(h, ctypes.byref(u)) == 0 else 0
+            c = u.value if lib.nvmlDeviceGetTemperature(h, 0, ctypes.byref(u)) == 0 else 0
+            why = ull.value if reasons(h, ctypes.byref(ull)) == 0 else 0
+            return mhz, mw * 1e-3, float(c), int(why)
+        sample()
+        self.sample_fn, self.backend = sample, "ctypes"
+
+    def sample(self, acc):
+        """Adds one sample to acc (a dict of sums); a failing query adds nothing."""
+        try:
+            mhz, w, c, why = self.sample_fn()
+        except Exception:
+            return
+        acc["n"] += 1
+        acc["mhz"] += mhz
+        acc["min"] = mhz if acc["n"] == 1 else min(acc["min"], mhz)
+        acc["w"] += w
+        acc["c"] += c
+        acc["why"] |= why
+
+
+def pci_bus_id():
+    import torch
+    try:
+        p = torch.cuda.get_device_properties(0)
+        return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    except Exception:  # older PyTorch: ask the runtime
+        cudart = load_cudart()
+        buf = ctypes.create_string_buffer(64)
+        if cudart is None or cudart.cudaDeviceGetPCIBusId(buf, 64, torch.cuda.current_device()):
+            return None
+        return buf.value.decode()
+
+
+def wait_window(first, last, nvml):
+    """Polls two CUDA events as zaya does: the window between seeing `first` and `last` complete,
+    with NVML sampled about every millisecond in between (a dict of the row's new fields)."""
+    nap = 1e-3 if nvml is not None else 2e-4
+    while not first.query():
+        time.sleep(nap)
+    acc = {"n": 0, "mhz": 0.0, "min": 0.0, "w": 0.0, "c": 0.0, "why": 0}
+    t0 = time.time()
+    while True:
+        done = last.query()
+        if nvml is not None and (not done or acc["n"] == 0):
+            nvml.sample(acc)
+        if done:
+            break
+        time.sleep(nap)
+    row = {"t_start": t0, "t_end": time.time()}
+    if acc["n"]:
+        n = acc["n"]
+        row.update(clock_samples=n, sm_clock_mhz=acc["mhz"] / n, sm_clock_min_mhz=acc["min"],
+                   power_w=acc["w"] / n, temp_c=acc["c"] / n, clock_reasons=acc["why"])
+    return row
+
+
 class Timer:
     """zaya's measurement protocol on the current PyTorch stream."""
 
-    def __init__(self, policy):
+    def __init__(self, policy, nvml=None):
         import torch
         self.torch = torch
         self.p = policy
+        self.nvml = nvml
+        self.window = {}  # the last measure()'s window and clock fields
         # torch.cuda._sleep spins for a number of GPU clock cycles: calibrate cycles per
         # microsecond once (the hold only needs to outlast the host's enqueueing).
         torch.cuda._sleep(1000)
@@ -123,6 +240,7 @@ class Timer:
             fn(nxt % sets)
             nxt += 1
             ev[i + 1].record()
+        self.window = wait_window(ev[0], ev[-1], self.nvml)
         torch.cuda.synchronize()
         return statistics.median(ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(iters)), \
             iters, warm
@@ -215,9 +333,10 @@ def gemm_peer(rows, timer):
                     torch.matmul(xs[i], ws[i].t(), out=ys[i])
             us, iters, warm = timer.measure(fn, sets, r.get("iters"), r.get("warm"))
             gflop = 2.0 * m * n * k * g / 1e9
-            out.append({"name": r["name"], "m": m, "n": n, "k": k, "groups": g, "dtype": dt,
-                        "time_us": us, "tflops": gflop / (us * 1e-6) / 1e3, "sets": sets,
-                        "iters": iters, "warm": warm, "launch": launch})
+            out.append(dict({"name": r["name"], "m": m, "n": n, "k": k, "groups": g,
+                             "dtype": dt, "time_us": us, "tflops": gflop / (us * 1e-6) / 1e3,
+                             "sets": sets, "iters": iters, "warm": warm, "launch": launch},
+                            **timer.window))
         except Exception as e:  # a shape torch cannot run is reported, not fatal
             out.append({"name": r["name"], "m": m, "n": n, "k": k, "groups": g, "dtype": dt,
                         "error": str(e)[:200]})
@@ -296,6 +415,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--rounds", type=int, default=1, help="measure the GEMM list this many times")
     ap.add_argument("--skip-mem", action="store_true", help="GEMMs only")
+    ap.add_argument("--no-nvml", action="store_true", help="do not sample the clock")
     ap.add_argument("--mem-iters", type=int, default=20, help="as `zaya bench mem -n`")
     ap.add_argument("--mem-warmup", type=int, default=3, help="as `zaya bench mem -w`")
     ap.add_argument("--mem-max", default=str(4 << 30), help="largest copy in bytes")
@@ -322,9 +442,20 @@ def main():
         doc = json.load(open(a.gemm_json))
         policy = dict(DEFAULT_POLICY, **doc.get("timing", {}))
         result["timing"] = policy
-        timer = Timer(policy)
+        nvml = None
+        if not a.no_nvml:
+            bus = pci_bus_id()
+            nvml = Nvml(bus) if bus else None
+            result["pci_bus_id"] = bus
+            result["nvml"] = nvml.backend if nvml is not None and nvml.ok else None
+            if nvml is not None and not nvml.ok:
+                nvml = None
+                print("# NVML unavailable: rows carry no clock samples", file=sys.stderr)
+        timer = Timer(policy, nvml)
         result["sleep_cycles_per_us"] = timer.cycles_per_us
+        result["t_start"] = time.time()
         rounds = [gemm_peer(doc["results"], timer) for _ in range(max(1, a.rounds))]
+        result["t_end"] = time.time()
         result["gemm_rounds"] = rounds
         # "gemm": the best round per shape (highest TFLOP/s), for readers of the old layout.
         best = {}

@@ -51,6 +51,20 @@ inline double wave_count(int64_t tiles, int64_t sms) {
   return sms > 0 ? double(tiles) / sms : 0;
 }
 
+// When a row's timed launches ran and what the GPU's clock did meanwhile, for attributing a
+// difference between two measurements (zaya's rounds and the peer's, tools/bench_peer_compare.py)
+// to the clock. t_start/t_end: Unix time in seconds (system clock) at which the host saw the first
+// and the last timed event complete (polled about every millisecond); 0 when not recorded. The
+// sampled means come from NVML (dlopen'd libnvidia-ml.so.1) about every millisecond in between;
+// samples = 0 when NVML is unavailable. clock_reasons: NVML's clock event (throttle) reason bits
+// seen in any sample (0x4 software power cap, 0x8 hardware slowdown, 0x20/0x40 thermal, ...).
+struct GpuWindow {
+  double t_start = 0, t_end = 0;
+  int samples = 0;
+  double sm_clock_mhz = 0, sm_clock_min_mhz = 0, power_w = 0, temp_c = 0;
+  unsigned long long clock_reasons = 0;
+};
+
 struct GemmResult {
   GemmShape shape;
   std::string dtype;   // "bf16" or "fp8"
@@ -65,6 +79,7 @@ struct GemmResult {
   int warm = 0;        // time-based warm-up launches before them (TimingPolicy)
   int algo = -1;       // "lt"/"lt-batched": index of the kept algorithm in the heuristic's list
   int candidates = 0;  // how many candidates the heuristic returned (and autotuning timed)
+  GpuWindow gpu;       // the timed launches' window and clock samples (JSON: when recorded)
 };
 
 // How every GEMM row is timed, by zaya and, identically, by the PyTorch peer
@@ -143,6 +158,9 @@ std::string gemm_table_header();
 std::string gemm_table_row(const GemmResult& r);
 // JSON {"schema":"zaya.bench.gemm/1","device","sm_count","peak_tflops","peak_source",
 // "measured_peak_tflops","workspace_bytes","timing":{TimingPolicy fields},"results":[...]}.
+// A row has "t_start"/"t_end" when its window was recorded and "clock_samples", "sm_clock_mhz",
+// "sm_clock_min_mhz", "power_w", "temp_c", "clock_reasons" when NVML sampled it (fields added to
+// schema 1; readers of the older rows are unaffected).
 std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInfo& dev,
                               double peak_bf16, double peak_fp8,
                               const GemmBenchOptions& opt = GemmBenchOptions{});

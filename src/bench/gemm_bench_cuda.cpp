@@ -25,14 +25,17 @@
 // algorithm, i.e. exactly what torch.matmul / torch.bmm call, timed in-process with our harness;
 // it separates "different algorithm" from "different harness" when zaya and the peer disagree.
 #include <cublas_v2.h>
+#include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "bench/bench_kernels.h"
@@ -113,16 +116,122 @@ struct Context {
   Context& operator=(const Context&) = delete;
 };
 
+// The GPU's SM clock, power and temperature through NVML, loaded with dlopen (the driver's
+// libnvidia-ml.so.1; no build dependency). Absent library or device: ok() is false and rows carry
+// no samples. Used only to attribute a zaya/peer difference to the clock (tools/bench_peer.py
+// samples the same way), never to correct a measurement.
+class Nvml {
+ public:
+  explicit Nvml(int cuda_device) {
+    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib_) return;
+    auto init = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
+    auto by_pci = reinterpret_cast<int (*)(const char*, void**)>(
+        dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
+    shutdown_ = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlShutdown"));
+    clock_ =
+        reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
+    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(lib_, "nvmlDeviceGetPowerUsage"));
+    temp_ =
+        reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetTemperature"));
+    void* r = dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons");
+    if (!r) r = dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons");
+    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(r);
+    char bus[64] = {0};
+    if (!init || !by_pci || !clock_ || init() != 0) {
+      close();
+      return;
+    }
+    initialised_ = true;
+    if (cudaDeviceGetPCIBusId(bus, int(sizeof(bus)), cuda_device) != cudaSuccess ||
+        by_pci(bus, &dev_) != 0) {
+      (void)cudaGetLastError();
+      close();
+    }
+  }
+  ~Nvml() { close(); }
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+  bool ok() const { return dev_ != nullptr; }
+  // Adds one sample to `w` (a no-op without NVML).
+  void sample(GpuWindow& w) const {
+    unsigned mhz = 0, mw = 0, c = 0;
+    unsigned long long why = 0;
+    if (!ok() || clock_(dev_, 1 /* NVML_CLOCK_SM */, &mhz) != 0) return;
+    w.samples += 1;
+    w.sm_clock_mhz += mhz;
+    w.sm_clock_min_mhz = w.samples == 1 ? mhz : std::min<double>(w.sm_clock_min_mhz, mhz);
+    if (power_ && power_(dev_, &mw) == 0) w.power_w += mw * 1e-3;
+    if (temp_ && temp_(dev_, 0 /* NVML_TEMPERATURE_GPU */, &c) == 0) w.temp_c += c;
+    if (reasons_ && reasons_(dev_, &why) == 0) w.clock_reasons |= why;
+  }
+
+ private:
+  void close() {
+    dev_ = nullptr;
+    if (initialised_ && shutdown_) shutdown_();
+    initialised_ = false;
+    if (lib_) dlclose(lib_);
+    lib_ = nullptr;
+  }
+  void* lib_ = nullptr;
+  void* dev_ = nullptr;
+  bool initialised_ = false;
+  int (*shutdown_)() = nullptr;
+  int (*clock_)(void*, int, unsigned*) = nullptr;
+  int (*power_)(void*, unsigned*) = nullptr;
+  int (*temp_)(void*, int, unsigned*) = nullptr;
+  int (*reasons_)(void*, unsigned long long*) = nullptr;
+};
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Whether `e` has completed; a not-ready query leaves cudaErrorNotReady as the last error, which
+// is cleared here (as PyTorch's CUDAEvent::query does) so it cannot surface in a later check.
+bool event_done(cudaEvent_t e) {
+  const cudaError_t rc = cudaEventQuery(e);
+  if (rc == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  ZAYA_CUDA_CHECK(rc);
+  return true;
+}
+
 // Enqueues `n` launches (sets next, next+1, ... mod sets) behind a spin kernel holding the stream
 // for `hold_us`, each between consecutive events; returns the per-launch times in microseconds.
+// With `w`, the host instead of blocking polls the events: it notes the wall-clock time at which
+// it sees the first event (the end of the hold) and the last complete, and samples NVML about
+// every millisecond in between. Polling changes nothing on the GPU (all launches are enqueued).
 std::vector<double> sample_launches(Context& ctx, int n, double hold_us, int sets, int& next,
-                                    const Launch& launch) {
+                                    const Launch& launch, GpuWindow* w = nullptr,
+                                    const Nvml* nvml = nullptr) {
   ctx.events.ensure(size_t(n) + 1);
   if (hold_us > 0) kernels::spin(uint64_t(hold_us * 1e3), ctx.st);
   ZAYA_CUDA_CHECK(cudaEventRecord(ctx.events.ev[0], ctx.st));
   for (int i = 0; i < n; ++i) {
     launch(next++ % sets);
     ZAYA_CUDA_CHECK(cudaEventRecord(ctx.events.ev[size_t(i) + 1], ctx.st));
+  }
+  if (w) {
+    const auto nap = std::chrono::microseconds(nvml && nvml->ok() ? 1000 : 200);
+    while (!event_done(ctx.events.ev[0])) std::this_thread::sleep_for(nap);
+    *w = GpuWindow{};
+    w->t_start = unix_seconds();
+    while (true) {
+      const bool done = event_done(ctx.events.ev[size_t(n)]);
+      if (nvml && (!done || w->samples == 0)) nvml->sample(*w);
+      if (done) break;
+      std::this_thread::sleep_for(nap);
+    }
+    w->t_end = unix_seconds();
+    if (w->samples > 0) {
+      w->sm_clock_mhz /= w->samples;
+      w->power_w /= w->samples;
+      w->temp_c /= w->samples;
+    }
   }
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(ctx.st));
   std::vector<double> t(static_cast<size_t>(n));
@@ -151,10 +260,12 @@ double estimate_us(Context& ctx, const TimingPolicy& p, int sets, int& next, con
 struct Timed {
   double us = 0;
   int iters = 0, warm = 0;
+  GpuWindow gpu;  // the timed launches' wall-clock window and NVML samples
 };
 
 // The measurement protocol of TimingPolicy (gemm_bench.h).
-Timed time_policy(Context& ctx, const TimingPolicy& p, int sets, const Launch& launch) {
+Timed time_policy(Context& ctx, const TimingPolicy& p, int sets, const Launch& launch,
+                  const Nvml* nvml = nullptr) {
   int next = 0;
   for (int i = 0; i < p.warmup; ++i) launch(next++ % sets);
   const double est = estimate_us(ctx, p, sets, next, launch);
@@ -162,7 +273,8 @@ Timed time_policy(Context& ctx, const TimingPolicy& p, int sets, const Launch& l
   r.warm = warm_launches(p, est);
   for (int i = 0; i < r.warm; ++i) launch(next++ % sets);
   r.iters = timed_iters(p, est);
-  r.us = median(sample_launches(ctx, r.iters, block_us(p, r.iters), sets, next, launch));
+  r.us =
+      median(sample_launches(ctx, r.iters, block_us(p, r.iters), sets, next, launch, &r.gpu, nvml));
   return r;
 }
 
@@ -418,6 +530,11 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
   const bool has_fp8 = dev.cc_major * 10 + dev.cc_minor >= 89;
   const TimingPolicy& pol = opt.timing;
   Context ctx(opt.workspace_bytes);
+  const Nvml nvml(opt.device);
+  if (!nvml.ok())
+    std::fprintf(stderr,
+                 "zaya bench gemm: NVML (libnvidia-ml.so.1) unavailable; rows carry no "
+                 "clock samples\n");
   std::vector<GemmResult> out;
   for (const auto& dt : opt.dtypes) {
     const bool fp8 = dt == "fp8";
@@ -449,6 +566,7 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
         r.sets = buf.sets;
         r.iters = t.iters;
         r.warm = t.warm;
+        r.gpu = t.gpu;
         return r;
       };
       // Runs `launch` once on set 0 (zeroed first) and checks a sample of its output.
@@ -467,8 +585,8 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
         };
         const int chosen = autotune(ctx, p, pol, buf.sets, run_algo);
         const Launch launch = [&](int i) { run_algo(chosen, i); };
-        GemmResult r =
-            result(s.groups > 1 ? "lt-batched" : "lt", time_policy(ctx, pol, buf.sets, launch));
+        GemmResult r = result(s.groups > 1 ? "lt-batched" : "lt",
+                              time_policy(ctx, pol, buf.sets, launch, &nvml));
         r.algo = chosen;
         r.candidates = int(p.algos.size());
         check(launch, r);
@@ -490,7 +608,7 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
                 buf.Y(i), CUDA_R_16BF, int(s.n), s.m * s.n, int(s.groups), CUBLAS_COMPUTE_32F,
                 CUBLAS_GEMM_DEFAULT));
         };
-        GemmResult r = result("cublas", time_policy(ctx, pol, buf.sets, launch));
+        GemmResult r = result("cublas", time_policy(ctx, pol, buf.sets, launch, &nvml));
         check(launch, r);
         out.push_back(r);
       }
@@ -504,7 +622,7 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
                   buf.X(i) + size_t(g * s.m * s.k) * es, buf.Y(i) + size_t(g * s.m * s.n) * 2,
                   ctx.ws.p, ctx.st, 0);
         };
-        GemmResult r = result("loop", time_policy(ctx, pol, buf.sets, loop));
+        GemmResult r = result("loop", time_policy(ctx, pol, buf.sets, loop, &nvml));
         r.algo = 0;
         r.candidates = 1;
         check(loop, r);
@@ -545,7 +663,7 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
           GemmResult rg;
           bool ok = true;
           try {
-            rg = result("grouped", time_policy(ctx, pol, buf.sets, grouped));
+            rg = result("grouped", time_policy(ctx, pol, buf.sets, grouped, &nvml));
           } catch (const Error& e) {
             std::fprintf(stderr, "zaya bench gemm: cuBLAS grouped GEMM unavailable: %s\n",
                          e.what());

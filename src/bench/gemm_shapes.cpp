@@ -201,7 +201,7 @@ std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInf
                  {"block_per_iter_us", t.block_per_iter_us},
                  {"block_max_us", t.block_max_us}};
   auto& res = j["results"] = nlohmann::json::array();
-  for (const auto& r : rs)
+  for (const auto& r : rs) {
     res.push_back({{"name", r.shape.name},
                    {"m", r.shape.m},
                    {"n", r.shape.n},
@@ -224,6 +224,20 @@ std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInf
                    {"warm", r.warm},
                    {"algo", r.algo},
                    {"candidates", r.candidates}});
+    auto& row = res.back();
+    if (r.gpu.t_end > 0) {
+      row["t_start"] = r.gpu.t_start;
+      row["t_end"] = r.gpu.t_end;
+    }
+    if (r.gpu.samples > 0) {
+      row["clock_samples"] = r.gpu.samples;
+      row["sm_clock_mhz"] = r.gpu.sm_clock_mhz;
+      row["sm_clock_min_mhz"] = r.gpu.sm_clock_min_mhz;
+      row["power_w"] = r.gpu.power_w;
+      row["temp_c"] = r.gpu.temp_c;
+      row["clock_reasons"] = r.gpu.clock_reasons;
+    }
+  }
   return j.dump(1) + "\n";
 }
 

@@ -247,6 +247,21 @@ TEST(GemmReport, JsonCarriesTheProtocolForThePeer) {
   EXPECT_EQ(j["results"][0]["warm"], 12);
   EXPECT_EQ(j["results"][0]["algo"], 2);
   EXPECT_EQ(j["results"][0]["candidates"], 17);
+  // The window and clock fields are new and optional: absent when not recorded.
+  EXPECT_FALSE(j["results"][0].contains("t_start"));
+  EXPECT_FALSE(j["results"][0].contains("sm_clock_mhz"));
+  rs[1].gpu.t_start = 1.5e9;
+  rs[1].gpu.t_end = 1.5e9 + 0.03;
+  rs[2].gpu = {1.6e9, 1.6e9 + 0.02, 12, 1755.5, 1650, 698.25, 61, 0x4};
+  const auto j2 = nlohmann::json::parse(gemm_results_json(rs, DeviceInfo{}, 989.4, 0, opt));
+  EXPECT_DOUBLE_EQ(j2["results"][1]["t_end"].get<double>(), 1.5e9 + 0.03);
+  EXPECT_FALSE(j2["results"][1].contains("clock_samples"));
+  EXPECT_EQ(j2["results"][2]["clock_samples"], 12);
+  EXPECT_EQ(j2["results"][2]["sm_clock_mhz"], 1755.5);
+  EXPECT_EQ(j2["results"][2]["sm_clock_min_mhz"], 1650.0);
+  EXPECT_EQ(j2["results"][2]["power_w"], 698.25);
+  EXPECT_EQ(j2["results"][2]["temp_c"], 61.0);
+  EXPECT_EQ(j2["results"][2]["clock_reasons"], 4);
   const std::string csv = gemm_results_csv(rs);
   EXPECT_NE(csv.find(",sets,iters,algo,candidates\n"), std::string::npos);
   EXPECT_NE(csv.find(",3,40,2,17\n"), std::string::npos);

@@ -2,20 +2,24 @@
 # Characterizes one H200 machine with zaya's own benchmarks beside their peers, in one device call
 # (about 6 minutes, the build included), for the lead to run on the device machine from the
 # repository root:
-#     bash tools/device/bench_h200.sh            (BENCH_DTYPES=bf16 to skip the fp8 GEMMs)
+#     bash tools/device/bench_h200.sh     (BENCH_DTYPES=bf16 skips the fp8 GEMMs;
+#                                          GEMM_ROUNDS=N peer rounds, default 4, zaya runs N+1)
 # Steps (each logged, timed and noted in summary.txt):
 #   build     zaya (CUDA, sm_90a) and tools/nccl_direct.cu (nvcc, against the NCCL CMake found)
 #   mem       `zaya bench mem` (device kernels, memcpy, host copies; profile)
-#   gemm      ABBA rounds: zaya (A), PyTorch peer x2 (tools/bench_peer.py --rounds 2, plus its
-#             copy peer), zaya again (B). zaya: bf16 + fp8, knee squares 256..16384, wave sweep
-#             1024..8192 (+256, k=4096: the 1280..2048 band that missed the target), ZAYA1-8B step
-#             GEMMs at 8192 tokens (lm_head dgrad included), with --cublas (cuBLAS's default GEMM
-#             in-process: tells algorithm from harness). Run B writes the profile's knee.
+#   gemm      interleaved rounds Z0 P0 Z1 P1 ... P(N-1) ZN: zaya (Z) and the PyTorch peer (P:
+#             tools/bench_peer.py --rounds 1; P0 also times its copy peer), each round a process of
+#             its own, while nvidia-smi samples the SM clock, power and temperature every 100 ms
+#             (gpu_smi.csv). zaya: bf16 + fp8, knee squares 256..16384, wave sweep 1024..8192
+#             (+256, k=4096), ZAYA1-8B step GEMMs at 8192 tokens (lm_head dgrad included), with
+#             --cublas (cuBLAS's default GEMM in-process: tells algorithm from harness). Every row
+#             of both sides carries its time window and NVML clock samples. The last zaya round
+#             writes the CSV/SVG and the profile's knee.
 #   comm      `zaya bench comm --backend nccl` (mpirun, one rank per GPU, all collectives, rank
 #             sweep) and tools/nccl_direct (all-reduce, same sizes and counts) on all visible GPUs;
 #             on a multi-GPU machine also the 1-GPU pair.
-#   compare   tools/bench_peer_compare.py: zaya/peer ratios (target >= 0.98), previously failing
-#             shapes, knee, copies, all-reduce.
+#   compare   tools/bench_peer_compare.py: zaya/peer ratios paired round by round (target median
+#             >= 0.98) with each side's clock, previously failing shapes, knee, copies, all-reduce.
 # Everything lands in $OUT/bench_h200.tgz (JSON, CSV, SVG, logs, profile) plus $OUT/summary.txt.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -34,7 +38,12 @@ finish() {
   tar -C "$(dirname "$W")" -czf "$OUT/bench_h200.tgz" bench_h200
   echo "results: $OUT/bench_h200.tgz, $OUT/summary.txt"
 }
-trap finish EXIT
+smi_pid=""
+stop_smi() {  # the background nvidia-smi sampler, if running
+  [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null && wait "$smi_pid" 2>/dev/null
+  smi_pid=""
+}
+trap 'stop_smi; finish' EXIT
 
 # A snapshot made with `git archive` has no .git (the rev-parse would find an enclosing
 # repository's HEAD): it carries its commit in a COMMIT file.
@@ -96,16 +105,38 @@ P="$W/hardware_profile.json"
 run mem "$Z" bench mem -b 256K -e 4G -f 2 --json "$W/mem.json" --csv "$W/mem.csv" \
   --svg "$W/mem.svg" --profile "$P"
 
-# BENCH_DTYPES=bf16 halves the GEMM time if the call runs short of its limit.
+# BENCH_DTYPES=bf16 halves the GEMM time if the call runs short of its limit. Time: a zaya round
+# ~24 s, a peer round ~25 s (its process start included), so the default 4 peer rounds add ~2 min
+# to the ~3.5 min of the old ABBA protocol.
 gemm_args=(bench gemm --dtype "${BENCH_DTYPES:-bf16,fp8}" --knee --knee-max 16384 --waves 1024:8192:+256
            --wave-k 4096 --model zaya1-8b --tokens 8192 --cublas)
-run gemm_a "$Z" "${gemm_args[@]}" --json "$W/gemm_a.json" --csv "$W/gemm_a.csv" \
-  --svg "$W/gemm_a.svg"
-# The peer reads run A's shapes, operand-set counts, warm-up and iteration counts and the timing
-# policy, so both sides measure identically; two rounds back to back (the BB of ABBA).
-run peer python3 tools/bench_peer.py --gemm-json "$W/gemm_a.json" --rounds 2 --out "$W/peer.json"
-run gemm_b "$Z" "${gemm_args[@]}" --json "$W/gemm_b.json" --csv "$W/gemm.csv" \
-  --svg "$W/gemm.svg" --profile "$P"
+rounds="${GEMM_ROUNDS:-4}"
+# nvidia-smi's timestamps are local time: TZ=UTC makes them Unix-comparable; smi_start lets the
+# comparison detect (and take off) an offset if nvidia-smi ignored TZ.
+date +%s.%N >"$W/gpu_smi.start"
+TZ=UTC nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu \
+  --format=csv,nounits -lms 100 >"$W/gpu_smi.csv" 2>/dev/null &
+smi_pid=$!
+# Z0 sets the shapes, operand-set counts, warm-up and iteration counts and the timing policy that
+# every peer round reads, so both sides measure identically.
+run gemm_z0 "$Z" "${gemm_args[@]}" --json "$W/gemm_z0.json"
+zs=("$W/gemm_z0.json")
+ps=()
+for ((i = 0; i < rounds; i++)); do
+  mem_flag=(--skip-mem)
+  [ "$i" -eq 0 ] && mem_flag=()
+  run "peer_p$i" python3 tools/bench_peer.py --gemm-json "$W/gemm_z0.json" --rounds 1 \
+    ${mem_flag[@]+"${mem_flag[@]}"} --out "$W/peer_p$i.json" && ps+=("$W/peer_p$i.json")
+  z="$W/gemm_z$((i + 1)).json"
+  if [ "$i" -eq $((rounds - 1)) ]; then
+    run "gemm_z$((i + 1))" "$Z" "${gemm_args[@]}" --json "$z" --csv "$W/gemm.csv" \
+      --svg "$W/gemm.svg" --profile "$P"
+  else
+    run "gemm_z$((i + 1))" "$Z" "${gemm_args[@]}" --json "$z"
+  fi
+  zs+=("$z")
+done
+stop_smi
 
 ngpu="$(nvidia-smi -L 2>/dev/null | wc -l)"
 comm_flags=(-b 8 -e 256M -f 4 --dtype bfloat16 --inplace both -n 20 -w 5)
@@ -130,6 +161,6 @@ else
 fi
 
 # ---- comparison ----
-python3 tools/bench_peer_compare.py --gemm "$W/gemm_a.json" "$W/gemm_b.json" \
-  --peer "$W/peer.json" --mem "$W/mem.json" --profile "$P" ${pairs[@]+"${pairs[@]}"} \
-  >>"$summary" 2>&1
+python3 tools/bench_peer_compare.py --gemm "${zs[@]}" --peer ${ps[@]+"${ps[@]}"} \
+  --smi "$W/gpu_smi.csv" --smi-start "$(cat "$W/gpu_smi.start")" --mem "$W/mem.json" \
+  --profile "$P" ${pairs[@]+"${pairs[@]}"} >>"$summary" 2>&1

@@ -4,7 +4,7 @@
 // from the same (bf16-rounded where the operand is bf16) inputs. Tolerances: bf16 outputs within
 // 1e-2·max|ref| (a few bf16 ulps), fp32 outputs of bf16 operands within 5e-5·max|ref|, and fp32
 // GEMMs within 1e-5·max|ref| — tight enough that TF32 (about 4e-4·max|ref| at these sizes) fails.
-// Tests that need a device skip without one; the Workspace test is host arithmetic only.
+// Tests that need a device skip without one; the Workspace and size_bucket tests are host-only.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -402,6 +403,304 @@ TEST_F(CudaGemm, GroupedWgrad) {
       off += r;
     }
   }
+}
+
+// Sets ZAYA_GEMM_AUTOTUNE for the contexts built in its scope (the variable is read by the
+// constructor) and restores the caller's value afterwards.
+class AutotuneEnv {
+ public:
+  explicit AutotuneEnv(bool on) {
+    if (const char* v = std::getenv("ZAYA_GEMM_AUTOTUNE")) saved_ = v, had_ = true;
+    if (on)
+      EXPECT_EQ(setenv("ZAYA_GEMM_AUTOTUNE", "1", 1), 0);
+    else
+      EXPECT_EQ(unsetenv("ZAYA_GEMM_AUTOTUNE"), 0);
+  }
+  ~AutotuneEnv() {
+    if (had_)
+      setenv("ZAYA_GEMM_AUTOTUNE", saved_.c_str(), 1);
+    else
+      unsetenv("ZAYA_GEMM_AUTOTUNE");
+  }
+  AutotuneEnv(const AutotuneEnv&) = delete;
+  AutotuneEnv& operator=(const AutotuneEnv&) = delete;
+
+ private:
+  std::string saved_;
+  bool had_ = false;
+};
+
+// A context with the autotune on or off, whatever the caller's environment says.
+std::unique_ptr<GemmContext> make_context(bool autotune) {
+  AutotuneEnv env(autotune);
+  return std::make_unique<GemmContext>();
+}
+
+// Row-count vectors for the bucketed grouped GEMMs: empty groups, 1, sizes on both sides of the
+// bucket edges (128, 1024, 1152, 2048, 2304, 4096) and large groups.
+const std::vector<std::vector<int32_t>>& bucket_row_vectors() {
+  static const std::vector<std::vector<int32_t>> v{
+      {0, 0, 0, 0, 0, 0},
+      {1, 0, 2, 127, 128, 129},
+      {255, 256, 257, 1, 0, 1023},
+      {1024, 1025, 1152, 1153, 0, 3},
+      {2047, 2048, 2049, 2304, 2305, 17},
+      {4096, 4097, 5000, 0, 1, 640},
+      {1, 0, 2, 127, 128, 129}};  // the second again, after its buckets saw other sizes
+  return v;
+}
+
+std::string rows_text(const std::vector<int32_t>& rows) {
+  std::string s = "rows={";
+  for (int32_t r : rows) s += std::to_string(r) + ",";
+  return s + "}";
+}
+
+// Host-only: the bucket function (no device needed).
+TEST(CudaGemmBuckets, SizeBucketIsATightMonotoneCover) {
+  EXPECT_EQ(GemmContext::size_bucket(1), 128);
+  EXPECT_EQ(GemmContext::size_bucket(128), 128);
+  EXPECT_EQ(GemmContext::size_bucket(129), 256);
+  EXPECT_EQ(GemmContext::size_bucket(1024), 1024);
+  EXPECT_EQ(GemmContext::size_bucket(1025), 1152);
+  EXPECT_EQ(GemmContext::size_bucket(2048), 2048);
+  EXPECT_EQ(GemmContext::size_bucket(2049), 2304);
+  EXPECT_EQ(GemmContext::size_bucket(4096), 4096);
+  EXPECT_EQ(GemmContext::size_bucket(4097), 4608);
+  EXPECT_EQ(GemmContext::size_bucket(5000), 5120);
+  int64_t prev = 0, distinct = 0;
+  for (int64_t v = 1; v <= (int64_t(1) << 20); ++v) {
+    const int64_t b = GemmContext::size_bucket(v);
+    ASSERT_GE(b, v);
+    ASSERT_GE(b, prev) << "v=" << v;
+    // At most one 128-row tile past v up to 2048, at most 1/8 of v above.
+    if (v <= 2048)
+      ASSERT_LT(b - v, 128) << "v=" << v;
+    else
+      ASSERT_LT(8 * (b - v), v) << "v=" << v;
+    ASSERT_EQ(GemmContext::size_bucket(b), b) << "v=" << v;
+    distinct += b != prev;
+    prev = b;
+  }
+  EXPECT_EQ(distinct, 8 + 8 * 10);  // 128..1024 by 128, then 8 per power of two up to 2^20
+}
+
+// Expert forward/dgrad with bucketed plans, over row counts in many buckets (with and without the
+// autotune): each result against the double reference (the existing tolerance rule), a repeated
+// call bit-identical, and — without the autotune — a fresh context that never saw the other row
+// counts bit-identical too (the algorithm is a function of the bucket, not of the cache's history:
+// what bit-exact resume needs). lda/ldc are not multiples of 128 elements, so groups' pointers
+// have mixed alignments.
+TEST_F(CudaGemm, GroupedGemmRowCountsAcrossBuckets) {
+  const int64_t G = 6, N = 64, K = 96, lda = K + 8, ldc = N + 8;
+  uint64_t seed = 600;
+  for (bool tune : {false, true}) {
+    const std::unique_ptr<GemmContext> ctx = make_context(tune);
+    for (bool tb : {false, true})
+      for (GemmType c : {GemmType::BF16, GemmType::F32})
+        for (const std::vector<int32_t>& rows : bucket_row_vectors()) {
+          SCOPED_TRACE(std::string("autotune=") + std::to_string(tune) +
+                       " trans_b=" + std::to_string(tb) +
+                       " c=" + (c == GemmType::BF16 ? "bf16" : "fp32") + " " + rows_text(rows));
+          std::mt19937_64 rng(seed++);
+          int64_t total = 0;
+          for (int32_t r : rows) total += r;
+          const int64_t ldb = tb ? K : N, b_stride = (tb ? N : K) * ldb + 64;
+          const int64_t extra = 3;  // rows of C past the routed ones: must stay untouched
+          const auto A =
+              random_values(size_t(std::max<int64_t>(total, 1) * lda), rng, GemmType::BF16);
+          const auto B = random_values(size_t(G * b_stride), rng, GemmType::BF16);
+          const float sentinel = -3.25f;
+          const std::vector<float> C0(size_t((total + extra) * ldc), sentinel);
+          DeviceMem dA(A.size() * 2), dB(B.size() * 2), dC(C0.size() * elem_bytes(c));
+          upload(dA, A, GemmType::BF16, st);
+          upload(dB, B, GemmType::BF16, st);
+          upload(dC, C0, c, st);
+          const float alpha = 0.75f;
+          auto run = [&](GemmContext& x) {
+            x.grouped_gemm(tb, rows.data(), G, N, K, alpha, dA.p, lda, dB.p, ldb, b_stride, 0.f,
+                           dC.p, ldc, c, st);
+            ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+            return download(dC, C0.size(), c, st);
+          };
+          const auto got = run(*ctx);
+          const auto again = run(*ctx);
+          EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0)
+              << "a repeated call with the same rows changed bits";
+          if (!tune) {
+            const auto other = run(*make_context(false));
+            EXPECT_EQ(std::memcmp(got.data(), other.data(), got.size() * sizeof(float)), 0)
+                << "a fresh context gave different bits for the same rows";
+          }
+
+          std::vector<double> ref(C0.begin(), C0.end());
+          int64_t off = 0;
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t r = rows[size_t(g)];
+            if (r == 0) continue;
+            const std::vector<float> Ag(A.begin() + off * lda, A.begin() + (off + r) * lda);
+            const std::vector<float> Bg(B.begin() + g * b_stride, B.begin() + (g + 1) * b_stride);
+            std::vector<double> Cg(ref.begin() + off * ldc, ref.begin() + (off + r) * ldc);
+            reference_gemm(false, tb, r, N, K, alpha, Ag, lda, Bg, ldb, 0.0, Cg, ldc, nullptr);
+            std::copy(Cg.begin(), Cg.end(), ref.begin() + off * ldc);
+            off += r;
+          }
+          if (total > 0) {
+            const Deviation d = compare(got, ref, total, N, ldc);
+            EXPECT_LE(d.max_err, tolerance(GemmType::BF16, c) * d.max_ref)
+                << "max |err| " << d.max_err << " max |ref| " << d.max_ref;
+          }
+          int64_t touched = 0;
+          for (int64_t m = 0; m < total + extra; ++m)
+            for (int64_t n = (m < total ? N : 0); n < ldc; ++n)
+              touched += got[size_t(m * ldc + n)] != sentinel;
+          EXPECT_EQ(touched, 0) << "C written outside the routed rows' N columns";
+        }
+  }
+}
+
+// Expert weight gradients with the token count (GEMM K) bucketed: against the reference, repeated
+// and fresh-context calls bit-identical (without the autotune), empty groups zeroed (beta = 0) or
+// untouched (beta = 1).
+TEST_F(CudaGemm, GroupedWgradRowCountsAcrossBuckets) {
+  const int64_t G = 6, M_out = 48, K = 64, ld_dy = M_out + 8, ld_x = K, w_stride = M_out * K;
+  uint64_t seed = 700;
+  for (bool tune : {false, true}) {
+    const std::unique_ptr<GemmContext> ctx = make_context(tune);
+    for (auto [c, beta] : {std::pair{GemmType::F32, 1.f}, {GemmType::BF16, 0.f}})
+      for (const std::vector<int32_t>& rows : bucket_row_vectors()) {
+        SCOPED_TRACE(std::string("autotune=") + std::to_string(tune) +
+                     " c=" + (c == GemmType::BF16 ? "bf16" : "fp32") +
+                     " beta=" + std::to_string(beta) + " " + rows_text(rows));
+        std::mt19937_64 rng(seed++);
+        int64_t total = 0;
+        for (int32_t r : rows) total += r;
+        const auto dY =
+            random_values(size_t(std::max<int64_t>(total, 1) * ld_dy), rng, GemmType::BF16);
+        const auto X =
+            random_values(size_t(std::max<int64_t>(total, 1) * ld_x), rng, GemmType::BF16);
+        const std::vector<float> W0 = beta != 0 ? random_values(size_t(G * w_stride), rng, c)
+                                                : std::vector<float>(size_t(G * w_stride), 7.f);
+        DeviceMem ddY(dY.size() * 2), dX(X.size() * 2), dW(W0.size() * elem_bytes(c));
+        upload(ddY, dY, GemmType::BF16, st);
+        upload(dX, X, GemmType::BF16, st);
+        const float alpha = 0.5f;
+        auto run = [&](GemmContext& x) {
+          upload(dW, W0, c, st);  // beta = 1 accumulates: every run starts from W0
+          x.grouped_wgrad(rows.data(), G, M_out, K, alpha, ddY.p, ld_dy, dX.p, ld_x, beta, dW.p,
+                          w_stride, c, st);
+          ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+          return download(dW, W0.size(), c, st);
+        };
+        const auto got = run(*ctx);
+        const auto again = run(*ctx);
+        EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * sizeof(float)), 0)
+            << "a repeated call with the same rows changed bits";
+        if (!tune) {
+          const auto other = run(*make_context(false));
+          EXPECT_EQ(std::memcmp(got.data(), other.data(), got.size() * sizeof(float)), 0)
+              << "a fresh context gave different bits for the same rows";
+        }
+
+        int64_t off = 0;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = rows[size_t(g)];
+          std::vector<double> ref(W0.begin() + g * w_stride, W0.begin() + (g + 1) * w_stride);
+          const std::vector<float> got_g(got.begin() + g * w_stride,
+                                         got.begin() + (g + 1) * w_stride);
+          if (r == 0) {
+            int64_t wrong = 0;
+            for (size_t i = 0; i < ref.size(); ++i)
+              wrong += got_g[i] != (beta == 0 ? 0.f : W0[size_t(g * w_stride) + i]);
+            EXPECT_EQ(wrong, 0) << "empty group " << g;
+            continue;
+          }
+          const std::vector<float> dYg(dY.begin() + off * ld_dy, dY.begin() + (off + r) * ld_dy);
+          const std::vector<float> Xg(X.begin() + off * ld_x, X.begin() + (off + r) * ld_x);
+          reference_gemm(true, false, M_out, K, r, alpha, dYg, ld_dy, Xg, ld_x, beta, ref, K,
+                         nullptr);
+          const Deviation d = compare(got_g, ref, M_out, K, K);
+          EXPECT_LE(d.max_err, tolerance(GemmType::BF16, c) * d.max_ref)
+              << "group " << g << " max |err| " << d.max_err << " max |ref| " << d.max_ref;
+          off += r;
+        }
+      }
+  }
+}
+
+// 50 steps of an MoE layer's six expert GEMMs (forward gate_up and down, dgrad of both, wgrad of
+// both) with random row counts per expert: the plan cache holds at most one plan per (GEMM, bucket)
+// that occurred — with the old exact-size keys it held one per distinct (GEMM, row count), about
+// 6·16·50 here. Leading dimensions are multiples of 128 elements, so every group's pointers are
+// 256-byte aligned and the alignments add no keys. A count above the bound means some exact sizes
+// fell back to exact-shape plans (correct, but the bucket's algorithm was refused: slow path).
+// Replaying the first step's rows afterwards adds no plan and reproduces its output bit for bit.
+TEST_F(CudaGemm, GroupedPlanCacheStaysBounded) {
+  AutotuneEnv env(false);
+  GemmContext ctx;
+  const int64_t E = 16, D = 256, I = 128, max_rows = 3000, steps = 50;
+  const size_t cap = size_t(E * max_rows);
+  std::mt19937_64 rng(800);
+  const auto xs_h = random_values(cap * size_t(D), rng, GemmType::BF16);
+  const auto act_h = random_values(cap * size_t(I), rng, GemmType::BF16);
+  const auto wgu_h = random_values(size_t(E * 2 * I * D), rng, GemmType::BF16, -0.1f, 0.1f);
+  const auto wdn_h = random_values(size_t(E * D * I), rng, GemmType::BF16, -0.1f, 0.1f);
+  DeviceMem xs(cap * size_t(D) * 2), act(cap * size_t(I) * 2), gu(cap * size_t(2 * I) * 2),
+      y(cap * size_t(D) * 2), dact(cap * size_t(I) * 2), dx(cap * size_t(D) * 2),
+      wgu(wgu_h.size() * 2), wdn(wdn_h.size() * 2), dwgu(wgu_h.size() * 4), dwdn(wdn_h.size() * 4);
+  upload(xs, xs_h, GemmType::BF16, st);
+  upload(act, act_h, GemmType::BF16, st);
+  upload(wgu, wgu_h, GemmType::BF16, st);
+  upload(wdn, wdn_h, GemmType::BF16, st);
+  ZAYA_CUDA_CHECK(cudaMemsetAsync(dwgu.p, 0, dwgu.bytes(), st));
+  ZAYA_CUDA_CHECK(cudaMemsetAsync(dwdn.p, 0, dwdn.bytes(), st));
+  const auto BF = GemmType::BF16, F32 = GemmType::F32;
+  auto step = [&](const std::vector<int32_t>& rows) {
+    const int32_t* r = rows.data();
+    ctx.grouped_gemm(true, r, E, 2 * I, D, 1.f, xs.p, D, wgu.p, D, 2 * I * D, 0.f, gu.p, 2 * I, BF,
+                     st);
+    ctx.grouped_gemm(true, r, E, D, I, 1.f, act.p, I, wdn.p, I, D * I, 0.f, y.p, D, BF, st);
+    ctx.grouped_wgrad(r, E, D, I, 1.f, y.p, D, act.p, I, 1.f, dwdn.p, D * I, F32, st);
+    ctx.grouped_gemm(false, r, E, I, D, 1.f, y.p, D, wdn.p, I, D * I, 0.f, dact.p, I, BF, st);
+    ctx.grouped_wgrad(r, E, 2 * I, D, 1.f, gu.p, 2 * I, xs.p, D, 1.f, dwgu.p, 2 * I * D, F32, st);
+    ctx.grouped_gemm(false, r, E, D, 2 * I, 1.f, gu.p, 2 * I, wgu.p, D, 2 * I * D, 0.f, dx.p, D, BF,
+                     st);
+  };
+  constexpr int kShapes = 6;
+  std::vector<std::pair<int, int64_t>> hit;  // (GEMM, bucket) pairs that occurred
+  std::vector<int32_t> first_rows;
+  std::vector<float> first_y;
+  int64_t total_first = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    std::vector<int32_t> rows(static_cast<size_t>(E));
+    for (int32_t& r : rows) r = rng() % 6 == 0 ? 0 : int32_t(1 + rng() % uint64_t(max_rows));
+    step(rows);
+    for (int32_t r : rows)
+      if (r > 0)
+        for (int g = 0; g < kShapes; ++g) hit.emplace_back(g, GemmContext::size_bucket(r));
+    if (s == 0) {
+      first_rows = rows;
+      for (int32_t r : rows) total_first += r;
+      ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+      first_y = download(y, size_t(total_first * D), BF, st);
+    }
+  }
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  std::sort(hit.begin(), hit.end());
+  hit.erase(std::unique(hit.begin(), hit.end()), hit.end());
+  const size_t bound = hit.size();
+  // 20 buckets cover 1..3072 (3000 rows at most): at most 6 · 20 plans however the rows fall.
+  EXPECT_LE(bound, size_t(kShapes * 20));
+  EXPECT_LE(ctx.plan_count(), bound) << "exact-size fallbacks or per-size plans: the cache grows";
+  EXPECT_GE(ctx.plan_count(), size_t(kShapes));
+
+  const size_t before = ctx.plan_count();
+  step(first_rows);
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  EXPECT_EQ(ctx.plan_count(), before) << "replaying seen row counts created plans";
+  const auto y_again = download(y, size_t(total_first * D), BF, st);
+  EXPECT_EQ(std::memcmp(first_y.data(), y_again.data(), first_y.size() * sizeof(float)), 0)
+      << "the first step's expert output changed bits when replayed after 50 steps";
 }
 
 // Bad arguments are zaya::Errors that name the argument and its value.

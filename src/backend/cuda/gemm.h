@@ -12,9 +12,12 @@
 //
 // Lifecycle (DESIGN.md §5): a GemmContext owns the cuBLASLt handle and one workspace; algorithms
 // are chosen once per (shape, types, transposes) key from cuBLASLt's heuristic and cached, so
-// steady-state calls do no host work beyond the descriptor lookup. Deterministic: the same key
-// always runs the same algorithm (no split-K with atomics: reduction schemes that are not
-// deterministic are excluded from the heuristic's candidates).
+// steady-state calls do no host work beyond the descriptor lookup. The grouped (expert) GEMMs,
+// whose row counts change every step, are cached per *size bucket* of the varying dimension
+// (size_bucket), not per exact size, so the cache stays small and a step creates no plans once
+// the buckets are warm. Deterministic: the algorithm is a function of (bucket or exact shape,
+// types, transposes, alignments, device, library) only (no split-K with atomics: reduction
+// schemes that are not deterministic are excluded from the heuristic's candidates).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -54,7 +57,18 @@ class GemmContext {
                      const void* dY, int64_t ld_dy, const void* X, int64_t ld_x, float beta,
                      void* dW, int64_t w_stride, GemmType c_type, cudaStream_t st);
 
+  // Number of cached plans (exact-shape and bucket plans); for tests of the cache's bound.
+  size_t plan_count() const;
+  // The bucket (its upper bound) that a varying dimension v >= 1 is cached under: multiples of 128
+  // up to 1024, then eight steps per power of two (1152, 1280, ..., 2048, 2304, ...).
+  static int64_t size_bucket(int64_t v);
+
  private:
+  // One GEMM of a grouped call; vary: 1 = M, 2 = K is the dimension cached by bucket.
+  void grouped_one(int vary, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                   float alpha, const void* A, int64_t lda, const void* B, int64_t ldb, float beta,
+                   void* C, int64_t ldc, GemmType c_type, cudaStream_t st);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -1,5 +1,6 @@
-// GemmContext (backend/cuda/gemm.h): row-major GEMMs on cuBLASLt, with a per-problem plan cache and
-// a one-time autotune of cuBLASLt's heuristic candidates.
+// GemmContext (backend/cuda/gemm.h): row-major GEMMs on cuBLASLt, with a plan cache (per exact
+// problem, or per size bucket for the grouped expert GEMMs) and an opt-in autotune of cuBLASLt's
+// heuristic candidates.
 //
 // Row-major on column-major: a row-major X[r,c] with row stride ld is, read column-major, X^T with
 // leading dimension ld. So C[M,N] = op(A)·op(B) is computed as the column-major
@@ -16,14 +17,38 @@
 // reduced in fp32 in the workspace remain, both deterministic. The plan is cached: later calls do
 // one hash lookup and one cublasLtMatmul.
 //
+// Bucket plans (grouped_gemm: the rows per expert, M; grouped_wgrad: the tokens per expert, K):
+// those counts change every step, and exact keys made every step create ~16 experts × 6 GEMMs of
+// new plans per MoE layer (descriptor, layouts and a heuristic query on the host, tens of µs
+// each; the likely cause of the ~13 ms of idle GPU in the H200 training step of 2026-12-03) and
+// grow the cache without bound.
+// So the varying dimension is keyed by its bucket (size_bucket: multiples of 128 up to 1024, then
+// eight steps per power of two — 1152, 1280, ..., 2048, 2304, ... — so the bucket's upper bound is
+// within one 128-row tile or 12.5% of every size in it, and sizes up to 2^20 need 88 buckets).
+// The plan's layouts are made at the bucket's upper bound, where the heuristic is asked; its
+// candidates are kept in order when cublasLtMatmulAlgoCheck also accepts them at the bucket's
+// lower bound, and the first kept is the bucket's algorithm (an algorithm tuned for the larger end
+// loses at most a partial tile or wave at the smaller sizes). Per call the exact M or K is written
+// into the cached layouts (cublasLtMatrixLayoutSetAttribute, host-only) and the bucket's algorithm
+// runs. If the bucket has no algorithm legal at both ends, or cublasLtMatmul refuses it for the
+// exact size (its checks run on the host before any launch), the call runs an exact-shape plan
+// instead: correctness first, at the old cost. The choice depends only on the bucket key (shape,
+// types, transposes, alignments), the device and the library, never on which size came first,
+// so resumed runs stay bit-identical. The varying dimension is always an outer (row) dimension of
+// the operands that hold it, so changing it never makes a leading dimension too small.
+//
+// Bound: the cache is dropped (and refilled on demand; every choice is reproducible) when it
+// reaches kMaxPlans. With buckets a model needs a few hundred plans at most.
+//
 // Autotune (off unless ZAYA_GEMM_AUTOTUNE=1): the first time a *tuning key* is seen — the plan key
 // with M, N and K rounded up to powers of two — every candidate runs once as warm-up and
 // kTimedRuns times between CUDA events on the caller's stream and operands, and the fastest is
 // kept (the heuristic's first choice stays unless another is more than 3% faster, so noise does
 // not flip the choice between runs). Calls with beta != 0 are timed into a scratch output so C is
-// not modified. Later exact shapes in the same bucket (the expert GEMMs' rows change every step)
-// reuse the bucket's winner when cuBLASLt accepts it for them (cublasLtMatmulAlgoCheck) instead of
-// timing again; without that, every new expert row count would synchronise the stream. Within one
+// not modified. Later exact shapes in the same tuning bucket reuse the bucket's winner when
+// cuBLASLt accepts it for them (cublasLtMatmulAlgoCheck) instead of timing again. Bucket plans
+// (above) are their own tuning unit: the first call of a bucket times the candidates legal across
+// the bucket on its exact operands, and the bucket keeps the winner. Within one
 // context a key always runs the same algorithm, but across contexts and processes the timed choice
 // can differ (timing noise), and then so do the last bits of every result: a resumed run, or a
 // model rebuilt at a phase change, would no longer match a straight run bit for bit. So the default
@@ -43,7 +68,8 @@
 // and the per-group launch overhead, which matter for many small experts.
 //
 // Not thread-safe, and not for concurrent streams: a context has one workspace, and plans' bias
-// pointers are set per call. Use one context per stream (or order the streams).
+// pointers and bucket plans' layout sizes are set per call. Use one context per stream (or order
+// the streams).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -73,6 +99,10 @@ constexpr int kTimedRuns = 5;
 // A candidate replaces the heuristic's first choice only when it takes less than this fraction of
 // the first choice's time.
 constexpr double kSwitchFraction = 0.97;
+// The plan cache is dropped (and refilled on demand: every choice is reproducible) when it
+// reaches this many plans. Bucketed expert GEMMs need a few hundred at most; this only bounds
+// callers with unbounded exact shapes.
+constexpr size_t kMaxPlans = 4096;
 
 size_t elem_bytes(GemmType t) {
   return t == GemmType::BF16 ? 2 : 4;
@@ -98,11 +128,32 @@ int64_t pow2_ceil(int64_t v) {
   return p;
 }
 
+// Bucket width at or below the bucket bound b: 128 up to 2048, then 1/8 of the power of two below
+// b.
+int64_t bucket_step(int64_t b) {
+  if (b <= 2048) return 128;
+  return pow2_ceil(b) / 16;  // b in (2^e, 2^(e+1)]: step 2^e / 8
+}
+
+int64_t bucket_upper(int64_t v) {
+  const int64_t step = v <= 1024 ? 128 : pow2_ceil(v) / 16;
+  return (v + step - 1) / step * step;
+}
+
+// The smallest size in the bucket whose upper bound is b.
+int64_t bucket_lower(int64_t b) {
+  return std::max<int64_t>(1, b - bucket_step(b) + 1);
+}
+
+// Which dimension of a plan is a bucket (the exact value is set on the layouts per call).
+enum class Vary : uint8_t { None, M, K };
+
 struct Key {
   int64_t M, N, K, lda, ldb, ldc;
   bool trans_a, trans_b, bias, beta_zero;
   GemmType ab, c;
   uint32_t align_a, align_b, align_c, align_bias;
+  Vary vary = Vary::None;  // with M or K, that field holds the bucket's upper bound
   bool operator==(const Key&) const = default;
 };
 
@@ -112,7 +163,8 @@ struct KeyHash {
     auto mix = [&h](uint64_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     for (int64_t v : {k.M, k.N, k.K, k.lda, k.ldb, k.ldc}) mix(uint64_t(v));
     mix(uint64_t(k.trans_a) | uint64_t(k.trans_b) << 1 | uint64_t(k.bias) << 2 |
-        uint64_t(k.beta_zero) << 3 | uint64_t(k.ab) << 4 | uint64_t(k.c) << 6);
+        uint64_t(k.beta_zero) << 3 | uint64_t(k.ab) << 4 | uint64_t(k.c) << 6 |
+        uint64_t(k.vary) << 8);
     mix(uint64_t(k.align_a) | uint64_t(k.align_b) << 16 | uint64_t(k.align_c) << 32 |
         uint64_t(k.align_bias) << 48);
     return size_t(h);
@@ -138,6 +190,10 @@ struct Plan {
   cublasLtMatrixLayout_t lay_c = nullptr;  // C and D (same layout)
   cublasLtMatmulAlgo_t algo{};
   bool bias_epilogue = false;  // false with a bias: added by detail::add_bias_rows instead
+  // Bucket plans: false when no candidate is legal at both ends of the bucket (every call then
+  // runs an exact-shape plan); cur_M/cur_K are the dimensions the layouts hold now.
+  bool usable = true;
+  int64_t cur_M = 0, cur_K = 0;
 
   Plan() = default;
   Plan(const Plan&) = delete;
@@ -191,7 +247,27 @@ std::unique_ptr<Plan> make_plan(const Key& k, const float* bias, bool bias_epilo
                                                uint64_t(k.trans_a ? k.K : k.M), k.lda));
   ZAYA_CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&p->lay_c, cuda_type(k.c), uint64_t(k.N), uint64_t(k.M), k.ldc));
+  p->cur_M = k.M;
+  p->cur_K = k.K;
   return p;
+}
+
+// Sets the layouts of a plan made from a key with k's transposes and N to k's M and K (the same
+// formulas as make_plan). Host-side attribute writes only; skipped when nothing changes.
+void set_dims(Plan& p, const Key& k) {
+  if (p.cur_M == k.M && p.cur_K == k.K) return;
+  auto set = [](cublasLtMatrixLayout_t l, int64_t rows, int64_t cols) {
+    const uint64_t r = uint64_t(rows), c = uint64_t(cols);
+    ZAYA_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_ROWS, &r, sizeof(r)));
+    ZAYA_CUBLAS_CHECK(
+        cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_COLS, &c, sizeof(c)));
+  };
+  set(p.lay_a, k.trans_b ? k.K : k.N, k.trans_b ? k.N : k.K);
+  set(p.lay_b, k.trans_a ? k.M : k.K, k.trans_a ? k.K : k.M);
+  set(p.lay_c, k.N, k.M);
+  p.cur_M = k.M;
+  p.cur_K = k.K;
 }
 
 // Destroys a preference object on every path out of the heuristic query.
@@ -347,12 +423,14 @@ struct GemmContext::Impl {
     return best;
   }
 
+  // k is the call's exact problem, and p's layouts hold it. For a bucket plan (bucketed) the
+  // candidates are already those legal across the bucket, and the bucket is the tuning unit.
   cublasLtMatmulAlgo_t choose(const Plan& p, const Key& k,
                               const std::vector<cublasLtMatmulHeuristicResult_t>& cands,
-                              const Call& call) {
+                              const Call& call, bool bucketed) {
     if (!autotune) return cands[0].algo;
     const Key tk = tuning_key(k);
-    if (const auto t = tuned.find(tk); t != tuned.end()) {
+    if (const auto t = bucketed ? tuned.end() : tuned.find(tk); t != tuned.end()) {
       // A bucket-mate was timed: reuse its winner if it is legal for this exact problem.
       for (const auto& c : cands)
         if (same_algo(c.algo, t->second)) return c.algo;
@@ -367,8 +445,93 @@ struct GemmContext::Impl {
     ZAYA_CUDA_CHECK(cudaStreamIsCapturing(call.st, &capture));
     if (capture != cudaStreamCaptureStatusNone) return cands[0].algo;  // cannot time in a graph
     const size_t best = cands.size() > 1 ? time_candidates(p, k, cands, call) : 0;
-    tuned.emplace(tk, cands[best].algo);
+    if (!bucketed) tuned.emplace(tk, cands[best].algo);
     return cands[best].algo;
+  }
+
+  // Inserts a new plan, first dropping the whole cache when it is full (references to plans do
+  // not outlive the call that looked them up).
+  Plan& insert(const Key& k, std::unique_ptr<Plan> p) {
+    if (plans.size() >= kMaxPlans) {
+      zaya::log(LogLevel::Warn,
+                "gemm: {} cached plans; dropping them all (some caller's shapes never repeat)",
+                plans.size());
+      plans.clear();
+    }
+    return *plans.emplace(k, std::move(p)).first->second;
+  }
+
+  // Whether algo runs the problem that p's layouts now hold within the workspace.
+  bool legal(const Plan& p, const cublasLtMatmulAlgo_t& algo) const {
+    cublasLtMatmulHeuristicResult_t r{};
+    return cublasLtMatmulAlgoCheck(lt, p.desc, p.lay_a, p.lay_b, p.lay_c, p.lay_c, &algo, &r) ==
+               CUBLAS_STATUS_SUCCESS &&
+           r.workspaceSize <= ws_bytes;
+  }
+
+  // The plan of a bucket key kb (no bias); k is the call's exact problem (in the bucket). The
+  // heuristic is asked at the bucket's upper bound, and its candidates are kept in their order
+  // when cublasLtMatmulAlgoCheck also accepts them at the bucket's lower bound; the first one left
+  // (or, with autotune, the fastest on this call) is the bucket's algorithm. Every input to that
+  // choice is the bucket key, so it does not depend on which size created the plan.
+  Plan& bucket_plan_for(const Key& kb, const Key& k, const Call& call) {
+    if (const auto it = plans.find(kb); it != plans.end()) return *it->second;
+    std::unique_ptr<Plan> p = make_plan(kb, nullptr, false);
+    cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+    std::vector<cublasLtMatmulHeuristicResult_t> cands = candidates(*p, kb, &st);
+    if (st != CUBLAS_STATUS_NOT_SUPPORTED) ZAYA_CUBLAS_CHECK(st);
+    Key lo = kb;
+    (kb.vary == Vary::M ? lo.M : lo.K) = bucket_lower(kb.vary == Vary::M ? kb.M : kb.K);
+    set_dims(*p, lo);
+    std::vector<cublasLtMatmulHeuristicResult_t> ok;
+    for (const auto& c : cands) {
+      if (!legal(*p, c.algo)) continue;
+      ok.push_back(c);
+      if (!autotune) break;  // only the first is used
+    }
+    if (ok.empty()) {
+      zaya::log(LogLevel::Debug,
+                "gemm: no algorithm for the bucket {} of {} (M={} N={} K={} ta={} tb={}); its "
+                "sizes run exact-shape plans",
+                kb.vary == Vary::M ? kb.M : kb.K, kb.vary == Vary::M ? "M" : "K", kb.M, kb.N, kb.K,
+                kb.trans_a, kb.trans_b);
+      p->usable = false;
+    } else {
+      set_dims(*p, k);
+      p->algo = choose(*p, k, ok, call, true);
+    }
+    return insert(kb, std::move(p));
+  }
+
+  // One GEMM. With vary != None, the plan is the bucket's of that dimension of k; if the bucket has
+  // no algorithm, or cuBLASLt refuses the bucket's algorithm for this exact size (its checks run
+  // on the host before any launch), the call runs an exact-shape plan instead.
+  void run(const Key& k, Vary vary, const Call& call) {
+    if (vary != Vary::None) {
+      Key kb = k;
+      kb.vary = vary;
+      int64_t& d = vary == Vary::M ? kb.M : kb.K;
+      d = bucket_upper(d);
+      Plan& b = bucket_plan_for(kb, k, call);
+      if (b.usable) {
+        set_dims(b, k);
+        const cublasStatus_t st = matmul(b, call, b.algo, call.C);
+        if (st == CUBLAS_STATUS_SUCCESS) return;
+        zaya::log(LogLevel::Debug,
+                  "gemm: the bucket algorithm refused M={} N={} K={} ta={} tb={} ({}); running an "
+                  "exact-shape plan",
+                  k.M, k.N, k.K, k.trans_a, k.trans_b, int(st));
+      }
+    }
+    Plan& p = plan_for(k, call);
+    if (p.bias_epilogue) {
+      const void* bp = call.bias;
+      ZAYA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                       &bp, sizeof(bp)));
+    }
+    ZAYA_CUBLAS_CHECK(matmul(p, call, p.algo, call.C));
+    if (call.bias && !p.bias_epilogue)
+      detail::add_bias_rows(call.C, k.ldc, k.c == GemmType::BF16, call.bias, k.M, k.N, call.st);
   }
 
   Plan& plan_for(const Key& k, const Call& call) {
@@ -391,8 +554,8 @@ struct GemmContext::Impl {
           "C {}) within a {}-byte workspace",
           k.M, k.N, k.K, k.lda, k.ldb, k.ldc, k.trans_a, k.trans_b, type_name(k.ab),
           type_name(k.ab), type_name(k.c), k.align_a, k.align_b, k.align_c, ws_bytes);
-    p->algo = choose(*p, k, cands, call);
-    return *plans.emplace(k, std::move(p)).first->second;
+    p->algo = choose(*p, k, cands, call, false);
+    return insert(k, std::move(p));
   }
 };
 
@@ -433,16 +596,45 @@ void GemmContext::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
               .align_b = alignment(B),
               .align_c = alignment(C),
               .align_bias = bias ? alignment(bias) : 256u};
-  const Call call{A, B, C, bias, alpha, beta, st};
-  Plan& p = impl_->plan_for(k, call);
-  if (p.bias_epilogue) {
-    const void* bp = bias;
-    ZAYA_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof(bp)));
-  }
-  ZAYA_CUBLAS_CHECK(impl_->matmul(p, call, p.algo, C));
-  if (bias && !p.bias_epilogue)
-    detail::add_bias_rows(C, ldc, c_type == GemmType::BF16, bias, M, N, st);
+  impl_->run(k, Vary::None, Call{A, B, C, bias, alpha, beta, st});
+}
+
+size_t GemmContext::plan_count() const {
+  return impl_->plans.size();
+}
+
+int64_t GemmContext::size_bucket(int64_t v) {
+  ZAYA_CHECK(v >= 1, "GemmContext::size_bucket: v = {} must be positive", v);
+  return bucket_upper(v);
+}
+
+// One bf16 × bf16 GEMM of a grouped call, its plan cached by the bucket of the varying dimension.
+// That dimension must be an outer (row) dimension of every operand holding it, so the bucket's
+// layouts stay valid: M with A not transposed, K with A transposed and B not.
+void GemmContext::grouped_one(int vary, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                              float alpha, const void* A, int64_t lda, const void* B, int64_t ldb,
+                              float beta, void* C, int64_t ldc, GemmType c_type, cudaStream_t st) {
+  check_dims("grouped gemm", trans_a, trans_b, M, N, K, lda, ldb, ldc);
+  ZAYA_CHECK(vary == int(Vary::M) ? !trans_a : vary == int(Vary::K) && trans_a && !trans_b,
+             "grouped gemm: dimension {} cannot be bucketed with trans_a = {}, trans_b = {}", vary,
+             trans_a, trans_b);
+  const Key k{.M = M,
+              .N = N,
+              .K = K,
+              .lda = lda,
+              .ldb = ldb,
+              .ldc = ldc,
+              .trans_a = trans_a,
+              .trans_b = trans_b,
+              .bias = false,
+              .beta_zero = beta == 0.f,
+              .ab = GemmType::BF16,
+              .c = c_type,
+              .align_a = alignment(A),
+              .align_b = alignment(B),
+              .align_c = alignment(C),
+              .align_bias = 256u};
+  impl_->run(k, Vary(vary), Call{A, B, C, nullptr, alpha, beta, st});
 }
 
 void GemmContext::grouped_gemm(bool trans_b, const int32_t* rows_host, int64_t G, int64_t N,
@@ -460,11 +652,10 @@ void GemmContext::grouped_gemm(bool trans_b, const int32_t* rows_host, int64_t G
   for (int64_t g = 0; g < G; ++g) {
     const int64_t rows = rows_host[g];
     if (rows > 0)
-      gemm(false, trans_b, rows, N, K, alpha,
-           static_cast<const char*>(A) + size_t(off * lda) * ab_es, lda,
-           static_cast<const char*>(B) + size_t(g * b_stride) * ab_es, ldb, beta,
-           static_cast<char*>(C) + size_t(off * ldc) * c_es, ldc, GemmType::BF16, c_type, nullptr,
-           st);
+      grouped_one(int(Vary::M), false, trans_b, rows, N, K, alpha,
+                  static_cast<const char*>(A) + size_t(off * lda) * ab_es, lda,
+                  static_cast<const char*>(B) + size_t(g * b_stride) * ab_es, ldb, beta,
+                  static_cast<char*>(C) + size_t(off * ldc) * c_es, ldc, c_type, st);
     off += rows;
   }
 }
@@ -496,10 +687,10 @@ void GemmContext::grouped_wgrad(const int32_t* rows_host, int64_t G, int64_t M_o
     char* dW_g = static_cast<char*>(dW) + size_t(g * w_stride) * c_es;
     if (rows > 0) {
       // dW_g[M_out,K] = alpha · dY_g^T · X_g + beta · dW_g: op(A) = A^T with A = dY_g [rows,M_out].
-      gemm(true, false, M_out, K, rows, alpha,
-           static_cast<const char*>(dY) + size_t(off * ld_dy) * ab_es, ld_dy,
-           static_cast<const char*>(X) + size_t(off * ld_x) * ab_es, ld_x, beta, dW_g, K,
-           GemmType::BF16, c_type, nullptr, st);
+      grouped_one(int(Vary::K), true, false, M_out, K, rows, alpha,
+                  static_cast<const char*>(dY) + size_t(off * ld_dy) * ab_es, ld_dy,
+                  static_cast<const char*>(X) + size_t(off * ld_x) * ab_es, ld_x, beta, dW_g, K,
+                  c_type, st);
     } else if (beta == 0.f) {
       // An empty sum: the gradient is zero (the header's contract), not left stale.
       ZAYA_CUDA_CHECK(cudaMemsetAsync(dW_g, 0, size_t(M_out * K) * c_es, st));

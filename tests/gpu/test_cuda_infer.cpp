@@ -4,7 +4,9 @@
 // weights and activations in bf16, so logits agree with the fp32 reference to a few bf16 ulps of
 // the logit scale; greedy tokens agree wherever the reference's top-2 margin is clear of that.
 // Also kernel-level checks of decode_experts, decode_router, decode_conv, decode_attention and
-// decode_residual_norm (infer_kernels.h) against double-precision host references and the CPU ops.
+// decode_residual_norm (infer_kernels.h) against double-precision host references and the CPU ops,
+// the residual norms fused into the o projection and the expert combine against the separate
+// launches (bit for bit), and decoding with and without programmatic dependent launch.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -211,6 +213,36 @@ TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
       EXPECT_LE(rel_err(row, alone[size_t(b * 3 + i)]), 1e-2) << "sequence " << b << " step " << i;
     }
   }
+}
+
+// Programmatic dependent launch changes when kernels start, never what they compute: greedy
+// decoding replayed from a graph gives the same logits bits with it switched off and on (on a
+// device without PDL both runs are plain launches).
+TEST_P(CudaInfer, DecodeGivesTheSameBitsWithAndWithoutPdl) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = parity_fixture(GetParam());
+  ZayaModel m = ZayaModel::load(dir);
+  const auto prompt = parity_prompt(dir);
+  const int64_t S = int64_t(prompt.size());
+  std::vector<std::vector<float>> runs;
+  for (bool pdl : {false, true}) {
+    set_decode_pdl(pdl);
+    CudaInferOptions o;
+    o.max_context = S + 12;
+    CudaInference inf(m, o);
+    inf.reset(1);
+    inf.prefill(prompt, S);
+    std::vector<float> all;
+    for (int i = 0; i < 6; i++) {  // the first step eager, then graph replays
+      Tensor lg = inf.decode({prompt[size_t(i)]});
+      all.insert(all.end(), lg.f32(), lg.f32() + lg.numel());
+    }
+    const auto greedy = inf.decode_greedy({prompt[0]}, 4);
+    for (int32_t t : greedy) all.push_back(float(t));
+    runs.push_back(std::move(all));
+  }
+  set_decode_pdl(true);
+  EXPECT_EQ(runs[0], runs[1]);
 }
 
 TEST_P(CudaInfer, BadInputIsRefused) {
@@ -678,6 +710,87 @@ TEST(CudaDecodeKernels, ResidualNormMatchesTheHostReference) {
       }
       expect_bf16_ulp("y", y_h, yr, ys);
     }
+}
+
+// The residual norms fused into the o projection (gemv_bf16_residual_norm) and the expert
+// combine (decode_experts with rn) give the same bits as the separate launches they replace, on
+// the float4 norm path (D 2048, 64, 36) and the scalar one (D 4100 > 4096), with the 16-byte and
+// the scalar products (K 37, D 4100), for one to eight rows; a second launch on the same counters
+// (left at zero) gives the same bits again.
+TEST(CudaDecodeKernels, FusedResidualNormsEqualTheSeparateLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 g(61);
+  struct Case {
+    int64_t M, D, K;
+  };
+  for (const Case& c : std::vector<Case>{
+           {1, 2048, 1024}, {3, 64, 40}, {2, 36, 37}, {3, 4100, 24}, {8, 2048, 256}}) {
+    const int64_t M = c.M, D = c.D, K = c.K, I = c.K, E = 3;
+    SCOPED_TRACE("M " + std::to_string(M) + " D " + std::to_string(D) + " K " + std::to_string(K));
+    const float eps = 1e-5f;
+    const auto x = test_util::random_uniform(g, size_t(M * K), -1.f, 1.f, true);
+    const auto W = test_util::random_uniform(g, size_t(D * K), -0.2f, 0.2f, true);
+    const auto xd_h = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
+    const auto gu = test_util::random_uniform(g, size_t(E * 2 * I * D), -0.2f, 0.2f, true);
+    const auto dn = test_util::random_uniform(g, size_t(E * D * I), -0.2f, 0.2f, true);
+    const auto gate = test_util::random_uniform(g, size_t(M), 0.1f, 1.f);
+    std::vector<int32_t> choice(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; m++) choice[size_t(m)] = int32_t(m % (E + 1));  // incl. the skip
+    const auto h0 = test_util::random_uniform(g, size_t(M * D), -2.f, 2.f);
+    std::vector<std::vector<float>> vecs;
+    for (int i = 0; i < 5; i++)
+      vecs.push_back(
+          test_util::random_uniform(g, size_t(D), i % 2 ? -0.1f : 0.5f, i % 2 ? 0.1f : 1.5f));
+    test_util::DeviceArena ar;
+    const bf16 *xd = ar.up_bf16(x), *Wd = ar.up_bf16(W), *xe = ar.up_bf16(xd_h),
+               *gud = ar.up_bf16(gu), *dnd = ar.up_bf16(dn);
+    const float* gd = ar.up(gate);
+    const int32_t* cd = ar.up(choice);
+    const float *hs = ar.up(vecs[0]), *hb = ar.up(vecs[1]), *rs = ar.up(vecs[2]),
+                *rb = ar.up(vecs[3]), *w = ar.up(vecs[4]);
+    float *h_ref = ar.up(h0), *h_f1 = ar.up(h0), *h_f2 = ar.up(h0);
+    bf16 *a_ref = ar.alloc<bf16>(size_t(M * D)), *a_f = ar.alloc<bf16>(size_t(M * D));
+    bf16 *y_ref = ar.alloc<bf16>(size_t(M * D)), *y_f = ar.alloc<bf16>(size_t(M * D));
+    bf16* act = ar.alloc<bf16>(size_t(M * I));
+    unsigned* ctr = ar.alloc<unsigned>(decode_tail_counter_bytes() / sizeof(unsigned));
+    ASSERT_TRUE(xd && Wd && xe && gud && dnd && gd && cd && hs && hb && rs && rb && w && h_ref &&
+                h_f1 && h_f2 && a_ref && a_f && y_ref && y_f && act && ctr);
+    ASSERT_EQ(cudaMemset(ctr, 0, decode_tail_counter_bytes()), cudaSuccess);
+    auto expect_same = [&](const char* what, float* h_got) {
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(test_util::download_bf16(a_f, size_t(M * D)),
+                test_util::download_bf16(a_ref, size_t(M * D)))
+          << what << ": a";
+      EXPECT_EQ(test_util::download(h_got, size_t(M * D)),
+                test_util::download(h_ref, size_t(M * D)))
+          << what << ": h";
+      EXPECT_EQ(test_util::download_bf16(y_f, size_t(M * D)),
+                test_util::download_bf16(y_ref, size_t(M * D)))
+          << what << ": y";
+    };
+    // o projection + post-attention residual norm.
+    gemv_bf16(nullptr, a_ref, D, xd, K, Wd, K, nullptr, M, D, K, nullptr);
+    decode_residual_norm(h_ref, y_ref, a_ref, hs, hb, rs, rb, w, eps, M, D, nullptr);
+    for (float* hf : {h_f1, h_f2}) {
+      ASSERT_EQ(cudaMemcpy(hf, h0.data(), h0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      DecodeResidualNorm rn{hf, y_f, hs, hb, rs, rb, w, eps, ctr};
+      gemv_bf16_residual_norm(a_f, xd, K, Wd, K, M, D, K, rn, nullptr);
+      expect_same("o projection", hf);
+    }
+    // Expert combine + post-MLP residual norm.
+    ASSERT_EQ(cudaMemcpy(h_ref, h0.data(), h0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+    decode_experts(a_ref, act, xe, gud, dnd, gd, cd, E, true, M, D, I, nullptr);
+    decode_residual_norm(h_ref, y_ref, a_ref, hs, hb, rs, rb, w, eps, M, D, nullptr);
+    for (float* hf : {h_f1, h_f2}) {
+      ASSERT_EQ(cudaMemcpy(hf, h0.data(), h0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      DecodeResidualNorm rn{hf, y_f, hs, hb, rs, rb, w, eps, ctr + kGemvMaxRows};
+      decode_experts(a_f, act, xe, gud, dnd, gd, cd, E, true, M, D, I, nullptr, &rn);
+      expect_same("experts", hf);
+    }
+    EXPECT_EQ(test_util::download(ctr, size_t(2 * kGemvMaxRows)),
+              std::vector<unsigned>(size_t(2 * kGemvMaxRows), 0u))
+        << "counters back at zero";
+  }
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <initializer_list>
+#include <utility>
 
 #include "backend/cuda/infer_kernels.h"
 #include "backend/cuda/kernel_utils.cuh"
@@ -34,6 +37,38 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
     f[2 * i] = t.x;
     f[2 * i + 1] = t.y;
   }
+}
+
+// Programmatic dependent launch (sm_90; the host launches every decode kernel with
+// cudaLaunchAttributeProgrammaticStreamSerialization where the device has it, see launch_k): a
+// kernel may start while the previous kernel of the stream is still running, as soon as every
+// block of that kernel has executed pdl_trigger() (or exited). Each kernel here therefore
+//   1. before pdl_wait() reads nothing but weights (uploaded once at construction, never written
+//      by a kernel) and writes nothing but its own registers and shared memory;
+//   2. has every thread call pdl_wait() (griddepcontrol.wait: returns once the previous kernel
+//      has completed and its memory is visible) before its first read of an activation, cache,
+//      counter or length, and before its first global store or atomic;
+//   3. calls pdl_trigger() right after pdl_wait(), so at most one kernel runs ahead in its
+//      prologue (the next kernel can only start once this one's blocks have all passed their
+//      wait, i.e. once the kernel before this one has completed).
+// Completion is transitive: the kernel before has itself waited for the one before it before it
+// could complete, so after pdl_wait() every earlier kernel of the stream has completed. Rule 1
+// keeps the prologue free of read-after-write and write-after-read hazards with kernels still
+// running. Without the attribute (pre-sm_90, ZAYA_DECODE_PDL=0) both instructions are no-ops and
+// kernels run serialised as before; the arithmetic is the same either way.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_begin() {
+  pdl_wait();
+  pdl_trigger();
 }
 
 // One warp per output row o; lanes stride over K in 8-element (16-byte) pieces when `vec`.
@@ -62,23 +97,206 @@ __device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const
   }
 }
 
-template <int M, bool kVec>
-__global__ void gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx,
-                                 const bf16* W, int64_t ldw, const float* bias, int64_t O,
-                                 int64_t K) {
+// The same product with the first kPreChunks 16-byte pieces of each lane's share of the row
+// already in registers (loaded before pdl_wait, see gemv_bf16_kernel): the same pieces in the same
+// order with the same fmaf chain as gemv_bf16_row<M, true>, so the result is bit-identical.
+constexpr int kPreChunks = 8;  // a whole row for K <= 2048
+
+template <int M>
+__device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunks], const bf16* x,
+                                  int64_t ldx, const bf16* w, int64_t K, int lane) {
+#pragma unroll
+  for (int c = 0; c < kPreChunks; c++) {
+    const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
+    if (k >= K) break;
+    float wf[8];
+    bf16x8_to_f32(wpre[c], wf);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      float xf[8];
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + m * ldx + k), xf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+    }
+  }
+#pragma unroll 4
+  for (int64_t k = int64_t(lane) * 8 + int64_t(kPreChunks) * kWarp * 8; k < K; k += kWarp * 8) {
+    float wf[8];
+    bf16x8_to_f32(*reinterpret_cast<const uint4*>(w + k), wf);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      float xf[8];
+      bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + m * ldx + k), xf);
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+    }
+  }
+}
+
+// Row kernels for decode (a few rows of D): one 256-thread block per row, so a row's loads are
+// spread over the block instead of one warp (the training kernels' layout, which leaves a single
+// row latency-bound). Same arithmetic as residual_scale_rmsnorm_fwd / rmsnorm_fwd.
+constexpr int kRowThreads = 256;
+static_assert(kRowThreads == kRowsPerBlock * kWarp, "the fused tails run in GEMV-sized blocks");
+
+__device__ float block_sum_rows(float v, float* red) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = 0.f;
+  for (int w = 0; w < kRowThreads / kWarp; w++) t += red[w];  // same order in every thread
+  return t;
+}
+
+// The per-element arithmetic of the decode residual norm with its roundings spelled out (the
+// intrinsics are never contracted or reordered), so the standalone kernel and the tails fused into
+// the o projection and the expert combine give the same bits whatever the surrounding code:
+// h' = (a + hb)·hs + (h + rb)·rs with the first product fused, ss += h'², y = (w·h')·rstd.
+__device__ __forceinline__ float residual_elem(float a, float hb, float hs, float h, float rb,
+                                               float rs) {
+  return __fmaf_rn(__fadd_rn(a, hb), hs, __fmul_rn(__fadd_rn(h, rb), rs));
+}
+__device__ __forceinline__ float norm_rstd(float ss_total, int64_t D, float eps) {
+  return 1.0f / sqrtf(ss_total / float(D) + eps);
+}
+
+// The vector form: thread t owns the float4 groups t, t + 256, ... (up to kRowVec of them, so
+// D <= 4096).
+constexpr int kRowVec = 4;
+
+// Arguments of a residual norm fused into the tail of a GEMV or expert launch.
+struct TailNorm {
+  float* h;
+  bf16* y;
+  const float *hs, *hb, *rs, *rb, *w;
+  float eps;
+  unsigned* counters;
+  bool vec;  // the float4 form (the standalone kernel's choice for the same pointers and D)
+};
+
+__device__ __forceinline__ void ldcg4(const bf16* p, float (&v)[4]) {
+  const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
+  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&u);
+  const float2 lo = __bfloat1622float2(b[0]), hi = __bfloat1622float2(b[1]);
+  v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+}
+
+// Row m of the residual norm by one 256-thread block, a (bf16 [M, D]) written by other blocks of
+// the same launch (read through L2). Streams each group (load, compute, store h) instead of
+// holding the row in registers as the standalone kernel does, to keep the host kernel's register
+// count; each thread's elements, their order in its sum and the block reduction are the
+// standalone kernel's, and a thread re-reads only h values it stored itself, so the bits agree.
+template <bool kVec>
+__device__ void tail_residual_norm_row(const TailNorm& t, const bf16* a, int64_t m, int64_t D,
+                                       float* red) {
+  float* hr = t.h + m * D;
+  const bf16* ar = a + m * D;
+  float ss = 0.f;
+  if constexpr (kVec) {
+    using kern::load4;
+#pragma unroll
+    for (int k = 0; k < kRowVec; k++) {
+      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+      if (i >= D) break;
+      float hv[4], av[4], hsv[4], hbv[4], rsv[4], rbv[4];
+      load4(hr + i, hv), ldcg4(ar + i, av);
+      load4(t.hs + i, hsv), load4(t.hb + i, hbv), load4(t.rs + i, rsv), load4(t.rb + i, rbv);
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        hv[e] = residual_elem(av[e], hbv[e], hsv[e], hv[e], rbv[e], rsv[e]);
+        ss = __fmaf_rn(hv[e], hv[e], ss);
+      }
+      kern::store4(hr + i, hv);
+    }
+    const float rstd = norm_rstd(block_sum_rows(ss, red), D, t.eps);
+#pragma unroll
+    for (int k = 0; k < kRowVec; k++) {
+      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+      if (i >= D) break;
+      float hv[4], wv[4], o[4];
+      load4(hr + i, hv), load4(t.w + i, wv);
+#pragma unroll
+      for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[e], hv[e]), rstd);
+      kern::store4(t.y + m * D + i, o);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
+      const float v = residual_elem(__bfloat162float(__ldcg(ar + i)), t.hb[i], t.hs[i], hr[i],
+                                    t.rb[i], t.rs[i]);
+      hr[i] = v;
+      ss = __fmaf_rn(v, v, ss);
+    }
+    const float rstd = norm_rstd(block_sum_rows(ss, red), D, t.eps);
+    for (int64_t i = threadIdx.x; i < D; i += kRowThreads)
+      t.y[m * D + i] = __float2bfloat16(__fmul_rn(__fmul_rn(t.w[i], hr[i]), rstd));
+  }
+}
+
+// Counts this block as done with `counter` (its stores made visible first); true in the one block
+// that finishes last, which also resets the counter for the next launch or graph replay. Every
+// thread of the block must call it.
+__device__ bool last_block_done(unsigned* counter, unsigned blocks) {
+  __shared__ unsigned flag;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) flag = atomicAdd(counter, 1u) == blocks - 1u;
+  __syncthreads();
+  if (flag == 0u) return false;
+  __threadfence();
+  if (threadIdx.x == 0) *counter = 0u;
+  return true;
+}
+
+// Warp per output row. kPre: the row's first kPreChunks pieces are loaded before pdl_wait (the
+// weights are the only input independent of the previous kernel), so at the start of a layer the
+// weight stream overlaps the previous kernel's tail. kTail: the block that finishes last also runs
+// the residual norm of all M rows over y16 (the o projection followed by the post-attention
+// residual + norm, in one launch).
+template <int M, bool kVec, bool kPre, bool kTail>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
+                     int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn) {
+  static_assert(kVec || !kPre, "the register prologue takes the 16-byte path");
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (o >= O) return;
-  float acc[M];
+  const bool live = o < O;
+  const bf16* w = W + (live ? o : 0) * ldw;
+  uint4 wpre[kPre ? kPreChunks : 1];
+  if constexpr (kPre) {
 #pragma unroll
-  for (int m = 0; m < M; m++) acc[m] = 0.f;
-  gemv_bf16_row<M, kVec>(acc, x, ldx, W + o * ldw, K, lane);
+    for (int c = 0; c < kPreChunks; c++) {
+      const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
+      wpre[c] = live && k < K ? *reinterpret_cast<const uint4*>(w + k) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  pdl_begin();
+  if (live) {
+    float acc[M];
 #pragma unroll
-  for (int m = 0; m < M; m++) {
-    const float s = warp_sum(acc[m]) + (bias ? bias[o] : 0.f);
-    if (lane == 0) {
-      if (y32) y32[m * ldy + o] = s;
-      if (y16) y16[m * ldy + o] = __float2bfloat16(s);
+    for (int m = 0; m < M; m++) acc[m] = 0.f;
+    if constexpr (kPre)
+      gemv_bf16_row_pre<M>(acc, wpre, x, ldx, w, K, lane);
+    else
+      gemv_bf16_row<M, kVec>(acc, x, ldx, w, K, lane);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      const float s = warp_sum(acc[m]) + (bias ? bias[o] : 0.f);
+      if (lane == 0) {
+        if (y32) y32[m * ldy + o] = s;
+        if (y16) y16[m * ldy + o] = __float2bfloat16(s);
+      }
+    }
+  }
+  if constexpr (kTail) {
+    __shared__ float red[kRowThreads / kWarp];
+    if (!last_block_done(tn.counters, gridDim.x)) return;
+    for (int m = 0; m < M; m++) {
+      if (tn.vec)
+        tail_residual_norm_row<true>(tn, y16, m, O, red);
+      else
+        tail_residual_norm_row<false>(tn, y16, m, O, red);
+      __syncthreads();  // red is reused by the next row
     }
   }
 }
@@ -86,6 +304,7 @@ __global__ void gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16*
 template <int M, bool kVec>
 __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
                                 int64_t ldw, const float* bias, int64_t O, int64_t K) {
+  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (o >= O) return;
@@ -118,10 +337,13 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // (e >= E: the skip class, no expert runs). First act[m,i] = silu(x·Wgu_e[i]) · (x·Wgu_e[I+i]) from
 // the packed gate|up rows, both dot products in fp32 in one warp; then
 // out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
+// Both read the router's choice, so nothing precedes pdl_wait (the expert's weights are not known
+// before it).
 template <bool kVec>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
                                      int64_t K) {
+  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -139,25 +361,37 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
   if (lane == 0) act[m * I + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
 }
 
-template <bool kVec>
-__global__ void expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x,
-                                           const bf16* Wd, int64_t d_stride, const float* gate,
-                                           const int32_t* choice, int64_t E, bool scaled, int64_t D,
-                                           int64_t I) {
+// kTail: the block of row m that finishes last (counter tn.counters[m]) runs the post-MLP residual
+// norm of row m over out (the expert combine followed by residual + norm, in one launch).
+template <bool kVec, bool kTail>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x, const bf16* Wd,
+                               int64_t d_stride, const float* gate, const int32_t* choice,
+                               int64_t E, bool scaled, int64_t D, int64_t I, TailNorm tn) {
+  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (o >= D) return;
-  const int64_t e = choice[m];
-  if (e < 0 || e >= E) {
-    if (lane == 0)
-      out[m * D + o] = __float2bfloat16(scaled ? gate[m] * __bfloat162float(x[m * D + o]) : 0.f);
-    return;
+  if (o < D) {
+    const int64_t e = choice[m];
+    if (e < 0 || e >= E) {
+      if (lane == 0)
+        out[m * D + o] = __float2bfloat16(scaled ? gate[m] * __bfloat162float(x[m * D + o]) : 0.f);
+    } else {
+      float acc[1] = {0.f};
+      gemv_bf16_row<1, kVec>(acc, act + m * I, I, Wd + e * d_stride + o * I, I, lane);
+      const float s = warp_sum(acc[0]);
+      if (lane == 0) out[m * D + o] = __float2bfloat16(gate[m] * s);
+    }
   }
-  float acc[1] = {0.f};
-  gemv_bf16_row<1, kVec>(acc, act + m * I, I, Wd + e * d_stride + o * I, I, lane);
-  const float s = warp_sum(acc[0]);
-  if (lane == 0) out[m * D + o] = __float2bfloat16(gate[m] * s);
+  if constexpr (kTail) {
+    __shared__ float red[kRowThreads / kWarp];
+    if (!last_block_done(tn.counters + m, gridDim.x)) return;
+    if (tn.vec)
+      tail_residual_norm_row<true>(tn, out, m, D, red);
+    else
+      tail_residual_norm_row<false>(tn, out, m, D, red);
+  }
 }
 
 // The CCA convolutions of decode rows (one token per sequence; its history hist [B, P, C],
@@ -187,6 +421,7 @@ __global__ void __launch_bounds__(kConvWarps* kWarp)
     for (int i = 0; i < NV; i++)
       wv[i] = *reinterpret_cast<const float4*>(wr + 4 * lane + 4 * kWarp * i);
   }
+  pdl_begin();  // qkv and the history come from earlier kernels
   for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
     const int mm = e / K, k = e % K, ci = k / t1, j = k % t1, c = c0 + ci;
     float s = bdw[c];  // depthwise_at of cca.cu at index j of a one-token sequence
@@ -243,6 +478,7 @@ __global__ void decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache
                                          float theta, int r, int Hq, int Hkv, int d, float* hist,
                                          int P) {
   extern __shared__ float sh[];
+  pdl_begin();
   const int m = blockIdx.x;
   const int G = Hq / Hkv, QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
   const int64_t pos = len[m];
@@ -363,6 +599,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   constexpr int PER = D / 8;     // key values per lane in the score pass
   constexpr int PV = D / kWarp;  // value dims per lane in the P·V pass
   extern __shared__ __align__(16) float sh[];
+  pdl_begin();  // q, the cache and len all come from earlier kernels
   const int c = blockIdx.x, g = blockIdx.y, m = blockIdx.z;
   const int G = Hq / Hkv;
   const int64_t pos = len[m];  // the new token (already in the cache) is at pos
@@ -505,26 +742,10 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 }
 
-// Row kernels for decode (a few rows of D): one 256-thread block per row, so a row's loads are
-// spread over the block instead of one warp (the training kernels' layout, which leaves a single
-// row latency-bound). Same arithmetic as residual_scale_rmsnorm_fwd / rmsnorm_fwd.
-constexpr int kRowThreads = 256;
-
-__device__ float block_sum_rows(float v, float* red) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  float t = 0.f;
-  for (int w = 0; w < kRowThreads / kWarp; w++) t += red[w];  // same order in every thread
-  return t;
-}
-
-// The vector form: thread t owns the float4 groups t, t + 256, ... (up to kRowVec of them, so
-// D <= 4096), and issues every load of the row before its first store (the stores to h could
-// alias the inputs as far as the compiler knows, which would otherwise serialise the loop).
-constexpr int kRowVec = 4;
-
+// The standalone residual norm (block per row): thread t's float4 groups as in the tails above, but
+// every load of the row issued before its first store (the stores to h could alias the inputs as
+// far as the compiler knows, which would otherwise serialise the loop); the norm's own weights are
+// loaded before pdl_wait.
 template <bool kVec>
 __global__ void __launch_bounds__(kRowThreads)
     decode_residual_norm_kernel(float* h, bf16* y, const bf16* a, const float* hs, const float* hb,
@@ -542,12 +763,17 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int k = 0; k < kRowVec; k++) {
       const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
       if (i >= D) break;
-      load4(hr + i, hv[k]);
       load4(w + i, wv[k]);
-      if (a) {
-        load4(a + m * D + i, av[k]);
+      if (a)
         load4(hs + i, hsv[k]), load4(hb + i, hbv[k]), load4(rs + i, rsv[k]), load4(rb + i, rbv[k]);
-      }
+    }
+    pdl_begin();
+#pragma unroll
+    for (int k = 0; k < kRowVec; k++) {
+      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+      if (i >= D) break;
+      load4(hr + i, hv[k]);
+      if (a) load4(a + m * D + i, av[k]);
     }
 #pragma unroll
     for (int k = 0; k < kRowVec; k++) {
@@ -555,31 +781,34 @@ __global__ void __launch_bounds__(kRowThreads)
       if (i >= D) break;
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        if (a) hv[k][e] = (av[k][e] + hbv[k][e]) * hsv[k][e] + (hv[k][e] + rbv[k][e]) * rsv[k][e];
-        ss += hv[k][e] * hv[k][e];
+        if (a)
+          hv[k][e] = residual_elem(av[k][e], hbv[k][e], hsv[k][e], hv[k][e], rbv[k][e], rsv[k][e]);
+        ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
       }
       if (a) kern::store4(hr + i, hv[k]);
     }
-    const float rstd = 1.0f / sqrtf(block_sum_rows(ss, red) / float(D) + eps);
+    const float rstd = norm_rstd(block_sum_rows(ss, red), D, eps);
 #pragma unroll
     for (int k = 0; k < kRowVec; k++) {
       const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
       if (i >= D) break;
       float o[4];
 #pragma unroll
-      for (int e = 0; e < 4; e++) o[e] = wv[k][e] * hv[k][e] * rstd;
+      for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[k][e], hv[k][e]), rstd);
       kern::store4(y + m * D + i, o);
     }
   } else {
+    pdl_begin();
     for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
       const float v =
-          a ? (__bfloat162float(a[m * D + i]) + hb[i]) * hs[i] + (hr[i] + rb[i]) * rs[i] : hr[i];
+          a ? residual_elem(__bfloat162float(a[m * D + i]), hb[i], hs[i], hr[i], rb[i], rs[i])
+            : hr[i];
       hr[i] = v;
-      ss += v * v;
+      ss = __fmaf_rn(v, v, ss);
     }
-    const float rstd = 1.0f / sqrtf(block_sum_rows(ss, red) / float(D) + eps);
+    const float rstd = norm_rstd(block_sum_rows(ss, red), D, eps);
     for (int64_t i = threadIdx.x; i < D; i += kRowThreads)
-      y[m * D + i] = __float2bfloat16(w[i] * hr[i] * rstd);
+      y[m * D + i] = __float2bfloat16(__fmul_rn(__fmul_rn(w[i], hr[i]), rstd));
   }
 }
 
@@ -704,6 +933,12 @@ __global__ void __launch_bounds__(kRouterThreads)
     if (q == 0)
       for (int i = threadIdx.x; i < E1 * R; i += kRouterThreads) wo[i] = out_w[i];
   }
+  // This block's rows of the down projection towards L2 (128-byte lines), also before pdl_wait;
+  // x, the EDA state and every output come after it.
+  for (int o = o0 + warp; o < o1; o += kRouterWarps)
+    for (int64_t k = int64_t(lane) * 64; k < D; k += kWarp * 64)
+      prefetch_l2(Wd + int64_t(o) * D + k);
+  pdl_begin();
   // Stage 0: the down projection and the EDA state, rows [o0, o1).
   bool waited = false;
   for (int o = o0 + warp; o < o1; o += kRouterWarps) {
@@ -788,6 +1023,7 @@ __device__ void block_argmax(float& bv, int64_t& bi) {
 
 __global__ void argmax_slices_kernel(float* part_v, int64_t* part_i, const float* logits,
                                      int64_t V) {
+  pdl_begin();
   const int64_t m = blockIdx.y, slice = blockIdx.x;
   const int64_t per = (V + kArgmaxSlices - 1) / kArgmaxSlices;
   const int64_t v0 = slice * per, v1 = v0 + per < V ? v0 + per : V;
@@ -803,6 +1039,7 @@ __global__ void argmax_slices_kernel(float* part_v, int64_t* part_i, const float
 }
 
 __global__ void argmax_final_kernel(int32_t* out, const float* part_v, const int64_t* part_i) {
+  pdl_begin();
   const int64_t m = blockIdx.x;
   float bv = -INFINITY;
   int64_t bi = -1;
@@ -824,6 +1061,7 @@ __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* 
 }
 
 __global__ void advance_kernel(int32_t* len, int32_t n, int64_t B) {
+  pdl_begin();
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b < B) len[b] += n;
 }
@@ -833,41 +1071,119 @@ void check(bool ok, const char* what) {
     ::zaya::detail::platform_fail("CUDA", "decode kernel arguments", __FILE__, __LINE__, what);
 }
 
+// Programmatic dependent launch: used on devices of compute capability 9.0 and later unless
+// switched off (set_decode_pdl(false), or ZAYA_DECODE_PDL=0 in the environment). Decided once
+// per device on the first launch, which runs eagerly, so a captured step makes no such queries.
+int g_pdl_setting = -1;  // -1: the environment decides; 0 off; 1 on where supported
+
+bool pdl_active() {
+  static int cached_dev = -1, cached_setting = -2;
+  static bool cached = false;
+  int dev = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev == cached_dev && g_pdl_setting == cached_setting) return cached;
+  int major = 0;
+  ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  bool want = true;
+  if (g_pdl_setting >= 0) {
+    want = g_pdl_setting == 1;
+  } else if (const char* e = std::getenv("ZAYA_DECODE_PDL")) {
+    want = !(e[0] == '0' && e[1] == '\0');
+  }
+  cached = want && major >= 9;
+  cached_dev = dev, cached_setting = g_pdl_setting;
+  return cached;
+}
+
+// Launches a decode kernel on st, with the programmatic-stream-serialisation attribute where PDL
+// is active (the kernel then follows the pdl_wait rules above); plain stream order otherwise. Under
+// stream capture the attribute becomes a programmatic edge of the graph.
+template <typename... KArgs, typename... Args>
+void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+              Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl_active() ? 1 : 0;
+  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// The standalone residual norm's choice of the float4 form; the fused tails make the same one.
+bool residual_norm_vec(int64_t D, std::initializer_list<const void*> ptrs) {
+  return D % 4 == 0 && D <= 4 * kRowVec * kRowThreads && kern::vec4_ok(D, ptrs);
+}
+
+TailNorm tail_norm(const DecodeResidualNorm* rn, const bf16* a, int64_t D) {
+  TailNorm t{};
+  if (!rn) return t;
+  check(rn->h && rn->y && rn->hs && rn->hb && rn->rs && rn->rb && rn->norm_w && rn->counters,
+        "decode residual norm tail: every pointer is needed");
+  t.h = rn->h, t.y = rn->y, t.hs = rn->hs, t.hb = rn->hb, t.rs = rn->rs, t.rb = rn->rb;
+  t.w = rn->norm_w, t.eps = rn->eps, t.counters = rn->counters;
+  t.vec = residual_norm_vec(D, {rn->h, rn->y, a, rn->hs, rn->hb, rn->rs, rn->rb, rn->norm_w});
+  return t;
+}
+
+// Rows up to which the GEMV loads its weights into registers before pdl_wait: grids of about one
+// wave (the o, qkv and router-sized products); the LM head's many waves keep the leaner kernel.
+constexpr int64_t kPreMaxRows = 16384;
+
 template <int M>
 void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
-                      int64_t ldw, const float* bias, int64_t O, int64_t K, cudaStream_t st) {
+                      int64_t ldw, const float* bias, int64_t O, int64_t K, const TailNorm& tn,
+                      cudaStream_t st) {
   const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock));
+  const dim3 block(kRowsPerBlock * kWarp);
   const bool vec = K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && aligned16(x) && aligned16(W);
-  if (vec)
-    gemv_bf16_kernel<M, true>
-        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y32, y16, ldy, x, ldx, W, ldw, bias, O, K);
-  else
-    gemv_bf16_kernel<M, false>
-        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y32, y16, ldy, x, ldx, W, ldw, bias, O, K);
+  const bool pre = vec && O <= kPreMaxRows;
+  const bool tail = tn.counters != nullptr;
+#define ZAYA_GEMV_LAUNCH(V, P, T)                                                                 \
+  launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, 0, st, y32, y16, ldy, x, ldx, W, ldw, bias, \
+           O, K, tn)
+  if (tail) {
+    if (pre)
+      ZAYA_GEMV_LAUNCH(true, true, true);
+    else if (vec)
+      ZAYA_GEMV_LAUNCH(true, false, true);
+    else
+      ZAYA_GEMV_LAUNCH(false, false, true);
+  } else {
+    if (pre)
+      ZAYA_GEMV_LAUNCH(true, true, false);
+    else if (vec)
+      ZAYA_GEMV_LAUNCH(true, false, false);
+    else
+      ZAYA_GEMV_LAUNCH(false, false, false);
+  }
+#undef ZAYA_GEMV_LAUNCH
 }
 
 template <int M>
 void launch_gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
                      int64_t ldw, const float* bias, int64_t O, int64_t K, cudaStream_t st) {
   const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock));
+  const dim3 block(kRowsPerBlock * kWarp);
   const bool vec = K % 4 == 0 && ldx % 4 == 0 && ldw % 4 == 0 && aligned16(x) && aligned16(W);
   if (vec)
-    gemv_f32_kernel<M, true>
-        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y, ldy, x, ldx, W, ldw, bias, O, K);
+    launch_k(gemv_f32_kernel<M, true>, grid, block, 0, st, y, ldy, x, ldx, W, ldw, bias, O, K);
   else
-    gemv_f32_kernel<M, false>
-        <<<grid, kRowsPerBlock * kWarp, 0, st>>>(y, ldy, x, ldx, W, ldw, bias, O, K);
+    launch_k(gemv_f32_kernel<M, false>, grid, block, 0, st, y, ldy, x, ldx, W, ldw, bias, O, K);
 }
 
-}  // namespace
-
-void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
-               int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st) {
+void gemv_bf16_any(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx,
+                   const bf16* W, int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K,
+                   const TailNorm& tn, cudaStream_t st) {
   check(M >= 1 && M <= kGemvMaxRows && O > 0 && K > 0 && ldw >= K && ldx >= K && ldy >= O,
         "gemv_bf16: need 1 <= M <= 8, O, K > 0, ldw, ldx >= K, ldy >= O");
   switch (M) {
 #define ZAYA_GEMV_CASE(n) \
-  case n: launch_gemv_bf16<n>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, st); break;
+  case n: launch_gemv_bf16<n>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, tn, st); break;
     ZAYA_GEMV_CASE(1)
     ZAYA_GEMV_CASE(2)
     ZAYA_GEMV_CASE(3)
@@ -875,6 +1191,32 @@ void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t l
 #undef ZAYA_GEMV_CASE
   }
   ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void set_decode_pdl(bool on) {
+  g_pdl_setting = on ? 1 : 0;
+}
+
+bool decode_pdl_active() {
+  return pdl_active();
+}
+
+size_t decode_tail_counter_bytes() {
+  return size_t(2 * kGemvMaxRows) * sizeof(unsigned);
+}
+
+void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
+               int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st) {
+  gemv_bf16_any(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, M, O, K, TailNorm{}, st);
+}
+
+void gemv_bf16_residual_norm(bf16* a_MO, const bf16* x, int64_t ldx, const bf16* W, int64_t ldw,
+                             int64_t M, int64_t O, int64_t K, const DecodeResidualNorm& rn,
+                             cudaStream_t st) {
+  check(a_MO != nullptr, "gemv_bf16_residual_norm: needs the bf16 output");
+  gemv_bf16_any(nullptr, a_MO, O, x, ldx, W, ldw, nullptr, M, O, K, tail_norm(&rn, a_MO, O), st);
 }
 
 void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
@@ -895,23 +1237,24 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
-                    bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st) {
+                    bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
+                    const DecodeResidualNorm* rn) {
   check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
+  check(!rn || M <= kGemvMaxRows, "decode_experts: the fused residual norm takes M <= 8");
   const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
                    aligned16(down_EDI) && aligned16(act_MI);
   const dim3 g1{unsigned((I + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)};
   const dim3 g2{unsigned((D + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)};
-  if (vec) {
-    expert_swiglu_kernel<true><<<g1, kRowsPerBlock * kWarp, 0, st>>>(act_MI, x_MD, D, gate_up_E2ID,
-                                                                     2 * I * D, choice_M, E, I, D);
-    expert_down_combine_kernel<true><<<g2, kRowsPerBlock * kWarp, 0, st>>>(
-        out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E, skip_scaled_input, D, I);
-  } else {
-    expert_swiglu_kernel<false><<<g1, kRowsPerBlock * kWarp, 0, st>>>(act_MI, x_MD, D, gate_up_E2ID,
-                                                                      2 * I * D, choice_M, E, I, D);
-    expert_down_combine_kernel<false><<<g2, kRowsPerBlock * kWarp, 0, st>>>(
-        out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E, skip_scaled_input, D, I);
-  }
+  const dim3 block(kRowsPerBlock * kWarp);
+  const TailNorm tn = tail_norm(rn, out_MD, D);
+  const auto down =
+      vec ? (rn ? expert_down_combine_kernel<true, true> : expert_down_combine_kernel<true, false>)
+          : (rn ? expert_down_combine_kernel<false, true>
+                : expert_down_combine_kernel<false, false>);
+  launch_k(vec ? expert_swiglu_kernel<true> : expert_swiglu_kernel<false>, g1, block, 0, st, act_MI,
+           x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
+  launch_k(down, g2, block, 0, st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E,
+           skip_scaled_input, D, I, tn);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -930,8 +1273,8 @@ void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC
                       : nv == 2 ? decode_conv_kernel<2>
                       : nv == 4 ? decode_conv_kernel<4>
                                 : decode_conv_kernel<0>;
-  kernel<<<grid, kConvWarps * kWarp, smem, st>>>(y_MC, qkv, ld, hist_BPC, wdw_Ct0, bdw_C, wg_Cdt1,
-                                                 bg_C, int(M), int(C), int(d), int(t0), int(t1));
+  launch_k(kernel, dim3(grid), dim3(kConvWarps * kWarp), smem, st, y_MC, qkv, ld, hist_BPC, wdw_Ct0,
+           bdw_C, wg_Cdt1, bg_C, int(M), int(C), int(d), int(t0), int(t1));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -945,9 +1288,9 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
   if (smem > 48 * 1024)
     ZAYA_CUDA_CHECK(cudaFuncSetAttribute(decode_qkv_finish_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  decode_qkv_finish_kernel<<<unsigned(M), 256, smem, st>>>(
-      q_MHd, kcache, vcache, vd_last_B, conv_MC, qkv, ld, temp_G, len_B, cap, theta, int(r),
-      int(Hq), int(Hkv), int(d), hist_BPC, int(P));
+  launch_k(decode_qkv_finish_kernel, dim3(unsigned(M)), dim3(256), smem, st, q_MHd, kcache, vcache,
+           vd_last_B, conv_MC, qkv, ld, temp_G, len_B, cap, theta, int(r), int(Hq), int(Hkv),
+           int(d), hist_BPC, int(P));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -993,23 +1336,18 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
   const auto kernel = d == 128  ? decode_attn_kernel<128>
                       : d == 64 ? decode_attn_kernel<64>
                                 : decode_attn_kernel<32>;
-  kernel<<<grid, kAttnThreads, smem, st>>>(o_MHd, part_o, part_ml, counters, q_MHd, kcache, vcache,
-                                           len_B, cap, window, int(Hq), int(Hkv), ch, nchunks,
-                                           flag_at);
+  launch_k(kernel, grid, dim3(kAttnThreads), smem, st, o_MHd, part_o, part_ml, counters, q_MHd,
+           kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st) {
-  const bool vec = D % 4 == 0 && D <= 4 * kRowVec * kRowThreads &&
-                   kern::vec4_ok(D, {h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D});
-  if (vec)
-    decode_residual_norm_kernel<true><<<unsigned(M), kRowThreads, 0, st>>>(
-        h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D, eps, D);
-  else
-    decode_residual_norm_kernel<false><<<unsigned(M), kRowThreads, 0, st>>>(
-        h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D, eps, D);
+  const bool vec = residual_norm_vec(D, {h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D});
+  launch_k(vec ? decode_residual_norm_kernel<true> : decode_residual_norm_kernel<false>,
+           dim3(unsigned(M)), dim3(kRowThreads), 0, st, h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
+           norm_w_D, eps, D);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1028,10 +1366,9 @@ void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V,
                  cudaStream_t st) {
   int64_t* part_i = static_cast<int64_t*>(ws);
   float* part_v = reinterpret_cast<float*>(part_i + M * kArgmaxSlices);
-  argmax_slices_kernel<<<dim3{unsigned(kArgmaxSlices), unsigned(M)}, 256, 0, st>>>(part_v, part_i,
-                                                                                   logits_MV, V);
-  ZAYA_CUDA_CHECK(cudaGetLastError());
-  argmax_final_kernel<<<unsigned(M), 256, 0, st>>>(ids_out, part_v, part_i);
+  launch_k(argmax_slices_kernel, dim3{unsigned(kArgmaxSlices), unsigned(M)}, dim3(256), 0, st,
+           part_v, part_i, logits_MV, V);
+  launch_k(argmax_final_kernel, dim3(unsigned(M)), dim3(256), 0, st, ids_out, part_v, part_i);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1109,15 +1446,25 @@ void launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    int64_t E1, bool vec_w, cudaStream_t st) {
   const RouterLaunch L = router_launch<kVecX>(R, E1);
   cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = unsigned(L.cs), at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute at[2];
+  unsigned n = 0;
+  if (L.cs > 1) {
+    at[n].id = cudaLaunchAttributeClusterDimension;
+    at[n].val.clusterDim.x = unsigned(L.cs), at[n].val.clusterDim.y = 1;
+    at[n].val.clusterDim.z = 1;
+    n++;
+  }
+  if (pdl_active()) {  // the kernel follows the pdl_wait rules (weights only before it)
+    at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
+  }
   cfg.gridDim = dim3(unsigned(L.cs), unsigned(M), 1);
   cfg.blockDim = dim3(kRouterThreads, 1, 1);
   cfg.dynamicSmemBytes = L.smem;
   cfg.stream = st;
   cfg.attrs = at;
-  cfg.numAttrs = L.cs > 1 ? 1 : 0;
+  cfg.numAttrs = n;
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX>, r_MR, probs_ME1, choice_M,
                                      gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
                                      norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1,
@@ -1147,7 +1494,7 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
 }
 
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st) {
-  advance_kernel<<<unsigned((B + 127) / 128), 128, 0, st>>>(len_B, n, B);
+  launch_k(advance_kernel, dim3(unsigned((B + 127) / 128)), dim3(128), 0, st, len_B, n, B);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

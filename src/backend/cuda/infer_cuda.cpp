@@ -56,6 +56,7 @@ struct CudaInference::Impl {
         *t1 = nullptr, *t2 = nullptr, *rlog = nullptr, *probs = nullptr, *gate = nullptr,
         *logits = nullptr, *attn_ws = nullptr;
   void* argmax_ws = nullptr;
+  unsigned* tail_ctr = nullptr;  // the fused residual norms' counters (decode_tail_counter_bytes)
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
@@ -178,6 +179,7 @@ void CudaInference::Impl::plan(Carver& cv) {
   logits = cv.take<float>(logits_rows * V);
   attn_ws = cv.take<float>(int64_t(decode_attention_workspace_bytes(MB, Hq, d, cap) / 4) + 1);
   argmax_ws = cv.take<char>(int64_t(argmax_workspace_bytes(MB)));
+  tail_ctr = reinterpret_cast<unsigned*>(cv.take<float>(int64_t(decode_tail_counter_bytes() / 4)));
   ws_bytes = sort_by_expert_workspace_bytes(N, E1) + 4096;
   char* wsp = cv.take<char>(int64_t(ws_bytes));
   ws.base = wsp, ws.capacity = ws_bytes, ws.used = 0;
@@ -249,6 +251,7 @@ void CudaInference::Impl::zero_cache() {
   // decode_attention's counters start at zero (each launch leaves them there again).
   ZAYA_CUDA_CHECK(cudaMemsetAsync(
       attn_ws, 0, decode_attention_workspace_bytes(MB, Hq, d, opt.max_context), st));
+  ZAYA_CUDA_CHECK(cudaMemsetAsync(tail_ctr, 0, decode_tail_counter_bytes(), st));
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
   length = 0;
 }
@@ -364,17 +367,20 @@ void CudaInference::Impl::run_decode_step() {
     mark("cca qk-norm, rope, cache");
     decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st);
     mark("attention");
-    gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
-    mark("qkv, o projections");
-    decode_residual_norm(h, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st);
-    mark("embedding, norms, residuals");
+    // The o projection with the post-attention residual + norm in its last block; the expert
+    // combine with the post-MLP residual + norm (into the next layer's input norm) in the last
+    // block of each row. Separate counters: the two launches may overlap under PDL only in the
+    // prologue, which touches no counter, but keeping them apart costs nothing.
+    DecodeResidualNorm pa{h, x, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, tail_ctr};
+    gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
+    mark("o projection + residual norm");
     router(li, M, true);
     mark("router");
+    DecodeResidualNorm pm{
+        h, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
     decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
-                   c.skip_output == SkipOutput::ScaledInput, M, D, I, st);
-    mark("experts");
-    decode_residual_norm(h, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D, st);
-    mark("embedding, norms, residuals");
+                   c.skip_output == SkipOutput::ScaledInput, M, D, I, st, &pm);
+    mark("experts + residual norm");
   }
   gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
   mark("lm head");

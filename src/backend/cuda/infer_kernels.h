@@ -14,6 +14,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace zaya::cuda {
@@ -23,19 +24,50 @@ using bf16 = __nv_bfloat16;
 // Largest M the matrix-vector kernels take (decode batch).
 constexpr int kGemvMaxRows = 8;
 
+// Programmatic dependent launch (sm_90 and later): every decode kernel here is launched so that it
+// may start while the previous kernel of the stream finishes, loading its weights, and waits on the
+// device before it reads anything that kernel (or an earlier one) wrote; captured into a graph the
+// launches become programmatic edges. Used where the device supports it unless switched off here
+// or by ZAYA_DECODE_PDL=0 in the environment (read on the first launch). Results are the same bits
+// with and without it. A graph captured before a change keeps the setting it was captured with.
+void set_decode_pdl(bool on);
+bool decode_pdl_active();  // on the current device
+
+// A residual norm fused into the end of a decode launch (gemv_bf16_residual_norm, decode_experts):
+// with a the launch's bf16 output [M, D], h = (a + hb)⊙hs + (h + rb)⊙rs in place, then
+// y = norm_w ⊙ h · rstd — the same bits as decode_residual_norm(h, y, a, ...). The block that
+// finishes last (per launch, or per row for the experts) does it, found through `counters`
+// (decode_tail_counter_bytes, zero-filled once; each launch leaves them at zero again; two launches
+// that may overlap must not share them).
+struct DecodeResidualNorm {
+  float* h = nullptr;
+  bf16* y = nullptr;
+  const float *hs = nullptr, *hb = nullptr, *rs = nullptr, *rb = nullptr, *norm_w = nullptr;
+  float eps = 0.f;
+  unsigned* counters = nullptr;
+};
+size_t decode_tail_counter_bytes();
+
 // y[m,o] = Σ_k x[m,k] W[o,k] (+ bias[o]) for m < M <= kGemvMaxRows. W bf16 [O, ldw] (ldw >= K,
 // K a multiple of 8), x bf16 [M, K] (row stride ldx); y fp32 or bf16 [M, ldy]. fp32 accumulation.
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
+// a[m,o] = bf16(Σ_k x[m,k] W[o,k]) (gemv_bf16 into a bf16 [M, O]), then the residual norm rn over
+// a with D = O, in one launch (the o projection and the post-attention residual + norm).
+void gemv_bf16_residual_norm(bf16* a_MO, const bf16* x, int64_t ldx, const bf16* W, int64_t ldw,
+                             int64_t M, int64_t O, int64_t K, const DecodeResidualNorm& rn,
+                             cudaStream_t st);
 // The same with fp32 weights and inputs (the router MLP, which stays fp32).
 void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
               const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
 // The experts of decode rows, two launches: act = silu(x·Wg_e^T) ⊙ (x·Wu_e^T) with e = choice[m]
 // (packed gate|up rows [E, 2I, D]), then out[m] = gate[m] · act[m]·Wd_e^T ([E, D, I]); rows whose
 // choice is the skip class (>= E) get gate[m]·x[m] (skip_scaled_input) or 0. x, act, out bf16.
+// rn (optional): the post-MLP residual norm over out, fused into the second launch (M <= 8).
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
-                    bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st);
+                    bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
+                    const DecodeResidualNorm* rn = nullptr);
 
 // The CCA convolutions for one token per sequence (cca_conv_fwd with S = 1): the depthwise conv
 // (kernel t0) over hist_BPC (P = (t0−1)+(t1−1) earlier rows, fp32 [B,P,C]) and the token's q0|k0
@@ -68,7 +100,7 @@ void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st);
 // Copies S new k and v rows per sequence (bf16 [B,S,Hkv,d]) into the cache at offset `past`
-// (prefill: the host knows the position).
+// (prefill: the host knows the position; a plain launch).
 void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,
                int64_t B, int64_t S, int64_t Hkv, int64_t d, cudaStream_t st);
 // ids_out[m] = argmax_v logits[m,v] (ties to the lowest id); logits fp32 [M, V]. Two passes over

@@ -1,7 +1,11 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
+
+#include "core/parallel.h"
 
 namespace zaya {
 
@@ -225,9 +229,25 @@ void Tensor::copy_from(const Tensor& src) {
       return;
     }
     if (dtype_is_float(dtype_) && dtype_is_float(src.dtype_)) {
-      std::vector<float> tmp(static_cast<size_t>(n));
-      convert_to_f32(tmp.data(), src.raw(), src.dtype_, n);
-      convert_from_f32(raw(), dtype_, tmp.data(), n);
+      // Through fp32 in blocks of 64K elements, blocks in parallel (an elementwise conversion:
+      // the result does not depend on the split). An fp32 source converts directly.
+      constexpr int64_t kBlock = int64_t(1) << 16;
+      const size_t ss = dtype_size(src.dtype_), ds = dtype_size(dtype_);
+      const char* sp = static_cast<const char*>(src.raw());
+      char* dp = static_cast<char*>(raw());
+      parallel_for((n + kBlock - 1) / kBlock, [&](int64_t b, int64_t e) {
+        std::vector<float> tmp;
+        for (int64_t blk = b; blk < e; blk++) {
+          const int64_t i0 = blk * kBlock, m = std::min(kBlock, n - i0);
+          const float* f = reinterpret_cast<const float*>(sp + size_t(i0) * ss);
+          if (src.dtype_ != DType::F32) {
+            tmp.resize(size_t(m));
+            convert_to_f32(tmp.data(), sp + size_t(i0) * ss, src.dtype_, m);
+            f = tmp.data();
+          }
+          convert_from_f32(dp + size_t(i0) * ds, dtype_, f, m);
+        }
+      });
       return;
     }
     // integer conversions

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 
 #include "core/parallel.h"
@@ -66,6 +67,31 @@ TEST(Tensor, DtypeConversions) {
   EXPECT_EQ(u.data<int64_t>()[0], -5);
   EXPECT_EQ(u.data<int64_t>()[2], 1 << 20);
   EXPECT_THROW(i32.data<float>() == nullptr ? 0 : i32.data<double>()[0], Error);
+}
+
+// Conversions of tensors spanning several 64K-element blocks (converted in parallel): every
+// element equals its scalar conversion, including the last, partial block; bf16 -> f16 goes
+// through fp32.
+TEST(Tensor, LargeDtypeConversionsMatchScalarConversions) {
+  const int64_t n = 3 * (int64_t(1) << 16) + 7;
+  Tensor t = Tensor::empty({n}, DType::F32);
+  Rng r(11);
+  for (int64_t i = 0; i < n; i++) t.f32()[i] = r.normal() * 100.0f;
+  t.f32()[n - 1] = -7.0e4f;  // beyond fp16's range: rounds to -inf there
+  const int prev = num_threads();
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    const Tensor b = t.to(DType::BF16), h = b.to(DType::F16), back = h.to(DType::F32);
+    const uint16_t* bp = b.data<uint16_t>();
+    const uint16_t* hp = h.data<uint16_t>();
+    for (int64_t i = 0; i < n; i++) {
+      ASSERT_EQ(bp[i], f32_to_bf16(t.f32()[i])) << i;
+      ASSERT_EQ(hp[i], f32_to_f16(bf16_to_f32(bp[i]))) << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(back.f32()[i]), std::bit_cast<uint32_t>(f16_to_f32(hp[i])))
+          << i;
+    }
+  }
+  set_num_threads(prev);
 }
 
 TEST(Parallel, CoversRangeExactlyOnceAndPropagatesErrors) {

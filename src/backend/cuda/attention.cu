@@ -4,28 +4,31 @@
 //
 // FlashAttention-2 structure on mma.sync.m16n8k16 (bf16 in, fp32 accumulate), ldmatrix for shared →
 // register fragments, cp.async double buffering of the streamed tiles:
-//   forward   one block of 4 warps per (64-query tile, batch·query head); each warp owns 16 query
-//             rows, streams 64-key K/V tiles, keeps the online softmax (base 2, scores pre-scaled
-//             by scale·log2e) and the O accumulator in registers. Key tiles above the causal
-//             diagonal or left of the sliding window are never visited; only tiles that straddle a
-//             boundary (diagonal, window edge, sequence end) pay for the mask.
+//   forward   one block of 4 warps per (128-query tile, batch·query head); each warp owns 32 query
+//             rows (two m16 tiles, so every K/V fragment feeds two mma), streams 32-key K/V tiles,
+//             keeps the online softmax (base 2, scores pre-scaled by scale·log2e) and the O
+//             accumulator in registers. Key tiles above the causal diagonal or left of the sliding
+//             window are never visited, by the block or (finer) by a warp whose rows see none of
+//             the tile; only tiles that straddle a boundary (diagonal, window edge, sequence end)
+//             for the warp's rows pay for the mask.
 //   backward  (1) D_i = rowsum(dO ⊙ O) into workspace; (2) dK/dV: one block of 8 warps per
 //             (128-key tile, batch·kv head), each warp owns 16 keys and loops over the G query
 //             heads of its group and the 64-row query tiles that can see its keys, recomputing P
-//             from lse; dK/dV live in registers for the whole loop, so nothing is atomically
-//             accumulated; (3) dQ: one block of 8 warps per (128-query tile, batch·query head)
-//             looping over 64-key tiles (recomputes S and dP a second time). Both stream their
-//             tiles through a three-stage cp.async ring with one barrier per step. Every output
-//             element is written by exactly one thread after a fixed reduction order, so the
-//             backward is bit-reproducible. Grids are linear with the tile index slowest, so the
-//             longest causal tiles of every head start first.
+//             from lse (a warp whose keys the step's queries cannot see skips it); dK/dV live in
+//             registers for the whole loop, so nothing is atomically accumulated; (3) dQ: one block
+//             of 8 warps per (128-query tile, batch·query head) looping over 64-key tiles
+//             (recomputes S and dP a second time). Both stream their tiles through a three-stage
+//             cp.async ring with one barrier per step. Every output element is written by exactly
+//             one thread after a fixed reduction order, so the backward is bit-reproducible. Grids
+//             are linear with the tile index slowest, so the longest causal tiles of every head
+//             start first.
 // Probabilities and dS are rounded to bf16 before their matmuls (as in FlashAttention-2); all sums
 // are fp32. Shared-memory rows are padded by 16 bytes, which makes every ldmatrix and cp.async row
 // access hit 8 distinct 16-byte bank groups without a swizzle.
 //
 // Deliberately not here: dropout, ALiBi/softcap, non-causal attention, head dims other than 32/64/
 // 128, strided (non-contiguous) q/k/v rows, and a dedicated decode kernel (decode S=1 runs the
-// general forward: correct, with 63 of 64 rows idle).
+// general forward: correct, with 127 of 128 rows idle).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -99,14 +102,20 @@ __device__ __forceinline__ bool key_visible(int key, int qp, int window) {
 }
 
 // ---- forward ----
-constexpr int kFwdBM = 64, kFwdBN = 64;
+// Block = 4 warps × 32 query rows (two m16 tiles per warp): every K/V fragment read from shared
+// memory feeds two mma instead of one. Per warp and 32-key tile at d=128 that is 48 ldmatrix.x4
+// for 128 mma (0.375 per mma; 16-row warps with 64-key tiles and Q held in registers need 0.5),
+// and each K/V tile serves 128 queries, halving its L2 traffic. 32-key tiles because S for 32 rows
+// × 64 keys next to the 32×128 O accumulator spills at d=128 (ptxas: 255 registers + 152 bytes);
+// with 32 keys it is 248 registers, no spills, and two blocks (8 warps) still fit per SM.
+constexpr int kFwdBM = 128, kFwdBN = 32, kFwdMT = 2;  // kFwdMT m16 tiles per warp
 
 template <int D>
 constexpr int fwd_smem_bytes() {
   return (kFwdBM + 4 * kFwdBN) * (D + 8) * int(sizeof(bf16));
 }
 
-// grid ceil(S/64)·B·Hq, linear: block x processes query tile ntiles-1-x/(B·Hq) of batch·head
+// grid ceil(S/128)·B·Hq, linear: block x processes query tile ntiles-1-x/(B·Hq) of batch·head
 // x%(B·Hq), so the longest causal rows of every head start first (longest-processing-time order),
 // which evens out the tail of the launch.
 template <int D>
@@ -114,7 +123,8 @@ __global__ void __launch_bounds__(kThreads)
     attn_fwd_kernel(bf16* __restrict__ o, float* __restrict__ lse, const bf16* __restrict__ q,
                     const bf16* __restrict__ k, const bf16* __restrict__ v, int S, int Sk,
                     int q_start, int Hq, int Hkv, int window, float scale_log2) {
-  constexpr int BM = kFwdBM, BN = kFwdBN, LD = D + 8;
+  constexpr int BM = kFwdBM, BN = kFwdBN, LD = D + 8, MT = kFwdMT;
+  static_assert(BM == 4 * 16 * MT, "4 warps × MT m16 tiles");
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BM×LD
   bf16* sK = sQ + BM * LD;                       // 2 stages × BN×LD
@@ -140,13 +150,29 @@ __global__ void __launch_bounds__(kThreads)
   load_rows<BN, D>(sV, vg + int64_t(t_lo) * BN * kv_rs, kv_rs, Sk - t_lo * BN, v, tid);
   cp_async_commit();
 
-  const int row0 = warp * 16 + (lane >> 2);  // this thread's rows: row0 and row0+8
-  const int qp[2] = {q_start + m0 + row0, q_start + m0 + row0 + 8};
-  float acc[D / 8][4];
+  const int wrow = warp * 16 * MT;  // the warp's first row; its m16 tile mt starts at wrow + 16·mt
+  // This thread's rows: wrow + 16·mt + lane/4 + 8·r (r = 0, 1), as query positions.
+  int qp[MT][2];
 #pragma unroll
-  for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  uint32_t qf[D / 16][4];
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) qp[mt][r] = qp_first + wrow + 16 * mt + (lane >> 2) + 8 * r;
+  // The warp's own first and last query positions: a warp none of whose rows sees a key tile (the
+  // upper rows of a 128-row tile at its last diagonal key tile, or past the window) skips it, and
+  // one that sees all of it skips the per-element mask.
+  const int wq_first = qp_first + wrow, wq_last = q_start + min(m0 + wrow + 16 * MT, S) - 1;
+  const bool warp_empty = m0 + wrow >= S;
+  float acc[MT][D / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+      acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+  float m_run[MT][2], l_run[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int r = 0; r < 2; r++) m_run[mt][r] = -INFINITY, l_run[mt][r] = 0.f;
 
   for (int t = t_lo; t <= t_hi; t++) {
     const int stage = (t - t_lo) & 1;
@@ -160,104 +186,130 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();  // possibly empty: keeps wait_group<1> meaning "tile t has landed"
     cp_async_wait<1>();
     __syncthreads();
-    if (t == t_lo) {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) load_a<LD>(qf[kk], sQ, warp * 16, kk * 16, lane);
-    }
-    const bf16* sKs = sK + stage * BN * LD;
-    const bf16* sVs = sV + stage * BN * LD;
-
-    // S = Q·Kᵀ for this warp's 16 rows × BN keys.
-    float s[BN / 8][4];
-#pragma unroll
-    for (int i = 0; i < BN / 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) {
-#pragma unroll
-      for (int nn = 0; nn < BN / 16; nn++) {
-        uint32_t kb[4];
-        load_b_nt<LD>(kb, sKs, nn * 16, kk * 16, lane);
-        mma16816(s[2 * nn], qf[kk], kb[0], kb[1]);
-        mma16816(s[2 * nn + 1], qf[kk], kb[2], kb[3]);
-      }
-    }
-
     const int n0 = t * BN;
-    const bool need_mask =
-        n0 + BN - 1 > qp_first || (window > 0 && n0 <= qp_last - window) || n0 + BN > Sk;
+    const bool warp_idle =
+        warp_empty || n0 > wq_last || (window > 0 && n0 + BN - 1 <= wq_first - window);
+    if (!warp_idle) {
+      const bf16* sKs = sK + stage * BN * LD;
+      const bf16* sVs = sV + stage * BN * LD;
+
+      // S = Q·Kᵀ for this warp's 32 rows × BN keys; the Q fragments come from shared memory at
+      // every tile (holding them would cost 64 registers).
+      float s[MT][BN / 8][4];
 #pragma unroll
-    for (int i = 0; i < BN / 8; i++)
+      for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        s[i][e] *= scale_log2;
-        if (need_mask) {
-          const int key = n0 + i * 8 + (lane & 3) * 2 + (e & 1);
-          if (!key_visible(key, qp[e >> 1], window)) s[i][e] = -INFINITY;
+        for (int i = 0; i < BN / 8; i++)
+          s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t qa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) load_a<LD>(qa[mt], sQ, wrow + 16 * mt, kk * 16, lane);
+#pragma unroll
+        for (int nn = 0; nn < BN / 16; nn++) {
+          uint32_t kb[4];
+          load_b_nt<LD>(kb, sKs, nn * 16, kk * 16, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; mt++) {
+            mma16816(s[mt][2 * nn], qa[mt], kb[0], kb[1]);
+            mma16816(s[mt][2 * nn + 1], qa[mt], kb[2], kb[3]);
+          }
         }
       }
 
-      // Online softmax in base 2. A row can be fully masked in one tile (window edge); its running
-      // max stays -inf and the exp base falls back to 0 so no inf-inf appears.
+      const bool need_mask =
+          n0 + BN - 1 > wq_first || (window > 0 && n0 <= wq_last - window) || n0 + BN > Sk;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float mx = m_run[r];
+      for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-      for (int i = 0; i < BN / 8; i++) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float base = mx == -INFINITY ? 0.f : mx;
-      const float alpha = exp2f(m_run[r] - base);
-      m_run[r] = mx;
-      float sum = 0.f;
+        for (int i = 0; i < BN / 8; i++)
 #pragma unroll
-      for (int i = 0; i < BN / 8; i++) {
-        s[i][2 * r] = exp2f(s[i][2 * r] - base);
-        s[i][2 * r + 1] = exp2f(s[i][2 * r + 1] - base);
-        sum += s[i][2 * r] + s[i][2 * r + 1];
-      }
-      l_run[r] = l_run[r] * alpha + sum;  // per-thread partial; the quad is summed at the end
-#pragma unroll
-      for (int i = 0; i < D / 8; i++) {
-        acc[i][2 * r] *= alpha;
-        acc[i][2 * r + 1] *= alpha;
-      }
-    }
+          for (int e = 0; e < 4; e++) {
+            s[mt][i][e] *= scale_log2;
+            if (need_mask) {
+              const int key = n0 + i * 8 + (lane & 3) * 2 + (e & 1);
+              if (!key_visible(key, qp[mt][e >> 1], window)) s[mt][i][e] = -INFINITY;
+            }
+          }
 
-    // O += P·V
+          // Online softmax in base 2. A row can be fully masked in one tile (window edge, or the
+          // diagonal tile of a row above it); its running max stays -inf and the exp base falls
+          // back to 0 so no inf-inf appears.
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) {
-      uint32_t pa[4];
-      c_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+      for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-      for (int dn = 0; dn < D / 16; dn++) {
-        uint32_t vb[4];
-        load_b_nn<LD>(vb, sVs, kk * 16, dn * 16, lane);
-        mma16816(acc[2 * dn], pa, vb[0], vb[1]);
-        mma16816(acc[2 * dn + 1], pa, vb[2], vb[3]);
+        for (int r = 0; r < 2; r++) {
+          float mx = m_run[mt][r];
+#pragma unroll
+          for (int i = 0; i < BN / 8; i++)
+            mx = fmaxf(mx, fmaxf(s[mt][i][2 * r], s[mt][i][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float base = mx == -INFINITY ? 0.f : mx;
+          const float alpha = exp2f(m_run[mt][r] - base);
+          m_run[mt][r] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int i = 0; i < BN / 8; i++) {
+            s[mt][i][2 * r] = exp2f(s[mt][i][2 * r] - base);
+            s[mt][i][2 * r + 1] = exp2f(s[mt][i][2 * r + 1] - base);
+            sum += s[mt][i][2 * r] + s[mt][i][2 * r + 1];
+          }
+          l_run[mt][r] = l_run[mt][r] * alpha + sum;  // per-thread partial; quad summed at the end
+#pragma unroll
+          for (int i = 0; i < D / 8; i++) {
+            acc[mt][i][2 * r] *= alpha;
+            acc[mt][i][2 * r + 1] *= alpha;
+          }
+        }
+
+        // O += P·V; each V fragment feeds both m16 tiles.
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) c_to_a(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
+#pragma unroll
+        for (int dn = 0; dn < D / 16; dn++) {
+          uint32_t vb[4];
+          load_b_nn<LD>(vb, sVs, kk * 16, dn * 16, lane);
+#pragma unroll
+          for (int mt = 0; mt < MT; mt++) {
+            mma16816(acc[mt][2 * dn], pa[mt], vb[0], vb[1]);
+            mma16816(acc[mt][2 * dn + 1], pa[mt], vb[2], vb[3]);
+          }
+        }
       }
     }
     __syncthreads();  // everyone is done with this stage before the next iteration refills it
   }
 
-  // Epilogue: normalise, stage the bf16 tile in sQ (free now) and write 16-byte rows.
-  float inv[2];
+  // Epilogue: normalise, stage the bf16 tile in sQ (free now) and write 16-byte rows. Rows past the
+  // end of the sequence (l = 0 when their warp skipped everything) are neither stored nor given an
+  // lse; inv = 0 keeps them finite.
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    float l = l_run[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    inv[r] = 1.f / l;
-    const int row = m0 + row0 + 8 * r;
-    if (lse && (lane & 3) == 0 && row < S)
-      lse[(int64_t(b) * Hq + h) * S + row] = (m_run[r] + log2f(l)) * kLn2;
-  }
+  for (int mt = 0; mt < MT; mt++) {
+    const int row0 = wrow + 16 * mt + (lane >> 2);
+    float inv[2];
 #pragma unroll
-  for (int i = 0; i < D / 8; i++) {
-    const int col = i * 8 + (lane & 3) * 2;
-    *reinterpret_cast<uint32_t*>(sQ + row0 * LD + col) =
-        pack_bf16(acc[i][0] * inv[0], acc[i][1] * inv[0]);
-    *reinterpret_cast<uint32_t*>(sQ + (row0 + 8) * LD + col) =
-        pack_bf16(acc[i][2] * inv[1], acc[i][3] * inv[1]);
+    for (int r = 0; r < 2; r++) {
+      float l = l_run[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      inv[r] = l > 0.f ? 1.f / l : 0.f;
+      const int row = m0 + row0 + 8 * r;
+      if (lse && (lane & 3) == 0 && row < S)
+        lse[(int64_t(b) * Hq + h) * S + row] = (m_run[mt][r] + log2f(l)) * kLn2;
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) {
+      const int col = i * 8 + (lane & 3) * 2;
+      *reinterpret_cast<uint32_t*>(sQ + row0 * LD + col) =
+          pack_bf16(acc[mt][i][0] * inv[0], acc[mt][i][1] * inv[0]);
+      *reinterpret_cast<uint32_t*>(sQ + (row0 + 8) * LD + col) =
+          pack_bf16(acc[mt][i][2] * inv[1], acc[mt][i][3] * inv[1]);
+    }
   }
   __syncthreads();
   bf16* og = o + (int64_t(b) * S + m0) * q_rs + int64_t(h) * D;
@@ -386,6 +438,7 @@ __global__ void __launch_bounds__(NW * 32)
     for (int e = 0; e < 4; e++) dK[i][e] = dV[i][e] = 0.f;
   const int krow0 = warp * 16;  // this warp's keys within the tile
   const int key[2] = {n0 + krow0 + (lane >> 2), n0 + krow0 + (lane >> 2) + 8};
+  const int wk_first = n0 + krow0;
 
   for (int it = 0; it < iters; it++) {
     const int stage = it % kStages;
@@ -398,13 +451,18 @@ __global__ void __launch_bounds__(NW * 32)
     const float* sLs = sL + stage * BM;
     const float* sDs = sD + stage * BM;
     const int m0 = (tq_lo + it % ntq) * BM;
-    // Only tiles that straddle the diagonal, the window edge or the sequence end pay for the mask.
+    // Per warp (keys wk_first..wk_first+15): a warp whose keys no query of the step sees (above
+    // the step's last query at the block's first diagonal step, or past the window) skips the
+    // step; only a warp whose keys straddle the diagonal, the window edge or the sequence end pays
+    // for the mask.
+    const bool warp_idle =
+        wk_first > min(m0 + BM - 1, S - 1) || (window > 0 && m0 >= wk_first + 15 + window);
     const bool need_mask =
-        m0 < n0 + BN - 1 || (window > 0 && m0 + BM - 1 >= n0 + window) || m0 + BM > S;
+        m0 < wk_first + 15 || (window > 0 && m0 + BM - 1 >= wk_first + window) || m0 + BM > S;
 
     // Passes of SUB query columns; not unrolled so that two passes never hold registers at once.
 #pragma unroll 1
-    for (int c0 = 0; c0 < BM; c0 += SUB) {
+    for (int c0 = 0; c0 < (warp_idle ? 0 : BM); c0 += SUB) {
       // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for 16 keys × SUB queries.
       float st[SUB / 8][4], dpt[SUB / 8][4];
 #pragma unroll

@@ -38,9 +38,12 @@
 //   ldmatrix.trans) reducing over a fixed number of token chunks (about two waves of blocks),
 //   each writing its own partial. Partials are summed in a fixed order by a second pass: no
 //   float atomics, so results are bit-reproducible.
-// - Finish: one warp per (token, head): mean skip, norm (warp reduction), RoPE from a per-warp
-//   shared row. RoPE's inverse frequencies are computed on the host with the CPU reference's fp32
-//   formula and passed by value, so only sin/cos (accurate, not the fast intrinsics) can differ.
+// - Finish: a block stages a few tokens' rows (conv, q0|k0, and dq|dk backward) in shared memory
+//   with 16-byte loads issued before any store, then one warp per (token, head) does mean skip,
+//   norm (warp reduction) and RoPE (sin/cos once per token and frequency) in shared memory, and
+//   the block writes q|k (forward) or dconv and the whole dqkv row (backward) with 16-byte stores.
+//   RoPE's inverse frequencies are computed on the host with the CPU reference's fp32 formula and
+//   passed by value, so only sin/cos (accurate, not the fast intrinsics) can differ.
 // Not here: the projections (GEMMs), attention itself, and KV-cache writes (the caller copies k,
 // v).
 #include <algorithm>
@@ -687,6 +690,34 @@ struct InvFreq {
   float v[kMaxHalfR];
 };
 
+// Finish kernels: a block of kFinThreads threads owns tb tokens (chosen on the host so
+// that a block's tiles fill up to 44 KB of shared memory: 4 tokens, 41 KB, at C = 1280, r = 64). It
+// stages the tokens' rows in shared memory with 16-byte loads, kFinLoads per thread issued before
+// any is stored (the bytes in flight are what bounds these kernels), then one warp per (token,
+// head) item does the arithmetic of the earlier warp-per-item kernels element for element (lane
+// owns i ≡ lane mod 32, same expressions, same per-lane order, same warp_sum tree: bit-identical
+// results), then the block writes its outputs with 16-byte stores. RoPE's sin/cos are computed once
+// per (token, frequency) into a table shared by the token's heads. Shared memory per token: C fp32
+// (conv; overwritten in place by x or dconv: only the item's own warp reads conv[h·d..], and the
+// lane that reads element i is the one that writes it), C bf16 (q0|k0 of qkv), C bf16 (forward: q|k
+// out; backward: dq|dk), r/2 float2 (sin, cos).
+constexpr int kFinThreads = 256;
+constexpr int kFinWarps = kFinThreads / 32;
+constexpr int kFinLoads = 8;  // 16-byte loads a thread issues before storing them
+constexpr size_t kFinSmemTarget = 44 * 1024;
+constexpr int kFinMaxTok = 8;
+// Blocks per SM the register budget must allow (forward 64, backward 80 registers; no spills):
+// 4 resp. 3 × 41 KB of tiles in flight per SM at ZAYA1 sizes.
+constexpr int kFinMinBlocksFwd = 4;
+constexpr int kFinMinBlocksBwd = 3;
+
+size_t finish_token_bytes(int64_t C, int64_t r) {
+  return size_t(C) * (4 + 2 + 2) + size_t(r / 2) * sizeof(float2);
+}
+int finish_tokens_per_block(int64_t C, int64_t r) {
+  return int(std::clamp<size_t>(kFinSmemTarget / finish_token_bytes(C, r), 1, kFinMaxTok));
+}
+
 // The CPU reference's table (cpu::rope): 1 / θ^(2j/r), in fp32.
 InvFreq inv_freq(double theta, int64_t r) {
   InvFreq f{};
@@ -704,6 +735,9 @@ void check_finish_shape(const char* fn, int64_t Hq, int64_t Hkv, int64_t d, int6
   if (r < 0 || r % 2 != 0 || r > d || r / 2 > kMaxHalfR)
     fail(fn, "rotary dim r=" + std::to_string(r) + " must be even, at most d and at most " +
                  std::to_string(2 * kMaxHalfR));
+  if (finish_token_bytes((Hq + Hkv) * d, r) > kDefaultSmem)
+    fail(fn, "(Hq+Hkv)·d=" + std::to_string((Hq + Hkv) * d) +
+                 " too large for one token's shared-memory tiles (at most ~6000 channels)");
 }
 
 // Pre-norm value of element i of head h (q heads first, then k heads) of token row `row`: conv
@@ -724,48 +758,165 @@ __device__ __forceinline__ float pre_norm(const float* conv_row, const bf16* row
   return conv_row[h * d + i] + skip;  // k head g's conv channels start at QD + g·d = h·d
 }
 
-constexpr int kWarps = 8;  // warps per block of the finish kernels, one (token, head) each
+// One row source of the staging loader: token n's row starts at g + n·gs (bytes) and goes to
+// shared byte offset so + tt·ss (tt = n − n0); `units` 16-byte units per row; es = element size
+// (2 or 4) for the scalar path taken when !vec (base or row stride not 16-byte aligned).
+struct StageSrc {
+  const char* g;
+  int64_t gs;
+  int so, ss, units, es;
+  bool vec;
+};
+constexpr int kMaxSrc = 4;
+struct StageSrcs {
+  StageSrc s[kMaxSrc];
+};
 
-__global__ void __launch_bounds__(kWarps * 32)
-    finish_qk_fwd_kernel(bf16* q, bf16* k, float* norms, const float* conv, const bf16* qkv,
-                         int64_t ld, const float* temp, InvFreq inv, int64_t pos0, int r, int S,
-                         int Hq, int Hkv, int d, int64_t items) {
-  __shared__ float buf[kWarps][kMaxD];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t item = int64_t(blockIdx.x) * kWarps + warp;
-  if (item >= items) return;  // whole warps leave together; only __syncwarp below
-  const int H = Hq + Hkv, G = Hq / Hkv, h = int(item % H);
-  const int64_t n = item / H;
-  const int t = int(n % S);
-  const float* conv_row = conv + n * int64_t(H) * d;
-  const bf16* row = qkv + n * ld;
-  float* y = buf[warp];
-  float ss = 0.0f;
-  for (int i = lane; i < d; i += 32) {
-    const float x = pre_norm(conv_row, row, h, i, Hq, G, d);
-    y[i] = x;
-    ss += x * x;
+__device__ __forceinline__ uint4 load_unit(const char* p, int es, bool vec) {
+  if (vec) return *reinterpret_cast<const uint4*>(p);
+  uint32_t w[4];
+  if (es == 4) {
+#pragma unroll
+    for (int k = 0; k < 4; k++) w[k] = reinterpret_cast<const uint32_t*>(p)[k];
+  } else {
+    const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+#pragma unroll
+    for (int k = 0; k < 4; k++) w[k] = uint32_t(h[2 * k]) | (uint32_t(h[2 * k + 1]) << 16);
   }
-  ss = warp_sum(ss);
-  const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
-  if (norms && lane == 0) norms[n * H + h] = nrm;
-  const float a = sqrtf(float(d)) * (h < Hq ? 1.0f : temp[h - Hq]) / nrm;
-  __syncwarp();
-  const float pos = float(pos0 + t);
-  const int h2 = r / 2;
-  bf16* out = h < Hq ? q + (n * Hq + h) * d : k + (n * Hkv + (h - Hq)) * d;
-  for (int i = lane; i < d; i += 32) {
-    float v = y[i] * a;
-    if (i < r) {
-      const int j = i < h2 ? i : i - h2;
-      float sn, cs;
-      sincosf(pos * inv.v[j], &sn, &cs);
-      if (i < h2)
-        v = v * cs - (y[i + h2] * a) * sn;
-      else
-        v = v * cs + (y[j] * a) * sn;
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ void store_unit(char* p, const uint4 v, bool vec) {
+  if (vec) {
+    *reinterpret_cast<uint4*>(p) = v;
+  } else {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    unsigned short* h = reinterpret_cast<unsigned short*>(p);
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      h[2 * k] = static_cast<unsigned short>(w[k] & 0xffffu);
+      h[2 * k + 1] = static_cast<unsigned short>(w[k] >> 16);
     }
-    out[i] = __float2bfloat16(v);
+  }
+}
+
+// Shared memory ← rows of tokens n0 .. n0+tb−1 (zeros past N) from the sources.
+__device__ __forceinline__ void stage_rows(char* sm, const StageSrcs& src, int64_t n0, int tb,
+                                           int64_t N) {
+  int per = 0;
+#pragma unroll
+  for (int s = 0; s < kMaxSrc; s++) per += src.s[s].units;
+  const int total = tb * per;
+  for (int base = 0; base < total; base += kFinLoads * kFinThreads) {
+    uint4 v[kFinLoads];
+    int dst[kFinLoads];
+#pragma unroll
+    for (int k = 0; k < kFinLoads; k++) {
+      const int u = base + k * kFinThreads + int(threadIdx.x);
+      dst[k] = -1;
+      v[k] = make_uint4(0, 0, 0, 0);
+      if (u >= total) continue;
+      const int tt = u / per;
+      int w = u - tt * per;
+      const char* g = nullptr;
+      int64_t gs = 0;
+      int so = 0, ss = 0, es = 4;
+      bool vec = false, found = false;
+#pragma unroll
+      for (int s = 0; s < kMaxSrc; s++) {
+        if (found) continue;
+        if (w < src.s[s].units) {
+          g = src.s[s].g, gs = src.s[s].gs, so = src.s[s].so, ss = src.s[s].ss, es = src.s[s].es;
+          vec = src.s[s].vec, found = true;
+        } else {
+          w -= src.s[s].units;
+        }
+      }
+      dst[k] = so + tt * ss + w * 16;
+      const int64_t n = n0 + tt;
+      if (n < N) v[k] = load_unit(g + n * gs + int64_t(w) * 16, es, vec);
+    }
+#pragma unroll
+    for (int k = 0; k < kFinLoads; k++)
+      if (dst[k] >= 0) *reinterpret_cast<uint4*>(sm + dst[k]) = v[k];
+  }
+}
+
+// (sin, cos) of (pos0 + t)·inv[j] for the block's tokens, j < r/2: the values the reference's
+// per-element sincosf gives (same argument, same function).
+__device__ __forceinline__ void rope_table(float2* sc, const InvFreq& inv, int64_t n0, int tb,
+                                           int h2, int S, int64_t pos0) {
+  for (int e = int(threadIdx.x); e < tb * h2; e += kFinThreads) {
+    const int tt = e / h2, j = e - tt * h2;
+    const int t = int((n0 + tt) % S);
+    const float pos = float(pos0 + t);
+    float sn, cs;
+    sincosf(pos * inv.v[j], &sn, &cs);
+    sc[e] = make_float2(sn, cs);
+  }
+}
+
+__global__ void __launch_bounds__(kFinThreads, kFinMinBlocksFwd)
+    finish_qk_fwd_kernel(bf16* q, bf16* k, float* norms, const StageSrcs src, const float* temp,
+                         InvFreq inv, int64_t pos0, int r, int S, int Hq, int Hkv, int d, int64_t N,
+                         int tb, bool vec_out) {
+  extern __shared__ uint4 fin_smem_u4[];
+  char* const sm = reinterpret_cast<char*>(fin_smem_u4);
+  const int H = Hq + Hkv, C = H * d, G = Hq / Hkv, h2 = r / 2, QD = Hq * d;
+  float* const xs = reinterpret_cast<float*>(sm);               // [tb][C] conv, then x
+  const bf16* const rs = reinterpret_cast<bf16*>(xs + tb * C);  // [tb][C] q0 | k0
+  bf16* const os = const_cast<bf16*>(rs) + tb * C;              // [tb][C] q | k out
+  float2* const sc = reinterpret_cast<float2*>(os + tb * C);    // [tb][h2] (sin, cos)
+  const int64_t n0 = int64_t(blockIdx.x) * tb;
+  stage_rows(sm, src, n0, tb, N);
+  rope_table(sc, inv, n0, tb, h2, S, pos0);
+  __syncthreads();
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  for (int it = warp; it < tb * H; it += kFinWarps) {
+    const int tt = it / H, h = it - tt * H;
+    const int64_t n = n0 + tt;
+    if (n >= N) break;  // items are token-major: the rest are past N too (whole warp)
+    float* const xrow = xs + tt * C;
+    float* const y = xrow + h * d;
+    const bf16* const row = rs + tt * C;
+    const float2* const sct = sc + tt * h2;
+    float ss = 0.0f;
+    for (int i = lane; i < d; i += 32) {
+      const float x = pre_norm(xrow, row, h, i, Hq, G, d);
+      y[i] = x;
+      ss += x * x;
+    }
+    ss = warp_sum(ss);
+    const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
+    if (norms && lane == 0) norms[n * H + h] = nrm;
+    const float a = sqrtf(float(d)) * (h < Hq ? 1.0f : temp[h - Hq]) / nrm;
+    __syncwarp();
+    bf16* const out = os + tt * C + h * d;  // q heads, then k heads: [Hq·d | Hkv·d]
+    for (int i = lane; i < d; i += 32) {
+      float v = y[i] * a;
+      if (i < r) {
+        const int j = i < h2 ? i : i - h2;
+        const float2 p = sct[j];
+        const float sn = p.x, cs = p.y;
+        if (i < h2)
+          v = v * cs - (y[i + h2] * a) * sn;
+        else
+          v = v * cs + (y[j] * a) * sn;
+      }
+      out[i] = __float2bfloat16(v);
+    }
+  }
+  __syncthreads();
+  // q rows (Hq·d) and k rows (Hkv·d) of the block's tokens, 16-byte units.
+  const int uq = QD / 8, per = C / 8;
+  for (int u = int(threadIdx.x); u < tb * per; u += kFinThreads) {
+    const int tt = u / per, w = u - tt * per;
+    const int64_t n = n0 + tt;
+    if (n >= N) continue;
+    const uint4 val = *reinterpret_cast<const uint4*>(os + tt * C + w * 8);
+    bf16* const dst =
+        w < uq ? q + n * QD + int64_t(w) * 8 : k + n * int64_t(C - QD) + int64_t(w - uq) * 8;
+    store_unit(reinterpret_cast<char*>(dst), val, vec_out);
   }
 }
 
@@ -794,92 +945,130 @@ __global__ void finish_v_fwd_kernel(bf16* v, const bf16* qkv, int64_t ld, float*
   v[n * KD + e] = val;
 }
 
-// Backward through RoPE (inverse rotation) and the norm, per (token, head): dconv (=) and, for k
-// heads, the per-token temperature gradient sd·<x,g>/‖x‖ into dtemp_part [N, Hkv].
-__global__ void __launch_bounds__(kWarps * 32)
-    finish_qk_bwd_kernel(float* dconv, float* dtemp_part, const bf16* dq, const bf16* dk,
-                         const float* conv, const bf16* qkv, int64_t ld, const float* norms,
-                         const float* temp, InvFreq inv, int r, int S, int Hq, int Hkv, int d,
-                         int64_t items) {
-  constexpr int E = kMaxD / 32;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t item = int64_t(blockIdx.x) * kWarps + warp;
-  if (item >= items) return;
-  const int H = Hq + Hkv, G = Hq / Hkv, h = int(item % H);
-  const int64_t n = item / H;
-  const int t = int(n % S);
-  const float* conv_row = conv + n * int64_t(H) * d;
-  const bf16* row = qkv + n * ld;
-  const bf16* gsrc = h < Hq ? dq + (n * Hq + h) * d : dk + (n * Hkv + (h - Hq)) * d;
-  const float pos = float(t);  // training: positions from 0 within each sequence
-  const int h2 = r / 2;
-  float xr[E], gr[E];
-  float xg = 0.0f;
+// Mean-skip gradient of q0/k0 channels e0 .. e0+3 (4 | e0, 4 | d: one head) from the token's
+// dconv row dc (shared memory): q0[h] receives (dqpre[h] + dkpre[g]/G)/2, k0[g] the sum over its G
+// q heads of (dqpre[h] + dkpre[g]/G)/2, each element with the expressions and order of the
+// earlier per-element kernel. Returns the 4 values as bf16 (8 bytes).
+__device__ __forceinline__ uint2 skip_grad4(const float* dc, int e0, int QD, int G, int d) {
+  const float4 a4 = *reinterpret_cast<const float4*>(dc + e0);
+  float a[4] = {a4.x, a4.y, a4.z, a4.w}, f[4];
+  if (e0 < QD) {
+    const int h = e0 / d, i0 = e0 % d;
+    const float4 b4 = *reinterpret_cast<const float4*>(dc + QD + (h / G) * d + i0);
+    const float b[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
-  for (int e = 0; e < E; e++) {
-    const int i = lane + 32 * e;
-    xr[e] = gr[e] = 0.0f;
-    if (i >= d) continue;
-    float gv = bf(gsrc[i]);
-    if (i < r) {  // cpu::rope_backward: the transposed rotation
-      const int j = i < h2 ? i : i - h2;
-      float sn, cs;
-      sincosf(pos * inv.v[j], &sn, &cs);
-      if (i < h2)
-        gv = gv * cs + bf(gsrc[i + h2]) * sn;
-      else
-        gv = gv * cs - bf(gsrc[j]) * sn;
+    for (int q = 0; q < 4; q++) f[q] = 0.5f * (a[q] + b[q] / float(G));
+  } else {
+    const int g = (e0 - QD) / d, i0 = (e0 - QD) % d;
+#pragma unroll
+    for (int q = 0; q < 4; q++) a[q] = a[q] / float(G), f[q] = 0.0f;  // a = dkpre[g]/G
+    for (int jj = 0; jj < G; jj++) {
+      const float4 b4 = *reinterpret_cast<const float4*>(dc + (g * G + jj) * d + i0);
+      const float b[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+      for (int q = 0; q < 4; q++) f[q] += 0.5f * (b[q] + a[q]);
     }
-    gr[e] = gv;
-    xr[e] = pre_norm(conv_row, row, h, i, Hq, G, d);
-    xg += xr[e] * gv;
   }
-  xg = warp_sum(xg);
-  const float nrm = norms[n * H + h];
-  const float sd = sqrtf(float(d)), tv = h < Hq ? 1.0f : temp[h - Hq];
-  const bool clamped = nrm <= FLT_EPSILON;
-  float* drow = dconv + n * int64_t(H) * d + int64_t(h) * d;
-#pragma unroll
-  for (int e = 0; e < E; e++) {
-    const int i = lane + 32 * e;
-    if (i < d)
-      drow[i] = sd * tv * (gr[e] / nrm - (clamped ? 0.0f : xr[e] * xg / (nrm * nrm * nrm)));
-  }
-  if (h >= Hq && lane == 0) dtemp_part[n * Hkv + (h - Hq)] = sd * xg / nrm;
+  return make_uint2(pack_bf16(f[0], f[1]), pack_bf16(f[2], f[3]));
 }
 
-// The projections' gradients that the finish step owns (=): q0/k0 channels get the mean-skip path
-// (mq[h] receives dqpre[h] + dkpre[g]/G, split in halves onto q0[h] and k0[g]); vc channels get
-// dv's first half; vd channels of token t get dv's second half of token t+1 (0 for the last).
-// Grid (token n, column block): no 64-bit division per element.
-__global__ void finish_skip_v_bwd_kernel(bf16* dqkv, int64_t ld, const float* dconv, const bf16* dv,
-                                         int S, int Hq, int Hkv, int d) {
-  const int G = Hq / Hkv, QD = Hq * d, C = (Hq + Hkv) * d, KD = Hkv * d, VH = KD / 2;
-  const int W = C + KD;
-  const int e = int(blockIdx.y) * blockDim.x + threadIdx.x;
-  if (e >= W) return;
-  const int64_t n = blockIdx.x;
-  const float* dc = dconv + n * C;
-  float val;
-  if (e < QD) {
-    const int h = e / d, i = e % d;
-    val = 0.5f * (dc[e] + dc[QD + (h / G) * d + i] / float(G));
-  } else if (e < C) {
-    const int g = (e - QD) / d, i = (e - QD) % d;
-    const float dkg = dc[e] / float(G);
-    float s = 0.0f;
-    for (int jj = 0; jj < G; jj++) s += 0.5f * (dc[(g * G + jj) * d + i] + dkg);
-    val = s;
-  } else if (e < C + VH) {
-    dqkv[n * ld + e] = dv[n * KD + (e - C)];
-    return;
-  } else {
-    const int i = e - C - VH;
-    dqkv[n * ld + e] =
-        int(blockIdx.x) % S + 1 < S ? dv[(n + 1) * KD + VH + i] : __float2bfloat16(0.0f);
-    return;
+// Backward through RoPE (inverse rotation) and the norm, per (token, head): dconv (=) and, for k
+// heads, the per-token temperature gradient sd·<x,g>/‖x‖ into dtemp_part [N, Hkv]; then, per
+// token, the projections' gradients the finish step owns (=): q0/k0 channels get the mean-skip
+// path (from the dconv row still in shared memory), vc channels dv's first half, vd channels of
+// token t dv's second half of token t+1 (0 for a sequence's last token).
+__global__ void __launch_bounds__(kFinThreads, kFinMinBlocksBwd)
+    finish_qk_bwd_kernel(float* dconv, float* dtemp_part, bf16* dqkv, int64_t ld, const bf16* dv,
+                         const StageSrcs src, const float* norms, const float* temp, InvFreq inv,
+                         int r, int S, int Hq, int Hkv, int d, int64_t N, int tb, bool vec_dconv,
+                         bool vec_dqkv, bool vec_dv) {
+  extern __shared__ uint4 fin_smem_u4[];
+  char* const sm = reinterpret_cast<char*>(fin_smem_u4);
+  const int H = Hq + Hkv, C = H * d, G = Hq / Hkv, h2 = r / 2, QD = Hq * d;
+  const int KD = Hkv * d, VH = KD / 2;
+  float* const xs = reinterpret_cast<float*>(sm);               // [tb][C] conv, then dconv
+  const bf16* const rs = reinterpret_cast<bf16*>(xs + tb * C);  // [tb][C] q0 | k0
+  const bf16* const gs = rs + tb * C;                           // [tb][C] dq | dk
+  float2* const sc = reinterpret_cast<float2*>(const_cast<bf16*>(gs) + tb * C);  // [tb][h2]
+  const int64_t n0 = int64_t(blockIdx.x) * tb;
+  stage_rows(sm, src, n0, tb, N);
+  rope_table(sc, inv, n0, tb, h2, S, 0);  // training: positions from 0 within each sequence
+  __syncthreads();
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const float sd = sqrtf(float(d));
+  for (int it = warp; it < tb * H; it += kFinWarps) {
+    const int tt = it / H, h = it - tt * H;
+    const int64_t n = n0 + tt;
+    if (n >= N) break;
+    float* const xrow = xs + tt * C;
+    const bf16* const row = rs + tt * C;
+    const bf16* const gsrc = gs + tt * C + h * d;  // dq row head h, or dk row head h − Hq
+    const float2* const sct = sc + tt * h2;
+    float* const xh = xrow + h * d;  // x (pre-norm) in place of conv, then dconv
+    // g after the transposed rotation (cpu::rope_backward), element i; evaluated twice per element
+    // (same operands, same operations, same value) rather than held in registers.
+    auto grad_at = [&](int i) {
+      float gv = bf(gsrc[i]);
+      if (i < r) {
+        const int j = i < h2 ? i : i - h2;
+        const float2 p = sct[j];
+        const float sn = p.x, cs = p.y;
+        if (i < h2)
+          gv = gv * cs + bf(gsrc[i + h2]) * sn;
+        else
+          gv = gv * cs - bf(gsrc[j]) * sn;
+      }
+      return gv;
+    };
+    float xg = 0.0f;
+    for (int i = lane; i < d; i += 32) {
+      const float x = pre_norm(xrow, row, h, i, Hq, G, d);
+      xh[i] = x;  // lane i alone reads conv[h·d + i] (just now) and later x and dconv there
+      xg += x * grad_at(i);
+    }
+    xg = warp_sum(xg);
+    const float nrm = norms[n * H + h];
+    const float tv = h < Hq ? 1.0f : temp[h - Hq];
+    const bool clamped = nrm <= FLT_EPSILON;
+    for (int i = lane; i < d; i += 32)
+      xh[i] = sd * tv * (grad_at(i) / nrm - (clamped ? 0.0f : xh[i] * xg / (nrm * nrm * nrm)));
+    if (h >= Hq && lane == 0) dtemp_part[n * Hkv + (h - Hq)] = sd * xg / nrm;
   }
-  dqkv[n * ld + e] = __float2bfloat16(val);
+  __syncthreads();
+  // dconv rows: C floats per token, 16-byte units.
+  const int uc = C / 4;
+  for (int u = int(threadIdx.x); u < tb * uc; u += kFinThreads) {
+    const int tt = u / uc, w = u - tt * uc;
+    const int64_t n = n0 + tt;
+    if (n >= N) continue;
+    store_unit(reinterpret_cast<char*>(dconv + n * C + int64_t(w) * 4),
+               *reinterpret_cast<const uint4*>(xs + tt * C + w * 4), vec_dconv);
+  }
+  // dqkv rows, 8 channels (16 bytes) per unit; 8 | d, so a unit never straddles a head or the
+  // q0|k0|vc|vd boundaries. q0|k0: the mean-skip gradient from the dconv rows in shared memory.
+  const int us = C / 8;
+  for (int u = int(threadIdx.x); u < tb * us; u += kFinThreads) {
+    const int tt = u / us, e0 = (u - tt * us) * 8;
+    const int64_t n = n0 + tt;
+    if (n >= N) continue;
+    const uint2 lo = skip_grad4(xs + tt * C, e0, QD, G, d);
+    const uint2 hi = skip_grad4(xs + tt * C, e0 + 4, QD, G, d);
+    store_unit(reinterpret_cast<char*>(dqkv + n * ld + e0), make_uint4(lo.x, lo.y, hi.x, hi.y),
+               vec_dqkv);
+  }
+  // vc: dv's first half of token n; vd: dv's second half of token n+1 (0 for the last token).
+  const int uv = KD / 8;
+  for (int u = int(threadIdx.x); u < tb * uv; u += kFinThreads) {
+    const int tt = u / uv, e0 = (u - tt * uv) * 8;
+    const int64_t n = n0 + tt;
+    if (n >= N) continue;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (e0 < VH)
+      val = load_unit(reinterpret_cast<const char*>(dv + n * KD + e0), 2, vec_dv);
+    else if (int(n % S) + 1 < S)
+      val = load_unit(reinterpret_cast<const char*>(dv + (n + 1) * KD + e0), 2, vec_dv);
+    store_unit(reinterpret_cast<char*>(dqkv + n * ld + C + e0), val, vec_dqkv);
+  }
 }
 
 // dtemp[g] += Σ_n part[n, g]: each thread sums a fixed stride of tokens, then a fixed tree.
@@ -1017,14 +1206,27 @@ void cca_qkv_finish_fwd(bf16* q_NHd, bf16* k_NGd, bf16* v_NGd, float* norms_NH,
   check_finish_shape(fn, Hq, Hkv, d, r);
   const int64_t N = B * S;
   if (N <= 0) return;
-  const int64_t items = N * (Hq + Hkv);
-  finish_qk_fwd_kernel<<<unsigned((items + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(
-      q_NHd, k_NGd, norms_NH, conv_NC, qkv, ld, temp_G, inv_freq(theta, r), pos0, int(r), int(S),
-      int(Hq), int(Hkv), int(d), items);
+  const int64_t C = (Hq + Hkv) * d;
+  const int tb = finish_tokens_per_block(C, r);
+  StageSrcs src{};
+  src.s[0] = {reinterpret_cast<const char*>(conv_NC),
+              C * 4,
+              0,
+              int(C * 4),
+              int(C / 4),
+              4,
+              aligned16(conv_NC)};
+  src.s[1] = {
+      reinterpret_cast<const char*>(qkv), ld * 2, int(tb * C * 4), int(C * 2), int(C / 8), 2,
+      aligned16(qkv) && ld % 8 == 0};
+  finish_qk_fwd_kernel<<<unsigned((N + tb - 1) / tb), kFinThreads,
+                         size_t(tb) * finish_token_bytes(C, r), st>>>(
+      q_NHd, k_NGd, norms_NH, src, temp_G, inv_freq(theta, r), pos0, int(r), int(S), int(Hq),
+      int(Hkv), int(d), N, tb, aligned16(q_NHd) && aligned16(k_NGd));
   check_launch(fn);
   const int64_t KD = Hkv * d;
   finish_v_fwd_kernel<<<dim3(unsigned(N), unsigned((KD + 255) / 256)), 256, 0, st>>>(
-      v_NGd, qkv, ld, vd_last_B, update_vd_last, int(S), int((Hq + Hkv) * d), int(KD));
+      v_NGd, qkv, ld, vd_last_B, update_vd_last, int(S), int(C), int(KD));
   check_launch(fn);
 }
 
@@ -1042,14 +1244,35 @@ void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G,
   const int64_t N = B * S;
   if (N <= 0) return;
   float* dtemp_part = ws.take_n<float>(size_t(N * Hkv));
-  const int64_t items = N * (Hq + Hkv);
-  finish_qk_bwd_kernel<<<unsigned((items + kWarps - 1) / kWarps), kWarps * 32, 0, st>>>(
-      dconv_NC, dtemp_part, dq, dk, conv_NC, qkv, ld, norms_NH, temp_G, inv_freq(theta, r), int(r),
-      int(S), int(Hq), int(Hkv), int(d), items);
-  check_launch(fn);
-  const int64_t W = (Hq + Hkv) * d + Hkv * d;
-  finish_skip_v_bwd_kernel<<<dim3(unsigned(N), unsigned((W + 255) / 256)), 256, 0, st>>>(
-      dqkv, ld, dconv_NC, dv, int(S), int(Hq), int(Hkv), int(d));
+  const int64_t C = (Hq + Hkv) * d, QD = Hq * d, KD = Hkv * d;
+  const int tb = finish_tokens_per_block(C, r);
+  // Shared tiles: conv [tb][C] fp32, q0|k0 [tb][C] bf16, dq|dk [tb][C] bf16 (dq row at column 0,
+  // dk row at column QD).
+  const int o_rs = int(tb * C * 4), o_gs = o_rs + int(tb * C * 2);
+  StageSrcs src{};
+  src.s[0] = {reinterpret_cast<const char*>(conv_NC),
+              C * 4,
+              0,
+              int(C * 4),
+              int(C / 4),
+              4,
+              aligned16(conv_NC)};
+  src.s[1] = {reinterpret_cast<const char*>(qkv), ld * 2, o_rs, int(C * 2), int(C / 8), 2,
+              aligned16(qkv) && ld % 8 == 0};
+  src.s[2] = {
+      reinterpret_cast<const char*>(dq), QD * 2, o_gs, int(C * 2), int(QD / 8), 2, aligned16(dq)};
+  src.s[3] = {reinterpret_cast<const char*>(dk),
+              KD * 2,
+              o_gs + int(QD * 2),
+              int(C * 2),
+              int(KD / 8),
+              2,
+              aligned16(dk)};
+  finish_qk_bwd_kernel<<<unsigned((N + tb - 1) / tb), kFinThreads,
+                         size_t(tb) * finish_token_bytes(C, r), st>>>(
+      dconv_NC, dtemp_part, dqkv, ld, dv, src, norms_NH, temp_G, inv_freq(theta, r), int(r), int(S),
+      int(Hq), int(Hkv), int(d), N, tb, aligned16(dconv_NC), aligned16(dqkv) && ld % 8 == 0,
+      aligned16(dv));
   check_launch(fn);
   dtemp_reduce_kernel<<<unsigned(Hkv), 256, 0, st>>>(dtemp_G, dtemp_part, N, int(Hkv));
   check_launch(fn);

@@ -168,6 +168,32 @@ __device__ __forceinline__ void block_row_sums(float (&s)[RB], float (&red)[2][R
   parity ^= 1;
 }
 
+// The normalised rows of a step: rstd = 1/sqrt(ss/D + eps) (row sums already block-reduced),
+// stored by thread 0 when rstd is non-null, and y = w ⊙ v · rstd over each thread's columns.
+template <int W, int V, int RB, typename TY>
+__device__ __forceinline__ void store_normalised_rows(TY* y, float* rstd, const float* w,
+                                                      const float (&v)[RB][V][W],
+                                                      const float (&ss)[RB], int64_t n0,
+                                                      int64_t n_end, int64_t D, float eps) {
+#pragma unroll
+  for (int r = 0; r < RB; r++) {
+    const int64_t n = n0 + r;
+    if (n >= n_end) break;
+    const float rr = 1.0f / sqrtf(ss[r] / float(D) + eps);
+    if (threadIdx.x == 0 && rstd) rstd[n] = rr;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      const int64_t c = own_col<W>(k);
+      if (c >= D) continue;
+      float wv[W], o[W];
+      load_w<W>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < W; j++) o[j] = __fmul_rn(wv[j], __fmul_rn(v[r][k][j], rr));
+      store_w<W>(y + n * D + c, o);
+    }
+  }
+}
+
 // ---- forward (row-block layout) -----------------------------------------------------------------
 
 template <int W, int V, int RB, typename TY>
@@ -200,23 +226,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         for (int j = 0; j < W; j++) ss[r] = __fmaf_rn(v[r][k][j], v[r][k][j], ss[r]);
     }
     block_row_sums<RB>(ss, red, parity);
-#pragma unroll
-    for (int r = 0; r < RB; r++) {
-      const int64_t n = n0 + r;
-      if (n >= n_end) break;
-      const float rr = 1.0f / sqrtf(ss[r] / float(D) + eps);
-      if (threadIdx.x == 0 && rstd) rstd[n] = rr;
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        const int64_t c = own_col<W>(k);
-        if (c >= D) continue;
-        float wv[W], o[W];
-        load_w<W>(w + c, wv);
-#pragma unroll
-        for (int j = 0; j < W; j++) o[j] = __fmul_rn(wv[j], __fmul_rn(v[r][k][j], rr));
-        store_w<W>(y + n * D + c, o);
-      }
-    }
+    store_normalised_rows<W, V, RB>(y, rstd, w, v, ss, n0, n_end, D, eps);
   }
 }
 
@@ -273,23 +283,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     }
     if (!y) continue;  // uniform across the grid
     block_row_sums<RB>(ss, red, parity);
-#pragma unroll
-    for (int r = 0; r < RB; r++) {
-      const int64_t n = n0 + r;
-      if (n >= n_end) break;
-      const float rr = 1.0f / sqrtf(ss[r] / float(D) + eps);
-      if (threadIdx.x == 0 && rstd) rstd[n] = rr;
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        const int64_t c = own_col<W>(k);
-        if (c >= D) continue;
-        float wv[W], yv[W];
-        load_w<W>(norm_w + c, wv);
-#pragma unroll
-        for (int j = 0; j < W; j++) yv[j] = __fmul_rn(wv[j], __fmul_rn(o[r][k][j], rr));
-        store_w<W>(y + n * D + c, yv);
-      }
-    }
+    store_normalised_rows<W, V, RB>(y, rstd, norm_w, o, ss, n0, n_end, D, eps);
   }
 }
 

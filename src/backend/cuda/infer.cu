@@ -71,6 +71,22 @@ __device__ __forceinline__ void pdl_begin() {
   pdl_trigger();
 }
 
+// acc[m] += Σ_i w8[i] · x[m, k + i] over one 16-byte piece of weights (8 bf16), the fmaf chain in
+// element order: every GEMV variant below accumulates through this, so they agree bit for bit.
+template <int M>
+__device__ __forceinline__ void gemv_piece(float (&acc)[M], const uint4& w8, const bf16* x,
+                                           int64_t ldx, int64_t k) {
+  float wf[8];
+  bf16x8_to_f32(w8, wf);
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    float xf[8];
+    bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + m * ldx + k), xf);
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
+  }
+}
+
 // One warp per output row o; lanes stride over K in 8-element (16-byte) pieces when `vec`.
 template <int M, bool kVec>
 __device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const bf16* w, int64_t K,
@@ -78,15 +94,7 @@ __device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const
   if (kVec) {
 #pragma unroll 4
     for (int64_t k = int64_t(lane) * 8; k < K; k += kWarp * 8) {
-      float wf[8];
-      bf16x8_to_f32(*reinterpret_cast<const uint4*>(w + k), wf);
-#pragma unroll
-      for (int m = 0; m < M; m++) {
-        float xf[8];
-        bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + m * ldx + k), xf);
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
-      }
+      gemv_piece<M>(acc, *reinterpret_cast<const uint4*>(w + k), x, ldx, k);
     }
   } else {
     for (int64_t k = lane; k < K; k += kWarp) {
@@ -109,27 +117,11 @@ __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunk
   for (int c = 0; c < kPreChunks; c++) {
     const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
     if (k >= K) break;
-    float wf[8];
-    bf16x8_to_f32(wpre[c], wf);
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      float xf[8];
-      bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + m * ldx + k), xf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
-    }
+    gemv_piece<M>(acc, wpre[c], x, ldx, k);
   }
 #pragma unroll 4
   for (int64_t k = int64_t(lane) * 8 + int64_t(kPreChunks) * kWarp * 8; k < K; k += kWarp * 8) {
-    float wf[8];
-    bf16x8_to_f32(*reinterpret_cast<const uint4*>(w + k), wf);
-#pragma unroll
-    for (int m = 0; m < M; m++) {
-      float xf[8];
-      bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + m * ldx + k), xf);
-#pragma unroll
-      for (int i = 0; i < 8; i++) acc[m] = fmaf(wf[i], xf[i], acc[m]);
-    }
+    gemv_piece<M>(acc, *reinterpret_cast<const uint4*>(w + k), x, ldx, k);
   }
 }
 

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "sizing/hardware.h"
+#include "sizing_test_util.h"
 
 using namespace zaya;
 using namespace zaya::sizing;
@@ -16,14 +17,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 }  // namespace
 

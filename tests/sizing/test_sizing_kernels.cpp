@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "sizing/cost_model.h"
+#include "sizing_test_util.h"
 
 using namespace zaya;
 using namespace zaya::sizing;
@@ -18,14 +19,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 json h200_with(json rows) {
   return {{"schema", "zaya.hardware/1"},

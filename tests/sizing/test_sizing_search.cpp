@@ -11,20 +11,14 @@
 #include "model/config.h"
 #include "sizing/search.h"
 #include "sizing/storage.h"
+#include "sizing_test_util.h"
 
 using namespace zaya;
 using namespace zaya::sizing;
 
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 SearchOptions zaya1_budget() {
   SearchOptions o;

@@ -1197,17 +1197,11 @@ void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, 
   add_partials(dwg, part_wg, wc.n, C * d * t1, 0, C * d * t1, st, fn);
 }
 
-void cca_qkv_finish_fwd(bf16* q_NHd, bf16* k_NGd, bf16* v_NGd, float* norms_NH,
-                        const float* conv_NC, const bf16* qkv, int64_t ld, const float* temp_G,
-                        float* vd_last_B, bool update_vd_last, int64_t pos0, double theta,
-                        int64_t r, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d,
-                        cudaStream_t st) {
-  const char* fn = "cca_qkv_finish_fwd";
-  check_finish_shape(fn, Hq, Hkv, d, r);
-  const int64_t N = B * S;
-  if (N <= 0) return;
-  const int64_t C = (Hq + Hkv) * d;
-  const int tb = finish_tokens_per_block(C, r);
+namespace {
+// The first two shared tiles of both finish kernels: conv rows [tb][C] fp32 at offset 0, then the
+// q0|k0 columns of the qkv rows [tb][C] bf16.
+StageSrcs conv_and_qk0_sources(const float* conv_NC, const bf16* qkv, int64_t ld, int64_t C,
+                               int tb) {
   StageSrcs src{};
   src.s[0] = {reinterpret_cast<const char*>(conv_NC),
               C * 4,
@@ -1219,6 +1213,22 @@ void cca_qkv_finish_fwd(bf16* q_NHd, bf16* k_NGd, bf16* v_NGd, float* norms_NH,
   src.s[1] = {
       reinterpret_cast<const char*>(qkv), ld * 2, int(tb * C * 4), int(C * 2), int(C / 8), 2,
       aligned16(qkv) && ld % 8 == 0};
+  return src;
+}
+}  // namespace
+
+void cca_qkv_finish_fwd(bf16* q_NHd, bf16* k_NGd, bf16* v_NGd, float* norms_NH,
+                        const float* conv_NC, const bf16* qkv, int64_t ld, const float* temp_G,
+                        float* vd_last_B, bool update_vd_last, int64_t pos0, double theta,
+                        int64_t r, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d,
+                        cudaStream_t st) {
+  const char* fn = "cca_qkv_finish_fwd";
+  check_finish_shape(fn, Hq, Hkv, d, r);
+  const int64_t N = B * S;
+  if (N <= 0) return;
+  const int64_t C = (Hq + Hkv) * d;
+  const int tb = finish_tokens_per_block(C, r);
+  StageSrcs src = conv_and_qk0_sources(conv_NC, qkv, ld, C, tb);
   finish_qk_fwd_kernel<<<unsigned((N + tb - 1) / tb), kFinThreads,
                          size_t(tb) * finish_token_bytes(C, r), st>>>(
       q_NHd, k_NGd, norms_NH, src, temp_G, inv_freq(theta, r), pos0, int(r), int(S), int(Hq),
@@ -1249,16 +1259,7 @@ void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G,
   // Shared tiles: conv [tb][C] fp32, q0|k0 [tb][C] bf16, dq|dk [tb][C] bf16 (dq row at column 0,
   // dk row at column QD).
   const int o_rs = int(tb * C * 4), o_gs = o_rs + int(tb * C * 2);
-  StageSrcs src{};
-  src.s[0] = {reinterpret_cast<const char*>(conv_NC),
-              C * 4,
-              0,
-              int(C * 4),
-              int(C / 4),
-              4,
-              aligned16(conv_NC)};
-  src.s[1] = {reinterpret_cast<const char*>(qkv), ld * 2, o_rs, int(C * 2), int(C / 8), 2,
-              aligned16(qkv) && ld % 8 == 0};
+  StageSrcs src = conv_and_qk0_sources(conv_NC, qkv, ld, C, tb);
   src.s[2] = {
       reinterpret_cast<const char*>(dq), QD * 2, o_gs, int(C * 2), int(QD / 8), 2, aligned16(dq)};
   src.s[3] = {reinterpret_cast<const char*>(dk),

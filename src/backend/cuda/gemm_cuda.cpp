@@ -569,6 +569,30 @@ GemmContext::GemmContext(size_t workspace_bytes) : impl_(std::make_unique<Impl>(
 
 GemmContext::~GemmContext() = default;
 
+namespace {
+// The plan key of one problem (exact dimensions; run() buckets the varying one).
+Key make_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
+             int64_t ldc, float beta, GemmType ab, GemmType c, const void* A, const void* B,
+             const void* C, const float* bias) {
+  return Key{.M = M,
+             .N = N,
+             .K = K,
+             .lda = lda,
+             .ldb = ldb,
+             .ldc = ldc,
+             .trans_a = trans_a,
+             .trans_b = trans_b,
+             .bias = bias != nullptr,
+             .beta_zero = beta == 0.f,
+             .ab = ab,
+             .c = c,
+             .align_a = alignment(A),
+             .align_b = alignment(B),
+             .align_c = alignment(C),
+             .align_bias = bias ? alignment(bias) : 256u};
+}
+}  // namespace
+
 void GemmContext::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const void* A, int64_t lda, const void* B, int64_t ldb, float beta, void* C,
                        int64_t ldc, GemmType ab_type, GemmType c_type, const float* bias,
@@ -580,22 +604,8 @@ void GemmContext::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
       !(ab_type == GemmType::F32 && c_type == GemmType::BF16),
       "gemm: fp32 operands need an fp32 output (c_type bf16 is not supported with fp32 A/B)");
   ZAYA_CHECK(!bias || beta == 0.f, "gemm: a bias needs beta = 0 (got beta = {})", beta);
-  const Key k{.M = M,
-              .N = N,
-              .K = K,
-              .lda = lda,
-              .ldb = ldb,
-              .ldc = ldc,
-              .trans_a = trans_a,
-              .trans_b = trans_b,
-              .bias = bias != nullptr,
-              .beta_zero = beta == 0.f,
-              .ab = ab_type,
-              .c = c_type,
-              .align_a = alignment(A),
-              .align_b = alignment(B),
-              .align_c = alignment(C),
-              .align_bias = bias ? alignment(bias) : 256u};
+  const Key k =
+      make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, beta, ab_type, c_type, A, B, C, bias);
   impl_->run(k, Vary::None, Call{A, B, C, bias, alpha, beta, st});
 }
 
@@ -618,22 +628,8 @@ void GemmContext::grouped_one(int vary, bool trans_a, bool trans_b, int64_t M, i
   ZAYA_CHECK(vary == int(Vary::M) ? !trans_a : vary == int(Vary::K) && trans_a && !trans_b,
              "grouped gemm: dimension {} cannot be bucketed with trans_a = {}, trans_b = {}", vary,
              trans_a, trans_b);
-  const Key k{.M = M,
-              .N = N,
-              .K = K,
-              .lda = lda,
-              .ldb = ldb,
-              .ldc = ldc,
-              .trans_a = trans_a,
-              .trans_b = trans_b,
-              .bias = false,
-              .beta_zero = beta == 0.f,
-              .ab = GemmType::BF16,
-              .c = c_type,
-              .align_a = alignment(A),
-              .align_b = alignment(B),
-              .align_c = alignment(C),
-              .align_bias = 256u};
+  const Key k = make_key(trans_a, trans_b, M, N, K, lda, ldb, ldc, beta, GemmType::BF16, c_type, A,
+                         B, C, nullptr);
   impl_->run(k, Vary(vary), Call{A, B, C, nullptr, alpha, beta, st});
 }
 

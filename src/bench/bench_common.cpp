@@ -33,6 +33,13 @@ uint64_t parse_size(const std::string& s, const std::string& flag) {
   return v << shift;
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 std::string format_size(uint64_t bytes) {
   static const char* units[] = {"", "K", "M", "G", "T"};
   int u = 0;

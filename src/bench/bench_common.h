@@ -24,6 +24,9 @@ std::string format_size(uint64_t bytes);
 // step, naming the flags.
 std::vector<uint64_t> size_sweep(uint64_t begin, uint64_t end, double factor, uint64_t step);
 
+// The median of `v` (the mean of the two middle values for an even count; 0 when empty).
+double median(std::vector<double> v);
+
 // Splits "a,b,,c" into {"a","b","c"} (empty items and surrounding spaces dropped).
 std::vector<std::string> split_list(const std::string& s, char sep = ',');
 

@@ -38,8 +38,10 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "bench/bench_kernels.h"
 #include "bench/gemm_bench.h"
+#include "bench/launch_timing_cuda.h"
 #include "core/cuda_check.h"
 #include "core/dtype.h"
 #include "core/error.h"
@@ -70,213 +72,25 @@ struct DeviceBuffer {
   char* c() const { return static_cast<char*>(p); }
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-using Launch = std::function<void(int)>;  // launch(i): one GEMM on operand set i
-
-// CUDA events reused across measurements (creating hundreds per shape would cost host time).
-struct EventPool {
-  std::vector<cudaEvent_t> ev;
-  void ensure(size_t n) {
-    while (ev.size() < n) {
-      cudaEvent_t e;
-      ZAYA_CUDA_CHECK(cudaEventCreate(&e));
-      ev.push_back(e);
-    }
-  }
-  ~EventPool() {
-    for (auto e : ev) cudaEventDestroy(e);
-  }
-};
-
-struct Context {
+// The timed stream and its events (launch_timing_cuda.h), the cuBLAS handles and their workspace.
+struct Context : TimedStream {
   cublasLtHandle_t lt = nullptr;
   cublasHandle_t blas = nullptr;
-  cudaStream_t st = nullptr;
   size_t ws_bytes;
   DeviceBuffer ws;
-  EventPool events;
   explicit Context(size_t workspace) : ws_bytes(workspace), ws(workspace) {
     ZAYA_CUBLAS_CHECK(cublasLtCreate(&lt));
     ZAYA_CUBLAS_CHECK(cublasCreate(&blas));
-    ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     ZAYA_CUBLAS_CHECK(cublasSetStream(blas, st));
     ZAYA_CUBLAS_CHECK(cublasSetWorkspace(blas, ws.p, ws_bytes));
   }
   ~Context() {
-    cudaStreamDestroy(st);
     cublasDestroy(blas);
     cublasLtDestroy(lt);
   }
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 };
-
-// The GPU's SM clock, power and temperature through NVML, loaded with dlopen (the driver's
-// libnvidia-ml.so.1; no build dependency). Absent library or device: ok() is false and rows carry
-// no samples. Used only to attribute a zaya/peer difference to the clock (tools/bench_peer.py
-// samples the same way), never to correct a measurement.
-class Nvml {
- public:
-  explicit Nvml(int cuda_device) {
-    lib_ = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib_) return;
-    auto init = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlInit_v2"));
-    auto by_pci = reinterpret_cast<int (*)(const char*, void**)>(
-        dlsym(lib_, "nvmlDeviceGetHandleByPciBusId_v2"));
-    shutdown_ = reinterpret_cast<int (*)()>(dlsym(lib_, "nvmlShutdown"));
-    clock_ =
-        reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
-    power_ = reinterpret_cast<int (*)(void*, unsigned*)>(dlsym(lib_, "nvmlDeviceGetPowerUsage"));
-    temp_ =
-        reinterpret_cast<int (*)(void*, int, unsigned*)>(dlsym(lib_, "nvmlDeviceGetTemperature"));
-    void* r = dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons");
-    if (!r) r = dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons");
-    reasons_ = reinterpret_cast<int (*)(void*, unsigned long long*)>(r);
-    char bus[64] = {0};
-    if (!init || !by_pci || !clock_ || init() != 0) {
-      close();
-      return;
-    }
-    initialised_ = true;
-    if (cudaDeviceGetPCIBusId(bus, int(sizeof(bus)), cuda_device) != cudaSuccess ||
-        by_pci(bus, &dev_) != 0) {
-      (void)cudaGetLastError();
-      close();
-    }
-  }
-  ~Nvml() { close(); }
-  Nvml(const Nvml&) = delete;
-  Nvml& operator=(const Nvml&) = delete;
-  bool ok() const { return dev_ != nullptr; }
-  // Adds one sample to `w` (a no-op without NVML).
-  void sample(GpuWindow& w) const {
-    unsigned mhz = 0, mw = 0, c = 0;
-    unsigned long long why = 0;
-    if (!ok() || clock_(dev_, 1 /* NVML_CLOCK_SM */, &mhz) != 0) return;
-    w.samples += 1;
-    w.sm_clock_mhz += mhz;
-    w.sm_clock_min_mhz = w.samples == 1 ? mhz : std::min<double>(w.sm_clock_min_mhz, mhz);
-    if (power_ && power_(dev_, &mw) == 0) w.power_w += mw * 1e-3;
-    if (temp_ && temp_(dev_, 0 /* NVML_TEMPERATURE_GPU */, &c) == 0) w.temp_c += c;
-    if (reasons_ && reasons_(dev_, &why) == 0) w.clock_reasons |= why;
-  }
-
- private:
-  void close() {
-    dev_ = nullptr;
-    if (initialised_ && shutdown_) shutdown_();
-    initialised_ = false;
-    if (lib_) dlclose(lib_);
-    lib_ = nullptr;
-  }
-  void* lib_ = nullptr;
-  void* dev_ = nullptr;
-  bool initialised_ = false;
-  int (*shutdown_)() = nullptr;
-  int (*clock_)(void*, int, unsigned*) = nullptr;
-  int (*power_)(void*, unsigned*) = nullptr;
-  int (*temp_)(void*, int, unsigned*) = nullptr;
-  int (*reasons_)(void*, unsigned long long*) = nullptr;
-};
-
-double unix_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// Whether `e` has completed; a not-ready query leaves cudaErrorNotReady as the last error, which
-// is cleared here (as PyTorch's CUDAEvent::query does) so it cannot surface in a later check.
-bool event_done(cudaEvent_t e) {
-  const cudaError_t rc = cudaEventQuery(e);
-  if (rc == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  ZAYA_CUDA_CHECK(rc);
-  return true;
-}
-
-// Enqueues `n` launches (sets next, next+1, ... mod sets) behind a spin kernel holding the stream
-// for `hold_us`, each between consecutive events; returns the per-launch times in microseconds.
-// With `w`, the host instead of blocking polls the events: it notes the wall-clock time at which
-// it sees the first event (the end of the hold) and the last complete, and samples NVML about
-// every millisecond in between. Polling changes nothing on the GPU (all launches are enqueued).
-std::vector<double> sample_launches(Context& ctx, int n, double hold_us, int sets, int& next,
-                                    const Launch& launch, GpuWindow* w = nullptr,
-                                    const Nvml* nvml = nullptr) {
-  ctx.events.ensure(size_t(n) + 1);
-  if (hold_us > 0) kernels::spin(uint64_t(hold_us * 1e3), ctx.st);
-  ZAYA_CUDA_CHECK(cudaEventRecord(ctx.events.ev[0], ctx.st));
-  for (int i = 0; i < n; ++i) {
-    launch(next++ % sets);
-    ZAYA_CUDA_CHECK(cudaEventRecord(ctx.events.ev[size_t(i) + 1], ctx.st));
-  }
-  if (w) {
-    const auto nap = std::chrono::microseconds(nvml && nvml->ok() ? 1000 : 200);
-    while (!event_done(ctx.events.ev[0])) std::this_thread::sleep_for(nap);
-    *w = GpuWindow{};
-    w->t_start = unix_seconds();
-    while (true) {
-      const bool done = event_done(ctx.events.ev[size_t(n)]);
-      if (nvml && (!done || w->samples == 0)) nvml->sample(*w);
-      if (done) break;
-      std::this_thread::sleep_for(nap);
-    }
-    w->t_end = unix_seconds();
-    if (w->samples > 0) {
-      w->sm_clock_mhz /= w->samples;
-      w->power_w /= w->samples;
-      w->temp_c /= w->samples;
-    }
-  }
-  ZAYA_CUDA_CHECK(cudaStreamSynchronize(ctx.st));
-  std::vector<double> t(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    float ms = 0;
-    ZAYA_CUDA_CHECK(
-        cudaEventElapsedTime(&ms, ctx.events.ev[size_t(i)], ctx.events.ev[size_t(i) + 1]));
-    t[size_t(i)] = double(ms) * 1e3;
-  }
-  return t;
-}
-
-// GPU time of one launch: 3 launches enqueued behind a hold, timed as a batch.
-double estimate_us(Context& ctx, const TimingPolicy& p, int sets, int& next, const Launch& launch) {
-  ctx.events.ensure(2);
-  kernels::spin(uint64_t(block_us(p, 3) * 1e3), ctx.st);
-  ZAYA_CUDA_CHECK(cudaEventRecord(ctx.events.ev[0], ctx.st));
-  for (int i = 0; i < 3; ++i) launch(next++ % sets);
-  ZAYA_CUDA_CHECK(cudaEventRecord(ctx.events.ev[1], ctx.st));
-  ZAYA_CUDA_CHECK(cudaStreamSynchronize(ctx.st));
-  float ms = 0;
-  ZAYA_CUDA_CHECK(cudaEventElapsedTime(&ms, ctx.events.ev[0], ctx.events.ev[1]));
-  return double(ms) * 1e3 / 3;
-}
-
-struct Timed {
-  double us = 0;
-  int iters = 0, warm = 0;
-  GpuWindow gpu;  // the timed launches' wall-clock window and NVML samples
-};
-
-// The measurement protocol of TimingPolicy (gemm_bench.h).
-Timed time_policy(Context& ctx, const TimingPolicy& p, int sets, const Launch& launch,
-                  const Nvml* nvml = nullptr) {
-  int next = 0;
-  for (int i = 0; i < p.warmup; ++i) launch(next++ % sets);
-  const double est = estimate_us(ctx, p, sets, next, launch);
-  Timed r;
-  r.warm = warm_launches(p, est);
-  for (int i = 0; i < r.warm; ++i) launch(next++ % sets);
-  r.iters = timed_iters(p, est);
-  r.us =
-      median(sample_launches(ctx, r.iters, block_us(p, r.iters), sets, next, launch, &r.gpu, nvml));
-  return r;
-}
 
 // One cuBLASLt problem description (optionally strided-batched), with its candidate algorithms.
 struct LtProblem {

@@ -3,10 +3,10 @@
 // micro-batch (B x S tokens), each timed with gemm_bench.h's TimingPolicy: warm-up launches, an
 // estimate of one launch's GPU time (3 launches behind a spin kernel), time-based warm-up, then
 // the timed launches enqueued behind a spin kernel that holds the stream, one CUDA event between
-// consecutive launches, median. Backward kernels read saved tensors produced by running their
-// forward once (attention's lse, CCA's conv/mid/norms, the norms' rstd). Parameter gradients that
-// the kernels accumulate (+=) keep growing over the repetitions; the values never reach overflow
-// at these repetition counts and the kernels' speed does not depend on them.
+// consecutive launches, median (launch_timing_cuda.h). Backward kernels read saved tensors produced
+// by running their forward once (attention's lse, CCA's conv/mid/norms, the norms' rstd). Parameter
+// gradients that the kernels accumulate (+=) keep growing over the repetitions; the values never
+// reach overflow at these repetition counts and the kernels' speed does not depend on them.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,8 +15,10 @@
 #include <vector>
 
 #include "backend/cuda/ops.h"
+#include "bench/bench_common.h"
 #include "bench/bench_kernels.h"
 #include "bench/kernel_bench.h"
+#include "bench/launch_timing_cuda.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "sizing/model_shape.h"
@@ -41,63 +43,15 @@ struct Buf {
   }
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
-
-struct Timer {
-  cudaStream_t st = nullptr;
-  std::vector<cudaEvent_t> ev;
+// The TimingPolicy protocol (launch_timing_cuda.h) on one stream, for one launch (or a fixed group
+// of launches) at a time.
+struct Timer : TimedStream {
   TimingPolicy p;
   int64_t l2_bytes = 0;
-  explicit Timer(const TimingPolicy& policy, int64_t l2) : p(policy), l2_bytes(l2) {
-    ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  }
-  ~Timer() {
-    for (auto e : ev) cudaEventDestroy(e);
-    cudaStreamDestroy(st);
-  }
-  Timer(const Timer&) = delete;
-  Timer& operator=(const Timer&) = delete;
-  void ensure(size_t n) {
-    while (ev.size() < n) {
-      cudaEvent_t e;
-      ZAYA_CUDA_CHECK(cudaEventCreate(&e));
-      ev.push_back(e);
-    }
-  }
-  // The TimingPolicy protocol (gemm_bench.h) for one launch (or fixed group of launches).
+  Timer(const TimingPolicy& policy, int64_t l2) : p(policy), l2_bytes(l2) {}
   std::pair<double, int> time(const std::function<void()>& launch) {
-    for (int i = 0; i < p.warmup; ++i) launch();
-    ensure(2);
-    kernels::spin(uint64_t(block_us(p, 3) * 1e3), st);
-    ZAYA_CUDA_CHECK(cudaEventRecord(ev[0], st));
-    for (int i = 0; i < 3; ++i) launch();
-    ZAYA_CUDA_CHECK(cudaEventRecord(ev[1], st));
-    ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-    float ms = 0;
-    ZAYA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
-    const double est = double(ms) * 1e3 / 3;
-    const int warm = warm_launches(p, est);
-    for (int i = 0; i < warm; ++i) launch();
-    const int iters = timed_iters(p, est);
-    ensure(size_t(iters) + 1);
-    kernels::spin(uint64_t(block_us(p, iters) * 1e3), st);
-    ZAYA_CUDA_CHECK(cudaEventRecord(ev[0], st));
-    for (int i = 0; i < iters; ++i) {
-      launch();
-      ZAYA_CUDA_CHECK(cudaEventRecord(ev[size_t(i) + 1], st));
-    }
-    ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
-    ZAYA_CUDA_CHECK(cudaGetLastError());
-    std::vector<double> t(size_t(iters), 0.0);
-    for (int i = 0; i < iters; ++i) {
-      ZAYA_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[size_t(i)], ev[size_t(i) + 1]));
-      t[size_t(i)] = double(ms) * 1e3;
-    }
-    return {median(t), iters};
+    const Timed r = time_policy(*this, p, 1, [&](int) { launch(); });
+    return {r.us, r.iters};
   }
 };
 

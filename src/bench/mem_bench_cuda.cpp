@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "bench/bench_common.h"
 #include "bench/bench_kernels.h"
 #include "bench/mem_bench.h"
 #include "core/cuda_check.h"
@@ -21,12 +22,6 @@
 namespace zaya::bench {
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
 
 struct Dev {
   void* p = nullptr;

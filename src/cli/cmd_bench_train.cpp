@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "bench/bench_common.h"
 #include "bench/bench_model.h"
 #include "bench/profile.h"
 #include "core/error.h"
@@ -45,15 +46,10 @@ struct BenchTrainArgs {
 
 #if defined(ZAYA_HAVE_CUDA)
 
+using bench::median;
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 nlohmann::json profile_json(const cuda::OpClassTimes& p) {

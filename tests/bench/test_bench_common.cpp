@@ -174,5 +174,12 @@ TEST(BenchCheckValues, ExpectedOutputsMatchASimulatedCollective) {
   EXPECT_EQ(cv.expected(CommOp::ReduceScatter, rsg, 2, 1), s);
 }
 
+TEST(BenchStats, MedianOfOddEvenAndEmpty) {
+  EXPECT_DOUBLE_EQ(median({5.0, 1.0, 3.0}), 3.0);
+  EXPECT_DOUBLE_EQ(median({4.0, 1.0, 3.0, 2.0}), 2.5);  // mean of the middle two
+  EXPECT_DOUBLE_EQ(median({7.0}), 7.0);
+  EXPECT_DOUBLE_EQ(median({}), 0.0);
+}
+
 }  // namespace
 }  // namespace zaya::bench

@@ -438,7 +438,6 @@ __global__ void __launch_bounds__(NW * 32)
     for (int e = 0; e < 4; e++) dK[i][e] = dV[i][e] = 0.f;
   const int krow0 = warp * 16;  // this warp's keys within the tile
   const int key[2] = {n0 + krow0 + (lane >> 2), n0 + krow0 + (lane >> 2) + 8};
-  const int wk_first = n0 + krow0;
 
   for (int it = 0; it < iters; it++) {
     const int stage = it % kStages;
@@ -451,18 +450,16 @@ __global__ void __launch_bounds__(NW * 32)
     const float* sLs = sL + stage * BM;
     const float* sDs = sD + stage * BM;
     const int m0 = (tq_lo + it % ntq) * BM;
-    // Per warp (keys wk_first..wk_first+15): a warp whose keys no query of the step sees (above
-    // the step's last query at the block's first diagonal step, or past the window) skips the
-    // step; only a warp whose keys straddle the diagonal, the window edge or the sequence end pays
-    // for the mask.
-    const bool warp_idle =
-        wk_first > min(m0 + BM - 1, S - 1) || (window > 0 && m0 >= wk_first + 15 + window);
+    // Only steps whose 128-query block straddles the block's diagonal, the window edge or the
+    // sequence end pay for the mask. (A per-warp skip of the steps a warp's 16 keys cannot see,
+    // with a per-warp mask decision, measured 6.5% slower on the H200 at B4 S4096 Hq8 Hkv2 d128:
+    // 2.15 against 2.01 ms, docs/bench/h200-2026-12-03d/attention_dkdv_ab.txt.)
     const bool need_mask =
-        m0 < wk_first + 15 || (window > 0 && m0 + BM - 1 >= wk_first + window) || m0 + BM > S;
+        m0 < n0 + BN - 1 || (window > 0 && m0 + BM - 1 >= n0 + window) || m0 + BM > S;
 
     // Passes of SUB query columns; not unrolled so that two passes never hold registers at once.
 #pragma unroll 1
-    for (int c0 = 0; c0 < (warp_idle ? 0 : BM); c0 += SUB) {
+    for (int c0 = 0; c0 < BM; c0 += SUB) {
       // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for 16 keys × SUB queries.
       float st[SUB / 8][4], dpt[SUB / 8][4];
 #pragma unroll

@@ -124,6 +124,8 @@ TEST(CudaPointwise, EmbedAffineForwardBackward) {
   embed_case(77, 68, 50, 1);    // 4-wide path, repeated ids
   embed_case(45, 30, 1000, 2);  // scalar path, mostly distinct ids
   embed_case(3000, 64, 7, 3);   // long runs of one id (row walks of ~400 tokens)
+  embed_case(3, 2048, 90, 4);   // decode: each row split over 16 warps (4-wide)
+  embed_case(4, 998, 90, 5);    // decode, scalar path: rows split over 32 warps, a ragged last
 }
 
 // ---- RMSNorm

@@ -2,7 +2,8 @@
 // embed_affine_fwd and embed_affine_bwd. Specification: cpu::embedding + cpu::affine forward;
 // backward as model/backward.cpp's input-affine block + cpu::embedding_backward.
 //
-// Forward: one warp per token, bf16 table row widened to fp32. Ids outside [0, V) produce a zero
+// Forward: one warp per token (for a few tokens, several warps per token, each a slice of the
+// columns), bf16 table row widened to fp32. Ids outside [0, V) produce a zero
 // row and record 1 + the smallest offending position in *bad_id_flag (integer CAS: the recorded
 // value does not depend on scheduling; the caller zeroes the flag, and across several calls it
 // keeps the smallest value recorded).
@@ -17,6 +18,7 @@
 //     equal inputs). Out-of-range ids sort last and are skipped.
 // Deliberately not here: splitting very frequent ids across blocks (their row is summed by one
 // block in token order; that order is what makes the sum reproducible).
+#include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "backend/cuda/kernel_utils.cuh"
@@ -47,8 +49,9 @@ __global__ void embed_affine_fwd_kernel(float* h, const int32_t* ids, const bf16
   const int32_t id = ids[n];
   float* hr = h + n * D;
   if (id < 0 || int64_t(id) >= V) {
-    if (lane == 0 && bad_flag) record_first_bad(bad_flag, int32_t(n + 1));
-    for (int64_t i = int64_t(lane) * W; i < D; i += 32 * W) {
+    if (lane == 0 && blockIdx.y == 0 && bad_flag) record_first_bad(bad_flag, int32_t(n + 1));
+    for (int64_t i = (int64_t(blockIdx.y) * 32 + lane) * W; i < D;
+         i += int64_t(gridDim.y) * 32 * W) {
       float z[W];
 #pragma unroll
       for (int j = 0; j < W; j++) z[j] = 0.f;
@@ -57,7 +60,7 @@ __global__ void embed_affine_fwd_kernel(float* h, const int32_t* ids, const bf16
     return;
   }
   const bf16* er = table + int64_t(id) * D;
-  for (int64_t i = int64_t(lane) * W; i < D; i += 32 * W) {
+  for (int64_t i = (int64_t(blockIdx.y) * 32 + lane) * W; i < D; i += int64_t(gridDim.y) * 32 * W) {
     float e[W], sv[W], bv[W], o[W];
     load_w<W>(er + i, e);
     load_w<W>(s + i, sv);
@@ -144,8 +147,15 @@ void embed_affine_fwd(float* h_ND, const int32_t* ids_N, const bf16* table_VD, c
                       const float* b_D, int32_t* bad_id_flag, int64_t N, int64_t D, int64_t V,
                       cudaStream_t st) {
   if (!check_sizes("embed_affine_fwd", __LINE__, N, D)) return;
-  const unsigned grid = row_grid(N), block = 32 * kRowWarps;
-  if (vec4_ok(D, {h_ND, table_VD, s_D, b_D}))
+  // A few tokens (decode): the row's columns split over grid.y warps (one per 32·W columns, up to
+  // 256 warps in all) instead of one warp walking the row; many tokens: one warp per row.
+  const bool vec = vec4_ok(D, {h_ND, table_VD, s_D, b_D});
+  const int64_t per_warp = 32 * (vec ? 4 : 1);
+  const int64_t splits =
+      std::max<int64_t>(1, std::min<int64_t>((D + per_warp - 1) / per_warp, 256 / N));
+  const dim3 grid(row_grid(N), unsigned(splits));
+  const unsigned block = 32 * kRowWarps;
+  if (vec)
     embed_affine_fwd_kernel<4>
         <<<grid, block, 0, st>>>(h_ND, ids_N, table_VD, s_D, b_D, bad_id_flag, N, D, V);
   else

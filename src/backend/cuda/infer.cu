@@ -87,28 +87,22 @@ __device__ __forceinline__ void gemv_piece(float (&acc)[M], const uint4& w8, con
   }
 }
 
-// One warp per output row o; lanes stride over K in 8-element (16-byte) pieces when `vec`.
-template <int M, bool kVec>
-__device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const bf16* w, int64_t K,
-                              int lane) {
-  if (kVec) {
-#pragma unroll 4
-    for (int64_t k = int64_t(lane) * 8; k < K; k += kWarp * 8) {
-      gemv_piece<M>(acc, *reinterpret_cast<const uint4*>(w + k), x, ldx, k);
-    }
-  } else {
-    for (int64_t k = lane; k < K; k += kWarp) {
-      const float wk = __bfloat162float(w[k]);
+// The same product with the first kPreChunks 16-byte pieces of each lane's share of the row
+// already in registers (loaded up front, see load_row_pieces): the same pieces in the same order
+// with the same fmaf chain as the lane-strided loop over all pieces, so every caller agrees bit for
+// bit.
+constexpr int kPreChunks = 8;  // a whole row for K <= 2048
+
+// Lane `lane`'s first kPreChunks pieces of row w (zeros past K or when !live), all loads issued
+// before any is used: one memory round trip per row instead of one per group of unrolled pieces.
+__device__ __forceinline__ void load_row_pieces(uint4 (&wpre)[kPreChunks], const bf16* w, int64_t K,
+                                                int lane, bool live = true) {
 #pragma unroll
-      for (int m = 0; m < M; m++) acc[m] = fmaf(wk, __bfloat162float(x[m * ldx + k]), acc[m]);
-    }
+  for (int c = 0; c < kPreChunks; c++) {
+    const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
+    wpre[c] = live && k < K ? *reinterpret_cast<const uint4*>(w + k) : make_uint4(0, 0, 0, 0);
   }
 }
-
-// The same product with the first kPreChunks 16-byte pieces of each lane's share of the row
-// already in registers (loaded before pdl_wait, see gemv_bf16_kernel): the same pieces in the same
-// order with the same fmaf chain as gemv_bf16_row<M, true>, so the result is bit-identical.
-constexpr int kPreChunks = 8;  // a whole row for K <= 2048
 
 template <int M>
 __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunks], const bf16* x,
@@ -122,6 +116,24 @@ __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunk
 #pragma unroll 4
   for (int64_t k = int64_t(lane) * 8 + int64_t(kPreChunks) * kWarp * 8; k < K; k += kWarp * 8) {
     gemv_piece<M>(acc, *reinterpret_cast<const uint4*>(w + k), x, ldx, k);
+  }
+}
+
+// One warp per output row o; lanes stride over K in 8-element (16-byte) pieces when `vec` (the
+// first kPreChunks of them loaded together).
+template <int M, bool kVec>
+__device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const bf16* w, int64_t K,
+                              int lane) {
+  if (kVec) {
+    uint4 wpre[kPreChunks];
+    load_row_pieces(wpre, w, K, lane);
+    gemv_bf16_row_pre<M>(acc, wpre, x, ldx, w, K, lane);
+  } else {
+    for (int64_t k = lane; k < K; k += kWarp) {
+      const float wk = __bfloat162float(w[k]);
+#pragma unroll
+      for (int m = 0; m < M; m++) acc[m] = fmaf(wk, __bfloat162float(x[m * ldx + k]), acc[m]);
+    }
   }
 }
 
@@ -254,14 +266,8 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const bool live = o < O;
   const bf16* w = W + (live ? o : 0) * ldw;
-  uint4 wpre[kPre ? kPreChunks : 1];
-  if constexpr (kPre) {
-#pragma unroll
-    for (int c = 0; c < kPreChunks; c++) {
-      const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
-      wpre[c] = live && k < K ? *reinterpret_cast<const uint4*>(w + k) : make_uint4(0, 0, 0, 0);
-    }
-  }
+  uint4 wpre[kPreChunks];
+  if constexpr (kPre) load_row_pieces(wpre, w, K, lane, live);
   pdl_begin();
   if (live) {
     float acc[M];
@@ -347,8 +353,16 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
   }
   const bf16* W = Wgu + e * gu_stride;
   float g[1] = {0.f}, u[1] = {0.f};
-  gemv_bf16_row<1, kVec>(g, x + m * ldx, ldx, W + i * K, K, lane);
-  gemv_bf16_row<1, kVec>(u, x + m * ldx, ldx, W + (I + i) * K, K, lane);
+  if constexpr (kVec) {  // both rows' loads in flight together
+    uint4 wg[kPreChunks], wu[kPreChunks];
+    load_row_pieces(wg, W + i * K, K, lane);
+    load_row_pieces(wu, W + (I + i) * K, K, lane);
+    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, W + i * K, K, lane);
+    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, W + (I + i) * K, K, lane);
+  } else {
+    gemv_bf16_row<1, kVec>(g, x + m * ldx, ldx, W + i * K, K, lane);
+    gemv_bf16_row<1, kVec>(u, x + m * ldx, ldx, W + (I + i) * K, K, lane);
+  }
   const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
   if (lane == 0) act[m * I + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
 }
@@ -461,84 +475,87 @@ __global__ void __launch_bounds__(kConvWarps* kWarp)
   }
 }
 
-// One block per token. Dynamic shared memory: (Hq + Hkv)·d floats of pre-norm q and k.
-// Also advances the convolution history: hist[m] ← its last P−1 rows and this token's q0|k0
-// channels (what cca_conv_fwd's history update does for S = 1); the conv kernel ran before.
-__global__ void decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache, float* vd_last,
-                                         const float* conv, const bf16* qkv, int64_t ld,
-                                         const float* temp, const int32_t* len, int64_t cap,
-                                         float theta, int r, int Hq, int Hkv, int d, float* hist,
-                                         int P) {
+// Grid (Hq + Hkv + X, M), kQkvThreads threads: block h < Hq finishes query head h of token m, block
+// Hq + g key head g (the mean skip, QK-norm, RoPE, then q out or the key into the cache); the X =
+// ⌈max(C, VH)/kQkvThreads⌉ blocks after them write the delayed value v = [vc | vd of the previous
+// token] into the cache, remember this token's vd, and advance the convolution history:
+// hist[m] ← its last P−1 rows and this token's q0|k0 channels (what cca_conv_fwd's history update
+// does for S = 1; the conv kernel ran before). One block per head instead of one per token keeps
+// every chain of dependent loads to one round; the arithmetic per element is unchanged. Dynamic
+// shared memory: d + 1 floats.
+constexpr int kQkvThreads = 128;
+
+__global__ void __launch_bounds__(kQkvThreads)
+    decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache, float* vd_last,
+                             const float* conv, const bf16* qkv, int64_t ld, const float* temp,
+                             const int32_t* len, int64_t cap, float theta, int r, int Hq, int Hkv,
+                             int d, float* hist, int P) {
   extern __shared__ float sh[];
   pdl_begin();
-  const int m = blockIdx.x;
+  const int m = blockIdx.y, hh = blockIdx.x;
   const int G = Hq / Hkv, QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
   const int64_t pos = len[m];
   const bf16* row = qkv + int64_t(m) * ld;
   const float* crow = conv + int64_t(m) * C;
-  float* qs = sh;       // [Hq, d]
-  float* ks = sh + QD;  // [Hkv, d]
-  // Mean skip: mq[h] = (q0[h] + k0[h/G]) / 2 added to the conv output; mk[g] = mean of its mq.
-  for (int i = threadIdx.x; i < QD; i += blockDim.x) {
-    const int h = i / d, j = i % d;
-    const float mq =
-        (__bfloat162float(row[i]) + __bfloat162float(row[QD + (h / G) * d + j])) * 0.5f;
-    qs[i] = crow[i] + mq;
-  }
-  for (int i = threadIdx.x; i < KD; i += blockDim.x) {
-    const int g = i / d, j = i % d;
-    float s = 0.f;
-    for (int t = 0; t < G; t++) {
-      const int h = g * G + t;
-      s += (__bfloat162float(row[h * d + j]) + __bfloat162float(row[QD + g * d + j])) * 0.5f;
+  if (hh >= Hq + Hkv) {
+    const int i = (hh - Hq - Hkv) * kQkvThreads + int(threadIdx.x);
+    if (i < VH) {  // the same thread reads vd_last[i] before it overwrites it
+      bf16* vd_dst = vcache + (int64_t(m) * cap + pos) * KD;
+      const float prev = vd_last[int64_t(m) * VH + i];
+      vd_dst[i] = row[C + i];
+      vd_dst[VH + i] = __float2bfloat16(prev);
+      vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
     }
-    ks[i] = crow[QD + i] + s / float(G);
+    if (hist && P > 0 && i < C) {
+      float* hm = hist + int64_t(m) * P * C + i;
+      for (int p = 0; p + 1 < P; p++) hm[int64_t(p) * C] = hm[int64_t(p + 1) * C];
+      hm[int64_t(P - 1) * C] = __bfloat162float(row[i]);
+    }
+    return;
+  }
+  float* v = sh;  // [d], then the scale
+  // Mean skip: mq[h] = (q0[h] + k0[h/G]) / 2 added to the conv output; mk[g] = mean of its mq.
+  for (int j = threadIdx.x; j < d; j += kQkvThreads) {
+    if (hh < Hq) {
+      const float mq =
+          (__bfloat162float(row[hh * d + j]) + __bfloat162float(row[QD + (hh / G) * d + j])) * 0.5f;
+      v[j] = crow[hh * d + j] + mq;
+    } else {
+      const int g = hh - Hq;
+      float s = 0.f;
+      for (int t = 0; t < G; t++) {
+        const int h = g * G + t;
+        s += (__bfloat162float(row[h * d + j]) + __bfloat162float(row[QD + g * d + j])) * 0.5f;
+      }
+      v[j] = crow[QD + g * d + j] + s / float(G);
+    }
   }
   __syncthreads();
-  // QK-norm per head (one warp per head), then RoPE, then store.
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, nwarps = blockDim.x / kWarp;
-  const float sd = sqrtf(float(d));
-  for (int hh = warp; hh < Hq + Hkv; hh += nwarps) {
-    float* v = hh < Hq ? qs + hh * d : ks + (hh - Hq) * d;
+  // QK-norm (the first warp: lane-strided squares, butterfly sum), then RoPE, then store.
+  if (threadIdx.x < kWarp) {
     float ss = 0.f;
-    for (int j = lane; j < d; j += kWarp) ss += v[j] * v[j];
+    for (int j = threadIdx.x; j < d; j += kWarp) ss += v[j] * v[j];
     ss = warp_sum(ss);
-    const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
-    const float a = sd * (hh < Hq ? 1.f : temp[hh - Hq]) / nrm;
-    for (int j = lane; j < d; j += kWarp) v[j] *= a;
-    __syncwarp();
-    const int h2 = r / 2;
-    for (int j = lane; j < h2; j += kWarp) {
+    if (threadIdx.x == 0) {
+      const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
+      v[d] = sqrtf(float(d)) * (hh < Hq ? 1.f : temp[hh - Hq]) / nrm;
+    }
+  }
+  __syncthreads();
+  const float a = v[d];
+  const int h2 = r / 2;
+  bf16* out = hh < Hq ? q_out + (int64_t(m) * Hq + hh) * d
+                      : kcache + ((int64_t(m) * cap + pos) * Hkv + (hh - Hq)) * d;
+  for (int j = threadIdx.x; j < d; j += kQkvThreads) {
+    if (j < h2) {  // the pair (j, j + h2)
       const float inv = 1.0f / powf(theta, float(2 * j) / float(r));
       const float f = float(pos) * inv;
       const float c = cosf(f), s = sinf(f);
-      const float x0 = v[j], x1 = v[j + h2];
-      v[j] = x0 * c - x1 * s;
-      v[j + h2] = x1 * c + x0 * s;
-    }
-    __syncwarp();
-    if (hh < Hq) {
-      for (int j = lane; j < d; j += kWarp)
-        q_out[(int64_t(m) * Hq + hh) * d + j] = __float2bfloat16(v[j]);
-    } else {
-      bf16* kd = kcache + ((int64_t(m) * cap + pos) * Hkv + (hh - Hq)) * d;
-      for (int j = lane; j < d; j += kWarp) kd[j] = __float2bfloat16(v[j]);
-    }
-  }
-  // Delayed value: v = [vc | vd of the previous token]; then remember this token's vd.
-  bf16* vd_dst = vcache + (int64_t(m) * cap + pos) * KD;
-  for (int i = threadIdx.x; i < VH; i += blockDim.x) {
-    vd_dst[i] = row[C + i];
-    vd_dst[VH + i] = __float2bfloat16(vd_last[int64_t(m) * VH + i]);
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < VH; i += blockDim.x)
-    vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
-  if (hist && P > 0) {
-    float* hm = hist + int64_t(m) * P * C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-      for (int p = 0; p + 1 < P; p++) hm[int64_t(p) * C + c] = hm[int64_t(p + 1) * C + c];
-      hm[int64_t(P - 1) * C + c] = __bfloat162float(row[c]);
+      const float x0 = v[j] * a, x1 = v[j + h2] * a;
+      out[j] = __float2bfloat16(x0 * c - x1 * s);
+      out[j + h2] = __float2bfloat16(x1 * c + x0 * s);
+    } else if (j >= r) {
+      out[j] = __float2bfloat16(v[j] * a);
     }
   }
 }
@@ -932,15 +949,34 @@ __global__ void __launch_bounds__(kRouterThreads)
       prefetch_l2(Wd + int64_t(o) * D + k);
   pdl_begin();
   // Stage 0: the down projection and the EDA state, rows [o0, o1).
+  // A warp's rows o and o + kRouterWarps are read together (both rows' loads in flight at once),
+  // then finished in that order.
   bool waited = false;
-  for (int o = o0 + warp; o < o1; o += kRouterWarps) {
-    float acc[1] = {0.f};
-    gemv_bf16_row<1, kVecX>(acc, x + m * ldx, ldx, Wd + int64_t(o) * D, D, lane);
-    float s = warp_sum(acc[0]) + bd[o];
+  auto finish_row = [&](int o, float partial) {
+    float s = warp_sum(partial) + bd[o];
     if (state) s += state[m * R + o] * scale[o];
     if (lane == 0) r[m * R + o] = s;  // the next layer's EDA state
     if (!waited) cl_wait(), waited = true;
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(v + o, t) = s;
+  };
+  for (int o = o0 + warp; o < o1; o += 2 * kRouterWarps) {
+    const int ob = o + kRouterWarps;
+    const bool has_b = ob < o1;
+    float acc[1] = {0.f}, accb[1] = {0.f};
+    const bf16* wa = Wd + int64_t(o) * D;
+    const bf16* wb = Wd + int64_t(has_b ? ob : o) * D;
+    if constexpr (kVecX) {
+      uint4 pa[kPreChunks], pb[kPreChunks];
+      load_row_pieces(pa, wa, D, lane);
+      load_row_pieces(pb, wb, D, lane, has_b);
+      gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane);
+      if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane);
+    } else {
+      gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane);
+      if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane);
+    }
+    finish_row(o, acc[0]);
+    if (has_b) finish_row(ob, accb[0]);
   }
   if (!waited) cl_wait();
   cl_sync();
@@ -1276,13 +1312,12 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
                        int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st) {
   check(Hq % Hkv == 0 && r % 2 == 0 && r <= d && (Hkv * d) % 2 == 0,
         "decode_qkv_finish: heads must divide, rotary dim even and <= head dim");
-  const size_t smem = size_t((Hq + Hkv) * d) * sizeof(float);
-  if (smem > 48 * 1024)
-    ZAYA_CUDA_CHECK(cudaFuncSetAttribute(decode_qkv_finish_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_k(decode_qkv_finish_kernel, dim3(unsigned(M)), dim3(256), smem, st, q_MHd, kcache, vcache,
-           vd_last_B, conv_MC, qkv, ld, temp_G, len_B, cap, theta, int(r), int(Hq), int(Hkv),
-           int(d), hist_BPC, int(P));
+  const int64_t C = (Hq + Hkv) * d, VH = Hkv * d / 2;
+  const int64_t X = (std::max(C, VH) + kQkvThreads - 1) / kQkvThreads;
+  const size_t smem = size_t(d + 1) * sizeof(float);
+  launch_k(decode_qkv_finish_kernel, dim3(unsigned(Hq + Hkv + X), unsigned(M)), dim3(kQkvThreads),
+           smem, st, q_MHd, kcache, vcache, vd_last_B, conv_MC, qkv, ld, temp_G, len_B, cap, theta,
+           int(r), int(Hq), int(Hkv), int(d), hist_BPC, int(P));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

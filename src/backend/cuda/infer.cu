@@ -335,8 +335,8 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // (e >= E: the skip class, no expert runs). First act[m,i] = silu(x·Wgu_e[i]) · (x·Wgu_e[I+i]) from
 // the packed gate|up rows, both dot products in fp32 in one warp; then
 // out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
-// Both read the router's choice, so nothing precedes pdl_wait (the expert's weights are not known
-// before it).
+// The SwiGLU kernel reads the router's choice, its predecessor's output, so nothing precedes its
+// pdl_wait; the down kernel, one launch later, loads its expert's weights before its own.
 template <bool kVec>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
@@ -374,18 +374,29 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x, const bf16* Wd,
                                int64_t d_stride, const float* gate, const int32_t* choice,
                                int64_t E, bool scaled, int64_t D, int64_t I, TailNorm tn) {
-  pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  // The choice comes from the router, which completed before the SwiGLU kernel (this kernel's
+  // predecessor) passed its own pdl_wait, and so before this grid could start: it is final here,
+  // and the expert's weight row is loaded before pdl_wait, behind the SwiGLU kernel (read through
+  // L2: the same buffer held the previous layer's choice).
+  const int64_t e = __ldcg(choice + m);
+  const bool expert = o < D && e >= 0 && e < E;
+  const bf16* w = Wd + (expert ? e * d_stride + o * I : 0);
+  uint4 wpre[kPreChunks];
+  if constexpr (kVec) load_row_pieces(wpre, w, I, lane, expert);
+  pdl_begin();
   if (o < D) {
-    const int64_t e = choice[m];
-    if (e < 0 || e >= E) {
+    if (!expert) {
       if (lane == 0)
         out[m * D + o] = __float2bfloat16(scaled ? gate[m] * __bfloat162float(x[m * D + o]) : 0.f);
     } else {
       float acc[1] = {0.f};
-      gemv_bf16_row<1, kVec>(acc, act + m * I, I, Wd + e * d_stride + o * I, I, lane);
+      if constexpr (kVec)
+        gemv_bf16_row_pre<1>(acc, wpre, act + m * I, I, w, I, lane);
+      else
+        gemv_bf16_row<1, kVec>(acc, act + m * I, I, w, I, lane);
       const float s = warp_sum(acc[0]);
       if (lane == 0) out[m * D + o] = __float2bfloat16(gate[m] * s);
     }
@@ -608,8 +619,23 @@ __global__ void __launch_bounds__(kAttnThreads)
   constexpr int PER = D / 8;     // key values per lane in the score pass
   constexpr int PV = D / kWarp;  // value dims per lane in the P·V pass
   extern __shared__ __align__(16) float sh[];
-  pdl_begin();  // q, the cache and len all come from earlier kernels
   const int c = blockIdx.x, g = blockIdx.y, m = blockIdx.z;
+  {
+    // Before pdl_wait: this chunk's K and V rows of kv head g towards L2 (a hint, issued for the
+    // whole chunk since len is not read yet). Earlier tokens' rows are final; the newest one, which
+    // the predecessor writes, is read after the wait through L2, where the write lands.
+    constexpr int kLines = D * int(sizeof(bf16)) / 128;  // 128-byte lines per key row
+    const int64_t row = int64_t(Hkv) * D;
+    for (int i = threadIdx.x; i < 2 * ch * (kLines > 0 ? kLines : 1); i += kAttnThreads) {
+      const int per = kLines > 0 ? kLines : 1;
+      const int64_t key = int64_t(c) * ch + i / (2 * per);
+      if (key >= cap) break;
+      const bf16* base =
+          (i % 2 ? vcache : kcache) + (int64_t(m) * cap + key) * row + int64_t(g) * D;
+      prefetch_l2(base + (i / 2 % per) * 64);
+    }
+  }
+  pdl_begin();  // q, the cache and len all come from earlier kernels
   const int G = Hq / Hkv;
   const int64_t pos = len[m];  // the new token (already in the cache) is at pos
   const int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;

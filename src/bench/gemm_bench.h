@@ -127,6 +127,9 @@ struct GemmBenchOptions {
   // cuBLASLt heuristic candidates requested per shape; all are timed on the real operands and
   // the fastest kept (see run_gemm_bench).
   int autotune = 32;
+  // > 0: also, per cuBLASLt algorithm id, that id's best search_per_algo configurations as
+  // candidates (a wider search than the heuristic's list; LtProblem::widen).
+  int search_per_algo = 0;
   size_t workspace_bytes = size_t(32) << 20;  // PyTorch's cuBLAS workspace on Hopper, and ours
   bool check = true;
   bool grouped_methods = true;  // for groups > 1: also the per-expert loop and cuBLAS grouped

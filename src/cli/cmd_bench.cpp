@@ -146,7 +146,7 @@ struct GemmCli {
   int64_t tokens = 8192, knee_max = 16384, wave_k = 4096;
   bool knee = false, list = false, nocheck = false, nogrouped = false, cublas = false;
   double peak_bf16 = 0, peak_fp8 = 0, min_time_ms = 25, warm_ms = 20;
-  int iters = 20, max_iters = 200, warmup = 5, autotune = 32, device = 0;
+  int iters = 20, max_iters = 200, warmup = 5, autotune = 32, search_algos = 0, device = 0;
   int64_t workspace_mib = 32;
 
   void add(CLI::App& app) {
@@ -177,6 +177,11 @@ struct GemmCli {
         ->capture_default_str();
     app.add_option("--autotune", autotune, "cuBLASLt heuristic candidates timed per shape")
         ->capture_default_str();
+    app.add_option("--search-algos", search_algos,
+                   "also time, per cuBLASLt algorithm id, its N best configurations (0: only "
+                   "the heuristic's --autotune list)")
+        ->capture_default_str()
+        ->check(CLI::Range(0, 64));
     app.add_option("--workspace-mib", workspace_mib, "cuBLASLt/cuBLAS workspace (MiB)")
         ->capture_default_str();
     app.add_option("--device", device, "CUDA device")->capture_default_str();
@@ -234,6 +239,7 @@ struct GemmCli {
     o.timing.warmup = warmup;
     o.timing.warm_ms = warm_ms;
     o.autotune = autotune;
+    o.search_per_algo = search_algos;
     o.workspace_bytes = size_t(workspace_mib) << 20;
     o.cublas_rows = cublas;
     o.check = !nocheck;

@@ -86,5 +86,30 @@ TEST(BenchGpu, GemmMethodsMatchReference) {
   EXPECT_EQ(cublas, 3);  // one per bf16 shape, the grouped one as a strided batch
 }
 
+// The wider search (--search-algos) adds candidates beyond the heuristic's list, and the one it
+// keeps still computes the right product.
+TEST(BenchGpu, WideAlgorithmSearchAddsVerifiedCandidates) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  GemmBenchOptions o;
+  o.dtypes = {"bf16"};
+  o.shapes = {{"w", 1280, 1280, 4096}};
+  o.timing.min_iters = 3;
+  o.timing.max_iters = 10;
+  o.timing.warmup = 1;
+  o.timing.warm_ms = 1;
+  o.timing.min_time_ms = 1;
+  o.autotune = 4;
+  const auto narrow = run_gemm_bench(o);
+  o.search_per_algo = 4;
+  const auto wide = run_gemm_bench(o);
+  ASSERT_EQ(narrow.size(), 1u);
+  ASSERT_EQ(wide.size(), 1u);
+  EXPECT_LE(narrow[0].candidates, 4);
+  EXPECT_GT(wide[0].candidates, narrow[0].candidates);
+  EXPECT_LT(wide[0].algo, wide[0].candidates);
+  EXPECT_GT(wide[0].checked, 0);
+  EXPECT_EQ(wide[0].wrong, 0) << "max_rel_err " << wide[0].max_rel_err;
+}
+
 }  // namespace
 }  // namespace zaya::bench

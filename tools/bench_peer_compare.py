@@ -387,7 +387,8 @@ def main():
         wrong = sum(r["wrong"] for r in g["results"])
         out.append(f"\n## gemm run {i + 1}: {len(g['results'])} rows, {wrong} sampled outputs wrong"
                    f", workspace {g.get('workspace_bytes', 0) >> 20} MiB, autotune "
-                   f"{g.get('autotune', '?')}, timing {json.dumps(g.get('timing'))}")
+                   f"{g.get('autotune', '?')} + {g.get('search_per_algo', 0)} per algorithm id, "
+                   f"timing {json.dumps(g.get('timing'))}")
     for p in peers:
         if "error" in p:
             out.append(f"\npeer: {p['error']}")

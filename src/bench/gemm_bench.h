@@ -128,8 +128,9 @@ struct GemmBenchOptions {
   // the fastest kept (see run_gemm_bench).
   int autotune = 32;
   // > 0: also, per cuBLASLt algorithm id, that id's best search_per_algo configurations as
-  // candidates (a wider search than the heuristic's list; LtProblem::widen).
-  int search_per_algo = 0;
+  // candidates (a wider search than the heuristic's list; LtProblem::widen). On the H200 it found
+  // 7–10% over the heuristic's best on 7168²–7680² × 4096 (docs/bench/h200-2026-12-03e).
+  int search_per_algo = 4;
   size_t workspace_bytes = size_t(32) << 20;  // PyTorch's cuBLAS workspace on Hopper, and ours
   bool check = true;
   bool grouped_methods = true;  // for groups > 1: also the per-expert loop and cuBLAS grouped

@@ -190,6 +190,7 @@ std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInf
                                {"fp8", measured_peak_tflops(rs, "fp8")}};
   j["workspace_bytes"] = opt.workspace_bytes;
   j["autotune"] = opt.autotune;
+  j["search_per_algo"] = opt.search_per_algo;
   // The protocol's numbers, for the peer (tools/bench_peer.py) to time PyTorch identically.
   const TimingPolicy& t = opt.timing;
   j["timing"] = {{"warmup", t.warmup},

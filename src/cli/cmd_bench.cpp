@@ -146,7 +146,7 @@ struct GemmCli {
   int64_t tokens = 8192, knee_max = 16384, wave_k = 4096;
   bool knee = false, list = false, nocheck = false, nogrouped = false, cublas = false;
   double peak_bf16 = 0, peak_fp8 = 0, min_time_ms = 25, warm_ms = 20;
-  int iters = 20, max_iters = 200, warmup = 5, autotune = 32, search_algos = 0, device = 0;
+  int iters = 20, max_iters = 200, warmup = 5, autotune = 32, search_algos = 4, device = 0;
   int64_t workspace_mib = 32;
 
   void add(CLI::App& app) {

@@ -99,6 +99,7 @@ TEST(BenchGpu, WideAlgorithmSearchAddsVerifiedCandidates) {
   o.timing.warm_ms = 1;
   o.timing.min_time_ms = 1;
   o.autotune = 4;
+  o.search_per_algo = 0;
   const auto narrow = run_gemm_bench(o);
   o.search_per_algo = 4;
   const auto wide = run_gemm_bench(o);

@@ -33,6 +33,34 @@ uint64_t parse_size(const std::string& s, const std::string& flag) {
   return v << shift;
 }
 
+std::string hex_encode(const void* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  const auto* b = static_cast<const uint8_t*>(p);
+  std::string s(2 * n, '0');
+  for (size_t i = 0; i < n; ++i) {
+    s[2 * i] = digits[b[i] >> 4];
+    s[2 * i + 1] = digits[b[i] & 15];
+  }
+  return s;
+}
+
+bool hex_decode(const std::string& hex, std::vector<uint8_t>& out) {
+  auto nibble = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  if (hex.size() % 2) return false;
+  out.assign(hex.size() / 2, 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    out[i] = uint8_t(hi * 16 + lo);
+  }
+  return true;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

@@ -24,6 +24,10 @@ std::string format_size(uint64_t bytes);
 // step, naming the flags.
 std::vector<uint64_t> size_sweep(uint64_t begin, uint64_t end, double factor, uint64_t step);
 
+// Lower-case hex of `n` bytes, and back (false for odd length or a non-hex character).
+std::string hex_encode(const void* p, size_t n);
+bool hex_decode(const std::string& hex, std::vector<uint8_t>& out);
+
 // The median of `v` (the mean of the two middle values for an even count; 0 when empty).
 double median(std::vector<double> v);
 

@@ -7,6 +7,7 @@
 // FLOPs are 2*m*n*k per problem.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -79,7 +80,12 @@ struct GemmResult {
   int warm = 0;        // time-based warm-up launches before them (TimingPolicy)
   int algo = -1;       // "lt"/"lt-batched": index of the kept algorithm in the heuristic's list
   int candidates = 0;  // how many candidates the heuristic returned (and autotuning timed)
-  GpuWindow gpu;       // the timed launches' window and clock samples (JSON: when recorded)
+  // "lt"/"lt-batched": the kept cuBLASLt algorithm (cublasLtMatmulAlgo_t) as hex, so a later run
+  // can time the same algorithm without autotuning again (--algos-from); algo_reused when this
+  // row took it from such a file.
+  std::string algo_config;
+  bool algo_reused = false;
+  GpuWindow gpu;  // the timed launches' window and clock samples (JSON: when recorded)
 };
 
 // How every GEMM row is timed, by zaya and, identically, by the PyTorch peer
@@ -131,6 +137,9 @@ struct GemmBenchOptions {
   // candidates (a wider search than the heuristic's list; LtProblem::widen). On the H200 it found
   // 7–10% over the heuristic's best on 7168²–7680² × 4096 (docs/bench/h200-2026-12-03e).
   int search_per_algo = 4;
+  // Algorithms to time instead of autotuning, by gemm_algo_key (from an earlier run's JSON,
+  // load_gemm_algos); a key that is missing or an algorithm cuBLASLt rejects is autotuned.
+  std::map<std::string, std::string> fixed_algos;
   size_t workspace_bytes = size_t(32) << 20;  // PyTorch's cuBLAS workspace on Hopper, and ours
   bool check = true;
   bool grouped_methods = true;  // for groups > 1: also the per-expert loop and cuBLAS grouped
@@ -169,5 +178,12 @@ std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInf
                               double peak_bf16, double peak_fp8,
                               const GemmBenchOptions& opt = GemmBenchOptions{});
 std::string gemm_results_csv(const std::vector<GemmResult>& rs);
+
+// "dtype m n k groups": the key of one autotuned GEMM in fixed_algos.
+std::string gemm_algo_key(const std::string& dtype, const GemmShape& s);
+// The kept algorithms ("algo_config") of the "lt"/"lt-batched" rows of a `zaya bench gemm --json`
+// file, by gemm_algo_key. Throws zaya::Error naming the file when it cannot be read, is not that
+// JSON, or a row's algo_config is not hex.
+std::map<std::string, std::string> load_gemm_algos(const std::string& path);
 
 }  // namespace zaya::bench

@@ -185,6 +185,18 @@ struct LtProblem {
     }
     cublasLtMatmulPreferenceDestroy(pref);
   }
+  // Makes `algo` the only candidate when cuBLASLt accepts it for this problem within the
+  // workspace (cublasLtMatmulAlgoCheck); false leaves the candidates as they were.
+  bool use_fixed(cublasLtHandle_t h, const cublasLtMatmulAlgo_t& algo) {
+    cublasLtMatmulHeuristicResult_t r{};
+    if (cublasLtMatmulAlgoCheck(h, desc, a, b, c, c, &algo, &r) != CUBLAS_STATUS_SUCCESS ||
+        r.workspaceSize > ws_bytes)
+      return false;
+    r.algo = algo;  // AlgoCheck reports on the algorithm but does not copy it
+    r.state = CUBLAS_STATUS_SUCCESS;
+    algos.assign(1, r);
+    return true;
+  }
   ~LtProblem() { release(); }
   LtProblem(const LtProblem&) = delete;
   LtProblem& operator=(const LtProblem&) = delete;
@@ -441,12 +453,29 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
         const auto run_algo = [&](int a, int i) {
           p.run(ctx.lt, buf.W(i), buf.X(i), buf.Y(i), ctx.ws.p, ctx.st, a);
         };
-        const int chosen = autotune(ctx, p, pol, buf.sets, run_algo);
+        bool reused = false;
+        const std::string key = gemm_algo_key(dt, s);
+        if (const auto it = opt.fixed_algos.find(key); it != opt.fixed_algos.end()) {
+          std::vector<uint8_t> bytes;
+          cublasLtMatmulAlgo_t algo{};
+          if (hex_decode(it->second, bytes) && bytes.size() == sizeof(algo)) {
+            std::memcpy(&algo, bytes.data(), sizeof(algo));
+            reused = p.use_fixed(ctx.lt, algo);
+          }
+          if (!reused)
+            std::fprintf(stderr,
+                         "zaya bench gemm: the stored algorithm for %s is not one this "
+                         "cuBLASLt accepts; autotuning it\n",
+                         key.c_str());
+        }
+        const int chosen = reused ? 0 : autotune(ctx, p, pol, buf.sets, run_algo);
         const Launch launch = [&](int i) { run_algo(chosen, i); };
         GemmResult r = result(s.groups > 1 ? "lt-batched" : "lt",
                               time_policy(ctx, pol, buf.sets, launch, &nvml));
         r.algo = chosen;
         r.candidates = int(p.algos.size());
+        r.algo_config = hex_encode(&p.algos[size_t(chosen)].algo, sizeof(cublasLtMatmulAlgo_t));
+        r.algo_reused = reused;
         check(launch, r);
         out.push_back(r);
       }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -226,6 +227,10 @@ std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInf
                    {"algo", r.algo},
                    {"candidates", r.candidates}});
     auto& row = res.back();
+    if (!r.algo_config.empty()) {
+      row["algo_config"] = r.algo_config;
+      row["algo_reused"] = r.algo_reused;
+    }
     if (r.gpu.t_end > 0) {
       row["t_start"] = r.gpu.t_start;
       row["t_end"] = r.gpu.t_end;
@@ -253,6 +258,43 @@ std::string gemm_results_csv(const std::vector<GemmResult>& rs) {
         r.method, r.shape.gflop(), r.time_us, r.tflops, r.fraction, r.tiles, r.waves, r.checked,
         r.wrong, r.max_rel_err, r.sets, r.iters, r.algo, r.candidates);
   return o;
+}
+
+std::string gemm_algo_key(const std::string& dtype, const GemmShape& s) {
+  return fmt::format("{} {} {} {} {}", dtype, s.m, s.n, s.k, s.groups);
+}
+
+std::map<std::string, std::string> load_gemm_algos(const std::string& path) {
+  std::ifstream in(path);
+  ZAYA_CHECK(in.good(), "--algos-from: cannot read '{}'", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    fail("--algos-from: '{}' is not JSON ({})", path, e.what());
+  }
+  ZAYA_CHECK(j.is_object() && j.value("schema", "") == "zaya.bench.gemm/1" &&
+                 j.contains("results") && j["results"].is_array(),
+             "--algos-from: '{}' is not a `zaya bench gemm --json` file (schema "
+             "zaya.bench.gemm/1 with a results array)",
+             path);
+  std::map<std::string, std::string> out;
+  for (const auto& r : j["results"]) {
+    const std::string method = r.value("method", "");
+    if ((method != "lt" && method != "lt-batched") || !r.contains("algo_config")) continue;
+    GemmShape s;
+    s.m = r.at("m").get<int64_t>();
+    s.n = r.at("n").get<int64_t>();
+    s.k = r.at("k").get<int64_t>();
+    s.groups = r.value("groups", int64_t(1));
+    const std::string hex = r.at("algo_config").get<std::string>();
+    std::vector<uint8_t> bytes;
+    ZAYA_CHECK(hex_decode(hex, bytes) && !bytes.empty(),
+               "--algos-from: '{}': algo_config of {} m={} n={} k={} is not hex", path,
+               r.value("dtype", "?"), s.m, s.n, s.k);
+    out[gemm_algo_key(r.value("dtype", ""), s)] = hex;
+  }
+  return out;
 }
 
 }  // namespace zaya::bench

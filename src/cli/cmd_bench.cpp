@@ -142,7 +142,7 @@ int bench_comm(int argc, char** argv) {
 // ---- gemm ----
 
 struct GemmCli {
-  std::string dtypes = "bf16", ms, ns, ks, model, waves;
+  std::string dtypes = "bf16", ms, ns, ks, model, waves, algos_from;
   int64_t tokens = 8192, knee_max = 16384, wave_k = 4096;
   bool knee = false, list = false, nocheck = false, nogrouped = false, cublas = false;
   double peak_bf16 = 0, peak_fp8 = 0, min_time_ms = 25, warm_ms = 20;
@@ -182,6 +182,9 @@ struct GemmCli {
                    "the heuristic's --autotune list)")
         ->capture_default_str()
         ->check(CLI::Range(0, 64));
+    app.add_option("--algos-from", algos_from,
+                   "time the algorithms an earlier --json run kept instead of autotuning "
+                   "(shapes it lacks are autotuned)");
     app.add_option("--workspace-mib", workspace_mib, "cuBLASLt/cuBLAS workspace (MiB)")
         ->capture_default_str();
     app.add_option("--device", device, "CUDA device")->capture_default_str();
@@ -240,6 +243,7 @@ struct GemmCli {
     o.timing.warm_ms = warm_ms;
     o.autotune = autotune;
     o.search_per_algo = search_algos;
+    if (!algos_from.empty()) o.fixed_algos = load_gemm_algos(algos_from);
     o.workspace_bytes = size_t(workspace_mib) << 20;
     o.cublas_rows = cublas;
     o.check = !nocheck;

@@ -334,5 +334,58 @@ TEST(HardwareProfile, FileMergeAndBadFiles) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(GemmReport, KeptAlgorithmsRoundTripThroughTheJson) {
+  auto rs = synthetic_sweep();
+  const uint8_t algo_a[4] = {0x00, 0x7f, 0xa5, 0xff};
+  rs[1].algo_config = hex_encode(algo_a, sizeof(algo_a));
+  rs[2].algo_config = "0102";
+  rs[2].algo_reused = true;
+  GemmResult cublas = rs[1];
+  cublas.method = "cublas";  // only the autotuned rows' algorithms are kept
+  cublas.algo_config = "ffff";
+  rs.push_back(cublas);
+  EXPECT_EQ(rs[1].algo_config, "007fa5ff");
+  std::vector<uint8_t> back;
+  ASSERT_TRUE(hex_decode("007FA5ff", back));
+  EXPECT_EQ(back, std::vector<uint8_t>(algo_a, algo_a + 4));
+  EXPECT_FALSE(hex_decode("abc", back));  // odd length
+  EXPECT_FALSE(hex_decode("zz", back));
+
+  const auto dir = std::filesystem::temp_directory_path() / "zaya_gemm_algos_test";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string good = (dir / "gemm.json").string();
+  std::ofstream(good) << gemm_results_json(rs, DeviceInfo{}, 989.4, 0);
+  const auto j = nlohmann::json::parse(std::ifstream(good));
+  EXPECT_FALSE(j["results"][0].contains("algo_config"));
+  EXPECT_EQ(j["results"][2]["algo_reused"], true);
+  const auto algos = load_gemm_algos(good);
+  ASSERT_EQ(algos.size(), 2u);
+  EXPECT_EQ(algos.at(gemm_algo_key("bf16", rs[1].shape)), "007fa5ff");
+  EXPECT_EQ(algos.at(gemm_algo_key("bf16", rs[2].shape)), "0102");
+  EXPECT_EQ(gemm_algo_key("fp8", GemmShape{"x", 8, 16, 32, 4}), "fp8 8 16 32 4");
+
+  auto throws_naming = [](const std::string& path, const std::string& what) {
+    try {
+      load_gemm_algos(path);
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  throws_naming((dir / "missing.json").string(), "cannot read");
+  const std::string notjson = (dir / "bad.json").string();
+  std::ofstream(notjson) << "{ not json";
+  throws_naming(notjson, "is not JSON");
+  const std::string other = (dir / "other.json").string();
+  std::ofstream(other) << R"({"schema": "zaya.bench.mem/1", "results": []})";
+  throws_naming(other, "zaya.bench.gemm/1");
+  rs[1].algo_config = "0g";
+  const std::string badhex = (dir / "badhex.json").string();
+  std::ofstream(badhex) << gemm_results_json(rs, DeviceInfo{}, 989.4, 0);
+  throws_naming(badhex, "is not hex");
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace zaya::bench

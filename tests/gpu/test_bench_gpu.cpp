@@ -110,6 +110,25 @@ TEST(BenchGpu, WideAlgorithmSearchAddsVerifiedCandidates) {
   EXPECT_LT(wide[0].algo, wide[0].candidates);
   EXPECT_GT(wide[0].checked, 0);
   EXPECT_EQ(wide[0].wrong, 0) << "max_rel_err " << wide[0].max_rel_err;
+
+  // The kept algorithm, given back (as --algos-from does), is timed without autotuning: the same
+  // algorithm, one candidate, still correct. A stored entry that is not an algorithm (wrong size)
+  // is autotuned instead.
+  ASSERT_FALSE(wide[0].algo_config.empty());
+  EXPECT_FALSE(wide[0].algo_reused);
+  o.fixed_algos[gemm_algo_key("bf16", o.shapes[0])] = wide[0].algo_config;
+  const auto again = run_gemm_bench(o);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_TRUE(again[0].algo_reused);
+  EXPECT_EQ(again[0].candidates, 1);
+  EXPECT_EQ(again[0].algo_config, wide[0].algo_config);
+  EXPECT_EQ(again[0].wrong, 0);
+  o.fixed_algos[gemm_algo_key("bf16", o.shapes[0])] = "00ff";
+  const auto rejected = run_gemm_bench(o);
+  ASSERT_EQ(rejected.size(), 1u);
+  EXPECT_FALSE(rejected[0].algo_reused);
+  EXPECT_GT(rejected[0].candidates, 1);
+  EXPECT_EQ(rejected[0].wrong, 0);
 }
 
 }  // namespace

@@ -7,7 +7,9 @@
 # Steps (each logged, timed and noted in summary.txt):
 #   build     zaya (CUDA, sm_90a) and tools/nccl_direct.cu (nvcc, against the NCCL CMake found)
 #   mem       `zaya bench mem` (device kernels, memcpy, host copies; profile)
-#   gemm      interleaved rounds Z0 P0 Z1 P1 ... P(N-1) ZN: zaya (Z) and the PyTorch peer (P:
+#   gemm      a zaya tuning round (autotuning; its kept algorithms are what the Z rounds time,
+#             --algos-from), then
+#             interleaved rounds Z0 P0 Z1 P1 ... P(N-1) ZN: zaya (Z) and the PyTorch peer (P:
 #             tools/bench_peer.py --rounds 1; P0 also times its copy peer), each round a process of
 #             its own, while nvidia-smi samples the SM clock, power and temperature every 100 ms
 #             (gpu_smi.csv). zaya: bf16 + fp8, knee squares 256..16384, wave sweep 1024..8192
@@ -117,6 +119,12 @@ date +%s.%N >"$W/gpu_smi.start"
 TZ=UTC nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu \
   --format=csv,nounits -lms 100 >"$W/gpu_smi.csv" 2>/dev/null &
 smi_pid=$!
+# A tuning round first (not compared): zaya's autotuning (the heuristic's candidates and the wider
+# per-algorithm-id search) times ~100 candidates per shape, a burst of work the peer's rounds do
+# not have; the Z rounds then time the algorithms it kept (--algos-from), so both sides' rounds
+# hold the GPU for about as long and meet the power-limited clock alike.
+run gemm_tune "$Z" "${gemm_args[@]}" --json "$W/gemm_tune.json" &&
+  gemm_args+=(--algos-from "$W/gemm_tune.json")
 # Z0 sets the shapes, operand-set counts, warm-up and iteration counts and the timing policy that
 # every peer round reads, so both sides measure identically.
 run gemm_z0 "$Z" "${gemm_args[@]}" --json "$W/gemm_z0.json"

@@ -120,7 +120,7 @@ TZ=UTC nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.g
   --format=csv,nounits -lms 100 >"$W/gpu_smi.csv" 2>/dev/null &
 smi_pid=$!
 # A tuning round first (not compared): zaya's autotuning (the heuristic's candidates and the wider
-# per-algorithm-id search) times ~100 candidates per shape, a burst of work the peer's rounds do
+# per-algorithm-id search) times dozens of candidates per shape, a burst of work the peer's rounds do
 # not have; the Z rounds then time the algorithms it kept (--algos-from), so both sides' rounds
 # hold the GPU for about as long and meet the power-limited clock alike.
 run gemm_tune "$Z" "${gemm_args[@]}" --json "$W/gemm_tune.json" &&

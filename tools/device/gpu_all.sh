@@ -10,9 +10,9 @@
 # 4. zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096, then
 #    tools/bench_train_peer.py with the same settings (transformers' ZayaForCausalLM);
 # 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the CPU, loss curves compared.
-# 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench kernels` into a
-#    hardware profile ($PROFILE_IN: a measured profile to extend) and `zaya bench train --hardware`
-#    with it (the calibrated cost model against the step), `zaya bench infer --profile`.
+# 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`,
+#    `zaya bench kernels` into a hardware profile ($PROFILE_IN: a measured profile to extend) and
+#    `zaya bench train --hardware` with it (the calibrated cost model against the step).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
 # the later ones. Results land in $OUT: summary.txt, bench_train.json, bench_train_peer.json and
 # logs.tgz (every log, the tiny runs' metrics).
@@ -151,11 +151,18 @@ if n:
 PY
 fi
 
-# ---- 6. kernel benchmarks, calibrated cost model, inference (as time allows) ----
+# ---- 6. kernel benchmarks, inference, calibrated cost model (as time allows) ----
 if [ -x "$B/zaya_gpu_tests" ]; then
   ZAYA_ATTN_BENCH=1 ZAYA_CCA_BENCH=1 ZAYA_NORM_BENCH=1 stage kernel_bench 90 \
     "$B/zaya_gpu_tests" --gtest_filter='*Benchmark*'
   grep -E "ms|GB/s|TFLOP" "$W/kernel_bench.log" | grep -v "^\[" | sed 's/^/    /' | tee -a "$summary"
+fi
+# Inference before the cost-model stages: its figures are the decode target's (about 35 s, most of
+# it building the random model on the host).
+if [ -x "$Z" ]; then
+  stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
+    --profile --json "$W/bench_infer.json"
+  sed 's/^/    /' "$W/bench_infer.log" | tail -22 | tee -a "$summary"
 fi
 # `zaya bench kernels` times the model's own kernels and merges their efficiencies into a hardware
 # profile (the measured one of the same GPU when carried as $PROFILE_IN), which the cost model of
@@ -169,11 +176,6 @@ if [ -x "$Z" ] && "$Z" bench kernels --help >/dev/null 2>&1; then
   [ -f "$prof" ] && stage bench_train_calibrated 120 "$Z" bench train "${BT[@]}" --hardware "$prof" \
     --json "$W/bench_train_calibrated.json" &&
     sed -n '/cost model/,$p' "$W/bench_train_calibrated.log" | sed 's/^/    /' | tee -a "$summary"
-fi
-if [ -x "$Z" ]; then
-  stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
-    --profile --json "$W/bench_infer.json"
-  sed 's/^/    /' "$W/bench_infer.log" | tail -22 | tee -a "$summary"
 fi
 
 # ---- comparison ----

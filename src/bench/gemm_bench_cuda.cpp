@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/cuda/lt_search.h"
 #include "bench/bench_common.h"
 #include "bench/bench_kernels.h"
 #include "bench/gemm_bench.h"
@@ -143,46 +144,16 @@ struct LtProblem {
     algos.resize(size_t(returned));
     if (per_algo_id > 0) widen(h, in, per_algo_id);
   }
-  // Adds, for every algorithm id cuBLASLt has for these types (cublasLtMatmulAlgoGetIds), the
-  // heuristic's best `per_id` configurations of that id (CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID: tile,
-  // stages, split-K, cluster chosen for the id), keeping those that fit the workspace and are not
-  // already candidates. The default search returns a few configurations of the ids it ranks
-  // first; on some shapes none of them is the one cuBLAS's own default picks.
+  // The wider search (backend/cuda/lt_search.h): every algorithm id's `per_id` best
+  // configurations join the candidates.
   void widen(cublasLtHandle_t h, cudaDataType_t in, int per_id) {
-    std::vector<int> ids(256);
-    int nids = 0;
-    if (cublasLtMatmulAlgoGetIds(h, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in, CUDA_R_16BF,
-                                 CUDA_R_16BF, int(ids.size()), ids.data(),
-                                 &nids) != CUBLAS_STATUS_SUCCESS)
-      return;
     cublasLtMatmulPreference_t pref;
     ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = ws_bytes;
-    const uint32_t mode = CUBLASLT_SEARCH_LIMITED_BY_ALGO_ID;
     ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
-    ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_SEARCH_MODE,
-                                                           &mode, sizeof(mode)));
-    for (int i = 0; i < nids; ++i) {
-      std::vector<cublasLtMatmulHeuristicResult_t> r(static_cast<size_t>(per_id));
-      bool init = true;
-      for (auto& x : r)
-        init = init && cublasLtMatmulAlgoInit(h, CUBLAS_COMPUTE_32F, CUDA_R_32F, in, in,
-                                              CUDA_R_16BF, CUDA_R_16BF, ids[size_t(i)],
-                                              &x.algo) == CUBLAS_STATUS_SUCCESS;
-      int got = 0;
-      if (!init || cublasLtMatmulAlgoGetHeuristic(h, desc, a, b, c, c, pref, per_id, r.data(),
-                                                  &got) != CUBLAS_STATUS_SUCCESS)
-        continue;
-      for (int j = 0; j < got; ++j) {
-        const auto& x = r[size_t(j)];
-        if (x.state != CUBLAS_STATUS_SUCCESS || x.workspaceSize > ws_bytes) continue;
-        const bool dup = std::any_of(algos.begin(), algos.end(), [&](const auto& e) {
-          return std::memcmp(&e.algo, &x.algo, sizeof(x.algo)) == 0;
-        });
-        if (!dup) algos.push_back(x);
-      }
-    }
+    cuda::add_per_algo_id_candidates(h, desc, a, b, c, pref, in, CUDA_R_16BF, per_id, ws_bytes,
+                                     algos);
     cublasLtMatmulPreferenceDestroy(pref);
   }
   // Makes `algo` the only candidate when cuBLASLt accepts it for this problem within the

@@ -436,6 +436,31 @@ std::unique_ptr<GemmContext> make_context(bool autotune) {
   return std::make_unique<GemmContext>();
 }
 
+// ZAYA_GEMM_SEARCH_ALGOS (with the autotune): the wider candidate set still gives the reference's
+// result, and a context keeps one algorithm per key (bit-identical repeats); a malformed count is
+// refused, naming the variable.
+TEST_F(CudaGemm, WiderAutotuneSearchStaysCorrect) {
+  AutotuneEnv env(true);
+  ASSERT_EQ(setenv("ZAYA_GEMM_SEARCH_ALGOS", "4", 1), 0);
+  GemmContext wide;
+  GemmCase g;
+  g.tb = true;
+  g.M = 512;
+  g.N = 768;
+  g.K = 1024;
+  const auto r1 = check_gemm(wide, g, st, 11);
+  const auto r2 = check_gemm(wide, g, st, 11);
+  EXPECT_EQ(std::memcmp(r1.data(), r2.data(), r1.size() * sizeof(float)), 0);
+  ASSERT_EQ(setenv("ZAYA_GEMM_SEARCH_ALGOS", "4x", 1), 0);
+  try {
+    GemmContext bad;
+    ADD_FAILURE() << "ZAYA_GEMM_SEARCH_ALGOS=4x accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("ZAYA_GEMM_SEARCH_ALGOS"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(unsetenv("ZAYA_GEMM_SEARCH_ALGOS"), 0);
+}
+
 // Row-count vectors for the bucketed grouped GEMMs: empty groups, 1, sizes on both sides of the
 // bucket edges (128, 1024, 1152, 2048, 2304, 4096) and large groups.
 const std::vector<std::vector<int32_t>>& bucket_row_vectors() {

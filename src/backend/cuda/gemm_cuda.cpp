@@ -54,7 +54,9 @@
 // model rebuilt at a phase change, would no longer match a straight run bit for bit. So the default
 // is the heuristic's first choice, a function of shape, device and library version only, and
 // timing is an opt-in for benchmarks (ZAYA_GEMM_AUTOTUNE=1). No tuning happens while the
-// stream is being captured into a CUDA graph.
+// stream is being captured into a CUDA graph. ZAYA_GEMM_SEARCH_ALGOS=N (with autotune) adds each
+// cuBLASLt algorithm id's N best configurations to the timed candidates (lt_search.h), under the
+// same workspace, reduction-scheme and alignment limits.
 //
 // Bias: an fp32 bias[N] through CUBLASLT_EPILOGUE_BIAS with CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE =
 // CUDA_R_32F. cuBLASLt documents bias elements of the output type for non-fp8 GEMMs, so for bf16
@@ -80,6 +82,7 @@
 #include <vector>
 
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/lt_search.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -333,6 +336,7 @@ struct GemmContext::Impl {
   void* ws = nullptr;
   size_t ws_bytes = 0;
   bool autotune = true;
+  int search_per_algo = 0;  // with autotune: the wider search (lt_search.h), per algorithm id
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
   std::unordered_map<Key, cublasLtMatmulAlgo_t, KeyHash> tuned;  // by tuning_key
 
@@ -378,6 +382,11 @@ struct GemmContext::Impl {
     std::erase_if(res, [&](const cublasLtMatmulHeuristicResult_t& r) {
       return r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize > ws_bytes;
     });
+    // Only for autotuning: the heuristic's first choice (res[0]) stays first, and it stays the
+    // choice unless a timed candidate beats it by more than kSwitchFraction.
+    if (autotune && search_per_algo > 0 && !res.empty())
+      add_per_algo_id_candidates(lt, p.desc, p.lay_a, p.lay_b, p.lay_c, g.pref, cuda_type(k.ab),
+                                 cuda_type(k.c), search_per_algo, ws_bytes, res);
     return res;
   }
 
@@ -565,6 +574,15 @@ GemmContext::GemmContext(size_t workspace_bytes) : impl_(std::make_unique<Impl>(
   impl_->ws_bytes = workspace_bytes;
   const char* env = std::getenv("ZAYA_GEMM_AUTOTUNE");
   impl_->autotune = env && std::string_view(env) == "1";
+  if (const char* n = std::getenv("ZAYA_GEMM_SEARCH_ALGOS"); impl_->autotune && n) {
+    char* end = nullptr;
+    const long v = std::strtol(n, &end, 10);
+    ZAYA_CHECK(end != n && *end == '\0' && v >= 0 && v <= 64,
+               "ZAYA_GEMM_SEARCH_ALGOS = '{}': expected a count of configurations per algorithm "
+               "id, 0 to 64",
+               n);
+    impl_->search_per_algo = int(v);
+  }
 }
 
 GemmContext::~GemmContext() = default;

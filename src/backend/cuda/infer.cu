@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <initializer_list>
+#include <type_traits>
 #include <utility>
 
 #include "backend/cuda/infer_kernels.h"
@@ -1233,20 +1234,31 @@ void launch_gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const f
     launch_k(gemv_f32_kernel<M, false>, grid, block, 0, st, y, ldy, x, ldx, W, ldw, bias, O, K);
 }
 
+// Calls f(std::integral_constant<int, M>{}) for a row count M in 1..kGemvMaxRows (the GEMV kernels
+// are instantiated per row count).
+template <typename F>
+void with_rows(int64_t M, F&& f) {
+  static_assert(kGemvMaxRows == 8, "one case per row count");
+  switch (M) {
+    case 1: f(std::integral_constant<int, 1>{}); break;
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    case 8: f(std::integral_constant<int, 8>{}); break;
+  }
+}
+
 void gemv_bf16_any(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx,
                    const bf16* W, int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K,
                    const TailNorm& tn, cudaStream_t st) {
   check(M >= 1 && M <= kGemvMaxRows && O > 0 && K > 0 && ldw >= K && ldx >= K && ldy >= O,
         "gemv_bf16: need 1 <= M <= 8, O, K > 0, ldw, ldx >= K, ldy >= O");
-  switch (M) {
-#define ZAYA_GEMV_CASE(n) \
-  case n: launch_gemv_bf16<n>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, tn, st); break;
-    ZAYA_GEMV_CASE(1)
-    ZAYA_GEMV_CASE(2)
-    ZAYA_GEMV_CASE(3)
-    ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6) ZAYA_GEMV_CASE(7) ZAYA_GEMV_CASE(8)
-#undef ZAYA_GEMV_CASE
-  }
+  with_rows(M, [&](auto n) {
+    launch_gemv_bf16<decltype(n)::value>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, tn, st);
+  });
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1280,15 +1292,9 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
               const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st) {
   check(M >= 1 && M <= kGemvMaxRows && O > 0 && K > 0 && ldw >= K && ldx >= K && ldy >= O,
         "gemv_f32: need 1 <= M <= 8, O, K > 0, ldw, ldx >= K, ldy >= O");
-  switch (M) {
-#define ZAYA_GEMV_CASE(n) \
-  case n: launch_gemv_f32<n>(y, ldy, x, ldx, W, ldw, bias, O, K, st); break;
-    ZAYA_GEMV_CASE(1)
-    ZAYA_GEMV_CASE(2)
-    ZAYA_GEMV_CASE(3)
-    ZAYA_GEMV_CASE(4) ZAYA_GEMV_CASE(5) ZAYA_GEMV_CASE(6) ZAYA_GEMV_CASE(7) ZAYA_GEMV_CASE(8)
-#undef ZAYA_GEMV_CASE
-  }
+  with_rows(M, [&](auto n) {
+    launch_gemv_f32<decltype(n)::value>(y, ldy, x, ldx, W, ldw, bias, O, K, st);
+  });
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -705,7 +705,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int t = 0; t < kAttnMaxG; t++)
 #pragma unroll
       for (int e = 0; e < PV; e++) acc[t][e] = 0.f;
-#pragma unroll 2
+#pragma unroll 4  // a warp's 4 keys of a 16-key chunk: their V loads in flight together
     for (int j = warp; j < n; j += kAttnWarps) {
       float vf[PV];
       load_bf16_vals<PV>(vf, vbase + int64_t(j) * row + lane * PV);
@@ -745,17 +745,41 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int c_lo = int(lo / ch), c_hi = int(pos / ch);
   float* wts = sh;                 // [G, nchunks]
   float* lsum = sh + G * nchunks;  // [G]
+  constexpr int kMlPerLane = 8;    // (max, sum) pairs a lane holds in registers
   for (int t = warp; t < G; t += kAttnWarps) {
     const float* ml = part_ml + 2 * ((int64_t(m) * Hq + int64_t(g) * G + t) * nchunks);
-    float mx = -INFINITY;
-    for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) mx = fmaxf(mx, __ldcg(ml + 2 * cc));
-    mx = warp_max(mx);
-    float l = 0.f;
-    for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) {
-      const float lc = __ldcg(ml + 2 * cc + 1);
-      const float w = lc > 0.f ? expf(__ldcg(ml + 2 * cc) - mx) : 0.f;
-      wts[t * nchunks + cc] = w;
-      l += lc * w;
+    float mx = -INFINITY, l = 0.f;
+    if (c_hi - c_lo < kWarp * kMlPerLane) {
+      // Each lane's (max, sum) pairs loaded once, all in flight together (8-byte loads: ml is
+      // 8-byte aligned), then the same max and sum in the same order as the general path below.
+      float2 pr[kMlPerLane];
+#pragma unroll
+      for (int q = 0; q < kMlPerLane; q++) {
+        const int cc = c_lo + lane + q * kWarp;
+        pr[q] = cc <= c_hi ? __ldcg(reinterpret_cast<const float2*>(ml) + cc)
+                           : make_float2(-INFINITY, 0.f);
+      }
+#pragma unroll
+      for (int q = 0; q < kMlPerLane; q++)
+        if (c_lo + lane + q * kWarp <= c_hi) mx = fmaxf(mx, pr[q].x);
+      mx = warp_max(mx);
+#pragma unroll
+      for (int q = 0; q < kMlPerLane; q++) {
+        const int cc = c_lo + lane + q * kWarp;
+        if (cc > c_hi) break;
+        const float w = pr[q].y > 0.f ? expf(pr[q].x - mx) : 0.f;
+        wts[t * nchunks + cc] = w;
+        l += pr[q].y * w;
+      }
+    } else {
+      for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) mx = fmaxf(mx, __ldcg(ml + 2 * cc));
+      mx = warp_max(mx);
+      for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) {
+        const float lc = __ldcg(ml + 2 * cc + 1);
+        const float w = lc > 0.f ? expf(__ldcg(ml + 2 * cc) - mx) : 0.f;
+        wts[t * nchunks + cc] = w;
+        l += lc * w;
+      }
     }
     l = warp_sum(l);
     if (lane == 0) lsum[t] = l;

@@ -944,13 +944,21 @@ __device__ __forceinline__ void cp_async_wait_all() {
 // the norm's reduction order are those of gemv_bf16 and the former one-block router, so the
 // result does not depend on the cluster size.
 //
-// Shared memory (floats): red[8] | v[R] | rn[R] | h1[R] | h2[R] | lg[E1p] | w1[rpb·R] | w2[rpb·R] |
-// wo[E1·R], E1p = E1 rounded up to 4 (keeps the weight copies 16-byte aligned when R % 4 == 0).
+// The router's small vectors (this block's rows of the down bias, EDA scale, fc1 and fc2 biases;
+// the norm weight; at rank 0 the balancing biases) are copied into shared memory before pdl_wait
+// too, so no stage waits on a global load of a bias after its barrier.
+//
+// Shared memory (floats): red[8] | v[R] | rn[R] | h1[R] | h2[R] | lg[E1p] | bd, scale, b1, b2
+// [4·rpb] | norm_w[Rp] | bal[E1p] | w1[rpb·R] | w2[rpb·R] | wo[E1·R] (the last three only when
+// staged), E1p and Rp = E1 and R rounded up to 4 (keeps the weight copies 16-byte aligned when
+// R % 4 == 0).
 constexpr int kRouterThreads = 256;
 constexpr int kRouterWarps = kRouterThreads / kWarp;
 
-__host__ __device__ inline int64_t router_smem_floats(int64_t R, int64_t E1, int64_t rpb) {
-  return kRouterWarps + 4 * R + ((E1 + 3) / 4) * 4 + 2 * rpb * R + E1 * R;
+__host__ __device__ inline int64_t router_smem_floats(int64_t R, int64_t E1, int64_t rpb,
+                                                      bool staged) {
+  const int64_t E1p = ((E1 + 3) / 4) * 4, Rp = ((R + 3) / 4) * 4;
+  return kRouterWarps + 4 * R + E1p + 4 * rpb + Rp + E1p + (staged ? 2 * rpb * R + E1 * R : 0);
 }
 
 template <bool kVecX>
@@ -975,7 +983,13 @@ __global__ void __launch_bounds__(kRouterThreads)
   float* h1 = rn + R;
   float* h2 = h1 + R;
   float* lg = h2 + R;
-  float* w1 = lg + ((E1 + 3) / 4) * 4;
+  float* sbd = lg + ((E1 + 3) / 4) * 4;   // [rpb]: this block's rows of the down bias
+  float* ssc = sbd + rpb;                 // [rpb]: EDA scale
+  float* sb1 = ssc + rpb;                 // [rpb]: fc1 bias
+  float* sb2 = sb1 + rpb;                 // [rpb]: fc2 bias
+  float* snw = sb2 + rpb;                 // [R]: norm weight
+  float* sbal = snw + ((R + 3) / 4) * 4;  // [E1]: balancing biases (rank 0)
+  float* w1 = sbal + ((E1 + 3) / 4) * 4;
   float* w2 = w1 + int64_t(rpb) * R;
   float* wo = w2 + int64_t(rpb) * R;
   // Prefetch the MLP rows this block needs (they do not depend on x).
@@ -1001,14 +1015,25 @@ __global__ void __launch_bounds__(kRouterThreads)
   for (int o = o0 + warp; o < o1; o += kRouterWarps)
     for (int64_t k = int64_t(lane) * 64; k < D; k += kWarp * 64)
       prefetch_l2(Wd + int64_t(o) * D + k);
+  // The small vectors (weights) into shared memory.
+  for (int i = threadIdx.x; i < o1 - o0; i += kRouterThreads) {
+    sbd[i] = bd[o0 + i];
+    ssc[i] = scale ? scale[o0 + i] : 0.f;
+    sb1[i] = fc1_b[o0 + i];
+    sb2[i] = fc2_b[o0 + i];
+  }
+  for (int i = threadIdx.x; i < R; i += kRouterThreads) snw[i] = norm_w[i];
+  if (q == 0 && bal)
+    for (int i = threadIdx.x; i < E1; i += kRouterThreads) sbal[i] = bal[i];
   pdl_begin();
+  __syncthreads();  // the small vectors are in shared memory
   // Stage 0: the down projection and the EDA state, rows [o0, o1).
   // A warp's rows o and o + kRouterWarps are read together (both rows' loads in flight at once),
   // then finished in that order.
   bool waited = false;
   auto finish_row = [&](int o, float partial) {
-    float s = warp_sum(partial) + bd[o];
-    if (state) s += state[m * R + o] * scale[o];
+    float s = warp_sum(partial) + sbd[o - o0];
+    if (state) s += state[m * R + o] * ssc[o - o0];
     if (lane == 0) r[m * R + o] = s;  // the next layer's EDA state
     if (!waited) cl_wait(), waited = true;
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(v + o, t) = s;
@@ -1043,7 +1068,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   float tot = 0.f;
   for (int w = 0; w < kRouterWarps; w++) tot += red[w];
   const float rstd = 1.0f / sqrtf(tot / float(R) + eps);
-  for (int i = threadIdx.x; i < R; i += kRouterThreads) rn[i] = norm_w[i] * (v[i] * rstd);
+  for (int i = threadIdx.x; i < R; i += kRouterThreads) rn[i] = snw[i] * (v[i] * rstd);
   cp_async_wait_all();
   __syncthreads();
   // fc1 + GELU, then fc2 + GELU: rows of this block, results to every block.
@@ -1054,7 +1079,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     const float* w = w1p + int64_t(o - o0) * R;
     float s = 0.f;
     for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], rn[k], s);
-    s = kern::gelu_erf(warp_sum(s) + fc1_b[o]);
+    s = kern::gelu_erf(warp_sum(s) + sb1[o - o0]);
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
   }
   cl_sync();
@@ -1062,7 +1087,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     const float* w = w2p + int64_t(o - o0) * R;
     float s = 0.f;
     for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], h1[k], s);
-    s = kern::gelu_erf(warp_sum(s) + fc2_b[o]);
+    s = kern::gelu_erf(warp_sum(s) + sb2[o - o0]);
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
   }
   cl_sync();  // no remote access after this: the other blocks may exit
@@ -1076,7 +1101,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
   __syncthreads();
   if (warp == 0)  // softmax and choice: one warp, the training path's rule
-    kern::warp_router_select(probs + m * E1, choice + m, gate + m, lg, bal, E1);
+    kern::warp_router_select(probs + m * E1, choice + m, gate + m, lg, bal ? sbal : nullptr, E1);
 }
 
 // Argmax over long rows in two passes: 256 blocks per row each reduce a slice to (value, index),
@@ -1484,13 +1509,13 @@ RouterLaunch router_launch(int64_t R, int64_t E1) {
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   auto smem_for = [&](int cs) {
-    return size_t(router_smem_floats(R, E1, (R + cs - 1) / cs)) * sizeof(float);
+    return size_t(router_smem_floats(R, E1, (R + cs - 1) / cs, true)) * sizeof(float);
   };
   const auto kernel = decode_router_kernel<kVecX>;
   L.cs = 1;
   L.smem = smem_for(1);
   L.stage = L.smem <= size_t(max_smem);
-  if (!L.stage) L.smem = size_t(router_smem_floats(R, E1, 0)) * sizeof(float);
+  if (!L.stage) L.smem = size_t(router_smem_floats(R, E1, R, false)) * sizeof(float);
   if (major >= 9) {
     ZAYA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));

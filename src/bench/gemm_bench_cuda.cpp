@@ -99,12 +99,11 @@ struct LtProblem {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   std::vector<cublasLtMatmulHeuristicResult_t> algos;
   size_t ws_bytes = 0;
+  cudaDataType_t in;  // A and B
 
-  // per_algo_id > 0 widens the candidates beyond the heuristic's list (see widen).
   LtProblem(cublasLtHandle_t h, const GemmShape& s, bool fp8, int64_t batch, int candidates,
-            size_t workspace, int per_algo_id = 0)
-      : ws_bytes(workspace) {
-    const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+            size_t workspace)
+      : ws_bytes(workspace), in(fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF) {
     ZAYA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     ZAYA_CUBLAS_CHECK(
@@ -142,11 +141,11 @@ struct LtProblem {
            fp8 ? "fp8" : "bf16", s.m, s.n, s.k, batch);
     }
     algos.resize(size_t(returned));
-    if (per_algo_id > 0) widen(h, in, per_algo_id);
   }
   // The wider search (backend/cuda/lt_search.h): every algorithm id's `per_id` best
-  // configurations join the candidates.
-  void widen(cublasLtHandle_t h, cudaDataType_t in, int per_id) {
+  // configurations join the candidates (only worth its cost when they are then autotuned).
+  void widen(cublasLtHandle_t h, int per_id) {
+    if (per_id <= 0) return;
     cublasLtMatmulPreference_t pref;
     ZAYA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = ws_bytes;
@@ -418,9 +417,10 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
         ZAYA_CUDA_CHECK(cudaStreamSynchronize(ctx.st));
         check_sample(s, fp8, buf.W(0), buf.X(0), buf.Y(0), r);
       };
-      // Single (or strided-batched) cuBLASLt call, autotuned over the heuristic's candidates.
+      // Single (or strided-batched) cuBLASLt call: the algorithm an earlier run kept
+      // (--algos-from), else autotuned over the heuristic's candidates and the wider search.
       {
-        LtProblem p(ctx.lt, s, fp8, s.groups, opt.autotune, ctx.ws_bytes, opt.search_per_algo);
+        LtProblem p(ctx.lt, s, fp8, s.groups, opt.autotune, ctx.ws_bytes);
         const auto run_algo = [&](int a, int i) {
           p.run(ctx.lt, buf.W(i), buf.X(i), buf.Y(i), ctx.ws.p, ctx.st, a);
         };
@@ -439,6 +439,7 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
                          "cuBLASLt accepts; autotuning it\n",
                          key.c_str());
         }
+        if (!reused) p.widen(ctx.lt, opt.search_per_algo);
         const int chosen = reused ? 0 : autotune(ctx, p, pol, buf.sets, run_algo);
         const Launch launch = [&](int i) { run_algo(chosen, i); };
         GemmResult r = result(s.groups > 1 ? "lt-batched" : "lt",

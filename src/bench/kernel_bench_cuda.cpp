@@ -51,6 +51,7 @@ struct Timer : TimedStream {
   Timer(const TimingPolicy& policy, int64_t l2) : p(policy), l2_bytes(l2) {}
   std::pair<double, int> time(const std::function<void()>& launch) {
     const Timed r = time_policy(*this, p, 1, [&](int) { launch(); });
+    ZAYA_CUDA_CHECK(cudaGetLastError());  // a launch error of the timed kernel
     return {r.us, r.iters};
   }
 };

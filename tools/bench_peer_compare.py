@@ -193,7 +193,7 @@ def fmt_opt(v, spec, width):
 
 def gemm_section(gemms, peers, out, smi=None):
     rounds = gemm_rounds(gemms, peers)
-    names, algo, errors, graphed, keys = {}, {}, {}, set(), []
+    names, algo, errors, graphed, zgraphed, keys = {}, {}, {}, set(), set(), []
     for rd in rounds:
         for (k, cb), r in rd["rows"].items():
             if rd["side"] == "zaya" and not cb:
@@ -201,6 +201,8 @@ def gemm_section(gemms, peers, out, smi=None):
                     keys.append(k)
                 names.setdefault(k, r["name"])
                 algo.setdefault(k, []).append(f"{r.get('algo', '?')}/{r.get('candidates', '?')}")
+                if r.get("launch") == "cuda-graph":
+                    zgraphed.add(k)
             if rd["side"] == "torch":
                 if "error" in r and "tflops" not in r:
                     errors[k] = r["error"]
@@ -289,6 +291,12 @@ def gemm_section(gemms, peers, out, smi=None):
     if graphed:
         out.append(f"peer rows replayed from CUDA graphs (direct calls synchronise the host): "
                    f"{len(graphed)} ({', '.join(sorted({k[4] for k in graphed}))})")
+    if zgraphed:
+        out.append(f"zaya rows replayed from CUDA graphs (--cuda-graph): {len(zgraphed)} "
+                   f"({', '.join(sorted({k[4] for k in zgraphed}))})")
+    if (graphed or zgraphed) and graphed != zgraphed:
+        out.append(f"launch protocols differ (graph on one side only) on "
+                   f"{len(graphed ^ zgraphed)} shapes")
     for dt, rs in stats.items():
         paired = [x["paired"] for x in rs]
         best = [x["best"] for x in rs]

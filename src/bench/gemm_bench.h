@@ -85,6 +85,9 @@ struct GemmResult {
   // row took it from such a file.
   std::string algo_config;
   bool algo_reused = false;
+  // How the timed launches were issued: "direct" (one cuBLASLt call each) or "cuda-graph" (each a
+  // replay of a graph holding that call; --cuda-graph), as tools/bench_peer.py labels its rows.
+  std::string launch = "direct";
   GpuWindow gpu;  // the timed launches' window and clock samples (JSON: when recorded)
 };
 
@@ -140,6 +143,9 @@ struct GemmBenchOptions {
   // Algorithms to time instead of autotuning, by gemm_algo_key (from an earlier run's JSON,
   // load_gemm_algos); a key that is missing or an algorithm cuBLASLt rejects is autotuned.
   std::map<std::string, std::string> fixed_algos;
+  // dtypes whose "lt"/"lt-batched" rows are timed from CUDA graph replays (GraphLaunches), the
+  // way the peer times torch._scaled_mm; a shape whose capture fails is timed directly.
+  std::vector<std::string> graph_dtypes;
   size_t workspace_bytes = size_t(32) << 20;  // PyTorch's cuBLAS workspace on Hopper, and ours
   bool check = true;
   bool grouped_methods = true;  // for groups > 1: also the per-expert loop and cuBLAS grouped

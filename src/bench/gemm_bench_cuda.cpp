@@ -34,6 +34,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -441,9 +442,22 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
         }
         if (!reused) p.widen(ctx.lt, opt.search_per_algo);
         const int chosen = reused ? 0 : autotune(ctx, p, pol, buf.sets, run_algo);
-        const Launch launch = [&](int i) { run_algo(chosen, i); };
+        Launch launch = [&](int i) { run_algo(chosen, i); };
+        std::optional<GraphLaunches> graphs;
+        if (std::find(opt.graph_dtypes.begin(), opt.graph_dtypes.end(), dt) !=
+            opt.graph_dtypes.end()) {
+          graphs.emplace(ctx, buf.sets, launch);
+          if (graphs->ok())
+            launch = graphs->replay();
+          else
+            std::fprintf(stderr,
+                         "zaya bench gemm: %s: CUDA graph capture failed (%s); timing direct "
+                         "launches\n",
+                         key.c_str(), graphs->error().c_str());
+        }
         GemmResult r = result(s.groups > 1 ? "lt-batched" : "lt",
                               time_policy(ctx, pol, buf.sets, launch, &nvml));
+        r.launch = graphs && graphs->ok() ? "cuda-graph" : "direct";
         r.algo = chosen;
         r.candidates = int(p.algos.size());
         r.algo_config = hex_encode(&p.algos[size_t(chosen)].algo, sizeof(cublasLtMatmulAlgo_t));

@@ -227,6 +227,7 @@ std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInf
                    {"algo", r.algo},
                    {"candidates", r.candidates}});
     auto& row = res.back();
+    row["launch"] = r.launch;
     if (!r.algo_config.empty()) {
       row["algo_config"] = r.algo_config;
       row["algo_reused"] = r.algo_reused;

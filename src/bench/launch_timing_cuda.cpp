@@ -101,4 +101,36 @@ Timed time_policy(TimedStream& ctx, const TimingPolicy& p, int sets, const Launc
   return r;
 }
 
+GraphLaunches::GraphLaunches(TimedStream& ctx, int sets, const Launch& launch) : st_(ctx.st) {
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st_));
+  for (int i = 0; i < sets && error_.empty(); ++i) {
+    cudaGraph_t g = nullptr;
+    cudaError_t rc = cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal);
+    if (rc == cudaSuccess) {
+      try {
+        launch(i);
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+      // Ends the capture whatever happened inside it (a failed launch invalidates it).
+      const cudaError_t end = cudaStreamEndCapture(st_, &g);
+      if (error_.empty() && end != cudaSuccess) rc = end;
+    }
+    cudaGraphExec_t x = nullptr;
+    if (error_.empty() && rc == cudaSuccess) rc = cudaGraphInstantiate(&x, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (error_.empty() && rc != cudaSuccess) error_ = cudaGetErrorString(rc);
+    if (x) exec_.push_back(x);
+  }
+  if (!error_.empty()) (void)cudaGetLastError();  // the error a failed capture left
+}
+
+GraphLaunches::~GraphLaunches() {
+  for (auto x : exec_) cudaGraphExecDestroy(x);
+}
+
+Launch GraphLaunches::replay() const {
+  return [this](int i) { ZAYA_CUDA_CHECK(cudaGraphLaunch(exec_[size_t(i)], st_)); };
+}
+
 }  // namespace zaya::bench

@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "bench/gemm_bench.h"
@@ -114,6 +115,27 @@ struct Timed {
   double us = 0;
   int iters = 0, warm = 0;
   GpuWindow gpu;  // the timed launches' wall-clock window and NVML samples
+};
+
+// One CUDA graph per operand set, each holding what launch(i) enqueues, captured on the
+// stream; replay() launches set i's graph. This is how tools/bench_peer.py times torch._scaled_mm
+// (whose direct calls synchronise the host): `zaya bench gemm --cuda-graph` times its rows the
+// same way, so both sides pay the same per-launch cost on the GPU. When capture or instantiation
+// fails, ok() is false and error() says why (the caller times direct launches instead).
+class GraphLaunches {
+ public:
+  GraphLaunches(TimedStream& ctx, int sets, const Launch& launch);
+  ~GraphLaunches();
+  GraphLaunches(const GraphLaunches&) = delete;
+  GraphLaunches& operator=(const GraphLaunches&) = delete;
+  bool ok() const { return error_.empty() && !exec_.empty(); }
+  const std::string& error() const { return error_; }
+  Launch replay() const;
+
+ private:
+  cudaStream_t st_;
+  std::vector<cudaGraphExec_t> exec_;
+  std::string error_;
 };
 
 // Enqueues `n` launches (sets next, next+1, ... mod sets) behind a spin kernel holding the stream

@@ -142,7 +142,7 @@ int bench_comm(int argc, char** argv) {
 // ---- gemm ----
 
 struct GemmCli {
-  std::string dtypes = "bf16", ms, ns, ks, model, waves, algos_from;
+  std::string dtypes = "bf16", ms, ns, ks, model, waves, algos_from, cuda_graph;
   int64_t tokens = 8192, knee_max = 16384, wave_k = 4096;
   bool knee = false, list = false, nocheck = false, nogrouped = false, cublas = false;
   double peak_bf16 = 0, peak_fp8 = 0, min_time_ms = 25, warm_ms = 20;
@@ -185,6 +185,10 @@ struct GemmCli {
     app.add_option("--algos-from", algos_from,
                    "time the algorithms an earlier --json run kept instead of autotuning "
                    "(shapes it lacks are autotuned)");
+    app.add_option("--cuda-graph", cuda_graph,
+                   "comma-separated dtypes (bf16, fp8) whose cuBLASLt rows are timed as CUDA "
+                   "graph replays, one graph per operand set (as tools/bench_peer.py times "
+                   "torch._scaled_mm)");
     app.add_option("--workspace-mib", workspace_mib, "cuBLASLt/cuBLAS workspace (MiB)")
         ->capture_default_str();
     app.add_option("--device", device, "CUDA device")->capture_default_str();
@@ -244,6 +248,11 @@ struct GemmCli {
     o.autotune = autotune;
     o.search_per_algo = search_algos;
     if (!algos_from.empty()) o.fixed_algos = load_gemm_algos(algos_from);
+    if (!cuda_graph.empty()) {
+      o.graph_dtypes = split_list(cuda_graph);
+      for (const auto& d : o.graph_dtypes)
+        ZAYA_CHECK(d == "bf16" || d == "fp8", "--cuda-graph: expected bf16 or fp8, got '{}'", d);
+    }
     o.workspace_bytes = size_t(workspace_mib) << 20;
     o.cublas_rows = cublas;
     o.check = !nocheck;

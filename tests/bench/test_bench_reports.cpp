@@ -340,6 +340,7 @@ TEST(GemmReport, KeptAlgorithmsRoundTripThroughTheJson) {
   rs[1].algo_config = hex_encode(algo_a, sizeof(algo_a));
   rs[2].algo_config = "0102";
   rs[2].algo_reused = true;
+  rs[2].launch = "cuda-graph";
   GemmResult cublas = rs[1];
   cublas.method = "cublas";  // only the autotuned rows' algorithms are kept
   cublas.algo_config = "ffff";
@@ -359,6 +360,8 @@ TEST(GemmReport, KeptAlgorithmsRoundTripThroughTheJson) {
   const auto j = nlohmann::json::parse(std::ifstream(good));
   EXPECT_FALSE(j["results"][0].contains("algo_config"));
   EXPECT_EQ(j["results"][2]["algo_reused"], true);
+  EXPECT_EQ(j["results"][0]["launch"], "direct");  // every row says how it was launched
+  EXPECT_EQ(j["results"][2]["launch"], "cuda-graph");
   const auto algos = load_gemm_algos(good);
   ASSERT_EQ(algos.size(), 2u);
   EXPECT_EQ(algos.at(gemm_algo_key("bf16", rs[1].shape)), "007fa5ff");

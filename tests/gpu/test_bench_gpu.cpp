@@ -131,5 +131,30 @@ TEST(BenchGpu, WideAlgorithmSearchAddsVerifiedCandidates) {
   EXPECT_EQ(rejected[0].wrong, 0);
 }
 
+// --cuda-graph: the cuBLASLt row is timed from graph replays and says so; its sampled check
+// zeroes the output and replays set 0's graph, so a graph that computed nothing fails it.
+TEST(BenchGpu, CudaGraphRowsAreReplayedAndCorrect) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  GemmBenchOptions o;
+  o.dtypes = {"bf16", "fp8"};
+  o.shapes = {{"g", 512, 768, 1024}};
+  o.timing.min_iters = 3;
+  o.timing.max_iters = 10;
+  o.timing.warmup = 1;
+  o.timing.warm_ms = 1;
+  o.timing.min_time_ms = 1;
+  o.autotune = 2;
+  o.search_per_algo = 0;
+  o.graph_dtypes = {"fp8"};
+  const auto rs = run_gemm_bench(o);
+  ASSERT_GE(rs.size(), 1u);
+  for (const auto& r : rs) {
+    EXPECT_EQ(r.launch, r.dtype == "fp8" ? "cuda-graph" : "direct") << r.dtype;
+    EXPECT_GT(r.time_us, 0);
+    EXPECT_GT(r.checked, 0);
+    EXPECT_EQ(r.wrong, 0) << r.dtype << " max_rel_err " << r.max_rel_err;
+  }
+}
+
 }  // namespace
 }  // namespace zaya::bench

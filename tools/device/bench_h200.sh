@@ -107,11 +107,14 @@ P="$W/hardware_profile.json"
 run mem "$Z" bench mem -b 256K -e 4G -f 2 --json "$W/mem.json" --csv "$W/mem.csv" \
   --svg "$W/mem.svg" --profile "$P"
 
+# --cuda-graph fp8: the peer replays torch._scaled_mm from CUDA graphs (its direct calls synchronise
+# the host), so zaya's fp8 rows are graph replays too: the same launch path on both sides (the fp8
+# rows of 5-15 us trailed by 3-10% with direct launches, docs/bench/h200-2026-12-03f).
 # BENCH_DTYPES=bf16 halves the GEMM time if the call runs short of its limit. Time: a zaya round
 # ~24 s, a peer round ~25 s (its process start included), so the default 4 peer rounds add ~2 min
 # to the ~3.5 min of the old ABBA protocol.
 gemm_args=(bench gemm --dtype "${BENCH_DTYPES:-bf16,fp8}" --knee --knee-max 16384 --waves 1024:8192:+256
-           --wave-k 4096 --model zaya1-8b --tokens 8192 --cublas)
+           --wave-k 4096 --model zaya1-8b --tokens 8192 --cublas --cuda-graph fp8)
 rounds="${GEMM_ROUNDS:-4}"
 # nvidia-smi's timestamps are local time: TZ=UTC makes them Unix-comparable; smi_start lets the
 # comparison detect (and take off) an offset if nvidia-smi ignored TZ.

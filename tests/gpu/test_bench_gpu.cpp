@@ -14,6 +14,17 @@ namespace {
 
 using test_util::have_gpu;
 
+// A timing policy short enough for tests (a few launches per row).
+TimingPolicy quick_timing() {
+  TimingPolicy t;
+  t.min_iters = 3;
+  t.max_iters = 10;
+  t.warmup = 1;
+  t.warm_ms = 1;
+  t.min_time_ms = 1;
+  return t;
+}
+
 TEST(BenchGpu, MemKernelsAndCopiesVerify) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   MemBenchOptions o;
@@ -56,11 +67,7 @@ TEST(BenchGpu, GemmMethodsMatchReference) {
   o.dtypes = {"bf16"};
   if (dev.cc_major * 10 + dev.cc_minor >= 89) o.dtypes.push_back("fp8");
   o.shapes = {{"a", 256, 512, 384}, {"b", 1000, 1040, 2048}, {"experts", 64, 256, 128, 4}};
-  o.timing.min_iters = 3;
-  o.timing.max_iters = 10;
-  o.timing.warmup = 1;
-  o.timing.warm_ms = 1;
-  o.timing.min_time_ms = 1;
+  o.timing = quick_timing();
   o.cublas_rows = true;
   const auto rs = run_gemm_bench(o);
   ASSERT_GE(rs.size(), 4u);
@@ -93,11 +100,7 @@ TEST(BenchGpu, WideAlgorithmSearchAddsVerifiedCandidates) {
   GemmBenchOptions o;
   o.dtypes = {"bf16"};
   o.shapes = {{"w", 1280, 1280, 4096}};
-  o.timing.min_iters = 3;
-  o.timing.max_iters = 10;
-  o.timing.warmup = 1;
-  o.timing.warm_ms = 1;
-  o.timing.min_time_ms = 1;
+  o.timing = quick_timing();
   o.autotune = 4;
   o.search_per_algo = 0;
   const auto narrow = run_gemm_bench(o);
@@ -138,11 +141,7 @@ TEST(BenchGpu, CudaGraphRowsAreReplayedAndCorrect) {
   GemmBenchOptions o;
   o.dtypes = {"bf16", "fp8"};
   o.shapes = {{"g", 512, 768, 1024}};
-  o.timing.min_iters = 3;
-  o.timing.max_iters = 10;
-  o.timing.warmup = 1;
-  o.timing.warm_ms = 1;
-  o.timing.min_time_ms = 1;
+  o.timing = quick_timing();
   o.autotune = 2;
   o.search_per_algo = 0;
   o.graph_dtypes = {"fp8"};

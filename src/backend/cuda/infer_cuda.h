@@ -26,6 +26,10 @@ struct CudaInferOptions {
   int64_t max_context = 4096;         // cache capacity per sequence (prompt + new tokens)
   int64_t max_prefill_tokens = 8192;  // B·S rows of one prefill pass (longer prompts are chunked)
   bool graphs = true;                 // replay decode steps from a captured CUDA graph
+  // Decode: the CCA conv and its finish in one launch (decode_cca); false: two launches
+  // (decode_conv, decode_qkv_finish), the same bits. ZAYA_DECODE_FUSED_CCA=0 in the environment
+  // also turns it off (for A/B timing).
+  bool fuse_cca = true;
   int device = 0;
 };
 

@@ -33,7 +33,8 @@ struct BenchInferArgs {
   std::string preset = "zaya1-base", json, write_config;
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
-  bool no_graphs = false, profile = false;
+  bool no_graphs = false, profile = false, ab_fused_cca = false;
+  std::vector<int> attn_chunks;
   uint64_t seed = 1234;
 };
 
@@ -82,16 +83,26 @@ int run(const BenchInferArgs& a) {
   }
   std::sort(pre.begin(), pre.end());
   const double prefill_s = pre[pre.size() / 2];
-  // Decode: greedy steps on the device after a prefill; warm-up steps capture the graph.
-  std::vector<int32_t> first(size_t(a.batch));
+  // Decode: greedy steps on the device after a fresh prefill; warm-up steps capture the graph.
+  // Returns seconds per step and the bytes a step reads (the mean of the first and last step's);
+  // `last` ends as the tokens that follow the timed steps.
+  std::vector<int32_t> first(size_t(a.batch)), last;
   for (int64_t b = 0; b < a.batch; b++) first[size_t(b)] = ids[size_t(b * a.prompt)];
-  auto next = inf.decode_greedy(first, a.warmup);
-  const double bytes0 = inf.decode_bytes_per_step();
-  std::vector<int32_t> last(next.end() - a.batch, next.end());
-  const double t0 = now_s();
-  inf.decode_greedy(last, a.decode);
-  const double decode_s = (now_s() - t0) / double(a.decode);
-  const double bytes = 0.5 * (bytes0 + inf.decode_bytes_per_step());
+  auto time_decode = [&](double& bytes_per_step) {
+    inf.reset(a.batch);
+    inf.prefill(ids, a.prompt);
+    const auto warm = inf.decode_greedy(first, a.warmup);
+    const double bytes0 = inf.decode_bytes_per_step();
+    last.assign(warm.end() - a.batch, warm.end());
+    const double t0 = now_s();
+    const auto out = inf.decode_greedy(last, a.decode);
+    const double s = (now_s() - t0) / double(a.decode);
+    bytes_per_step = 0.5 * (bytes0 + inf.decode_bytes_per_step());
+    last.assign(out.end() - a.batch, out.end());
+    return s;
+  };
+  double bytes = 0;
+  const double decode_s = time_decode(bytes);
   const double roofline_s = bytes / (a.copy_gbs * 1e9);
   const double prefill_tps = double(a.batch * a.prompt) / prefill_s;
   const double decode_tps = double(a.batch) / decode_s;
@@ -117,6 +128,31 @@ int run(const BenchInferArgs& a) {
       prof[name] = ms;
     }
   }
+  // Decode variants (--attn-chunks, --ab-fused-cca): the same prompt and steps, the graph captured
+  // again for each.
+  nlohmann::json variants = nlohmann::json::array();
+  if (!a.attn_chunks.empty() || a.ab_fused_cca) {
+    std::vector<int> chunks = a.attn_chunks;
+    if (chunks.empty()) chunks.push_back(0);
+    std::printf("# decode variants (same prompt and steps; graph captured again for each):\n");
+    std::printf("  %-10s %-11s %12s %10s\n", "fused_cca", "attn_chunk", "ms/step", "roofline");
+    for (int ch : chunks)
+      for (bool fused : a.ab_fused_cca ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
+        cuda::DecodeTuning t;
+        t.fuse_cca = fused;
+        t.attn_chunk = ch;
+        inf.set_decode_tuning(t);
+        double vb = 0;
+        const double vs = time_decode(vb);
+        const double frac = vb / (a.copy_gbs * 1e9) / vs;
+        std::printf("  %-10s %-11s %12.4f %10.3f\n", fused ? "yes" : "no",
+                    ch ? std::to_string(ch).c_str() : "auto", vs * 1e3, frac);
+        variants.push_back({{"fuse_cca", fused},
+                            {"attn_chunk", ch},
+                            {"decode_ms_per_step", vs * 1e3},
+                            {"roofline_fraction", frac}});
+      }
+  }
   if (!a.json.empty()) {
     nlohmann::json j = {{"preset", a.preset},
                         {"layers", cfg.num_hidden_layers},
@@ -133,7 +169,8 @@ int run(const BenchInferArgs& a) {
                         {"roofline_ms_per_step", roofline_s * 1e3},
                         {"roofline_fraction", roofline_s / decode_s},
                         {"device_bytes", inf.device_bytes()},
-                        {"eager_step_profile_ms", prof}};
+                        {"eager_step_profile_ms", prof},
+                        {"decode_variants", variants}};
     write_file_atomic(a.json, j.dump(1) + "\n");
   }
   return 0;
@@ -160,6 +197,13 @@ int bench_infer_cli(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-graphs", a.no_graphs, "launch decode kernels one by one (no CUDA graph)");
   app.add_flag("--profile", a.profile, "also time one eager decode step by op class");
+  app.add_option("--attn-chunks", a.attn_chunks,
+                 "also time decode with these attention keys per chunk (multiples of 16 up to "
+                 "256; 0: automatic)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 256));
+  app.add_flag("--ab-fused-cca", a.ab_fused_cca,
+               "also time decode with the CCA conv and finish fused and in two launches");
   app.add_option("--json", a.json, "write the results as JSON");
   app.add_option("--seed", a.seed, "weights and prompt seed");
   app.add_option("--write-config", a.write_config,
@@ -169,6 +213,8 @@ int bench_infer_cli(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  for (int ch : a.attn_chunks)
+    ZAYA_CHECK(ch % 16 == 0, "zaya bench infer: --attn-chunks: {} is not a multiple of 16", ch);
 #if defined(ZAYA_HAVE_CUDA)
   return run(a);
 #else

@@ -225,7 +225,7 @@ std::vector<float> decode_bits(const std::string& dir, bool pdl, bool fuse_cca) 
   set_decode_pdl(pdl);
   CudaInferOptions o;
   o.max_context = S + 12;
-  o.fuse_cca = fuse_cca;
+  o.decode.fuse_cca = fuse_cca;
   CudaInference inf(m, o);
   inf.reset(1);
   inf.prefill(prompt, S);
@@ -692,9 +692,9 @@ TEST(CudaDecodeKernels, FusedCcaEqualsTheSeparateLaunches) {
   }
 }
 
-// decode_attention in one launch: against double at the bench shape (1097 keys, chunks of 16)
-// and short, windowed, batched contexts; a second launch on the same workspace (the counters
-// must be back at zero) gives the same bits.
+// decode_attention in one launch: against double at the bench shape (1097 keys, automatic chunks
+// of 16) and short, windowed, batched contexts, also with 16, 64 and 256 keys per chunk; a second
+// launch on the same workspace (the counters must be back at zero) gives the same bits.
 TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct Case {
@@ -726,13 +726,8 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
     bf16* o2 = ar.alloc<bf16>(size_t(M * Hq * d));
     ASSERT_TRUE(qd && kd && vd && lend && ws && o && o2);
     ASSERT_EQ(cudaMemset(ws, 0, wsb), cudaSuccess);
-    decode_attention(o, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr);
-    decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto o_h = test_util::download_bf16(o, size_t(M * Hq * d));
-    EXPECT_EQ(o_h, test_util::download_bf16(o2, size_t(M * Hq * d))) << "relaunch";
-    std::vector<float> ref(o_h.size());
-    std::vector<double> ref_d(o_h.size()), slack(o_h.size());
+    const size_t n_out = size_t(M * Hq * d);
+    std::vector<double> ref_d(n_out), slack(n_out);
     for (int64_t m = 0; m < M; m++) {
       const int64_t pos = len[size_t(m)];
       const int64_t lo = c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
@@ -759,7 +754,16 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
         }
       }
     }
-    expect_bf16_ulp("o", o_h, ref_d, slack);
+    // The automatic chunking and explicit ones (the bench's --attn-chunks), each launched twice.
+    for (int chunk : {0, 16, 64, 256}) {
+      SCOPED_TRACE("keys per chunk " + std::to_string(chunk));
+      decode_attention(o, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk);
+      decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto o_h = test_util::download_bf16(o, n_out);
+      EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "relaunch";
+      expect_bf16_ulp("o", o_h, ref_d, slack);
+    }
   }
 }
 

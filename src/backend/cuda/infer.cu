@@ -1503,9 +1503,11 @@ void decode_cca(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float
 // Keys per split-context block: a multiple of 16 (one pass of the block), small enough that a
 // short context still spreads over the SMs (about two blocks per SM for one sequence), at most
 // 256 so the scores fit shared memory.
+constexpr int kAttnMaxChunk = 256;
+
 int attn_chunk(int64_t M, int64_t Hkv, int64_t cap) {
   int ch = kAttnKeysPerPass;
-  while (ch < 256 && (cap + ch - 1) / ch * Hkv * M > 256) ch *= 2;
+  while (ch < kAttnMaxChunk && (cap + ch - 1) / ch * Hkv * M > 256) ch *= 2;
   return ch;
 }
 
@@ -1523,12 +1525,14 @@ size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_
 
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
-                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st) {
+                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk) {
   const int64_t G = Hq / Hkv;
   check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
             (d == 32 || d == 64 || d == 128),
         "decode_attention: needs M <= 8, Hq/Hkv <= 8 and a head dim of 32, 64 or 128");
-  const int ch = attn_chunk(M, Hkv, cap);
+  check(chunk == 0 || (chunk % kAttnKeysPerPass == 0 && chunk <= kAttnMaxChunk),
+        "decode_attention: keys per chunk must be a multiple of 16 up to 256 (0: automatic)");
+  const int ch = chunk > 0 ? chunk : attn_chunk(M, Hkv, cap);
   const int nchunks = int((cap + ch - 1) / ch);
   unsigned* counters = static_cast<unsigned*>(ws);
   float* part_o = reinterpret_cast<float*>(static_cast<char*>(ws) + attn_counter_bytes(Hq));

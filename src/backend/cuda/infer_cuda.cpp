@@ -59,7 +59,7 @@ struct CudaInference::Impl {
   void* argmax_ws = nullptr;
   unsigned* tail_ctr = nullptr;  // the fused residual norms' counters (decode_tail_counter_bytes)
   unsigned* cca_ctr = nullptr;   // decode_cca's counters (decode_cca_counter_bytes)
-  bool fuse_cca = true;          // opt.fuse_cca, unless ZAYA_DECODE_FUSED_CCA=0
+  bool fuse_cca = true;          // opt.decode.fuse_cca, unless ZAYA_DECODE_FUSED_CCA=0
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
@@ -93,6 +93,7 @@ struct CudaInference::Impl {
   void run_prefill(int64_t S, bool all_logits);
   void run_decode_step();
   void decode_launch();
+  void set_tuning(const DecodeTuning& t);
 };
 
 CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.cfg), opt(o) {
@@ -106,8 +107,7 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   ZAYA_CHECK(e == cudaSuccess && ndev > o.device, "cuda inference: no CUDA device {} ({})",
              o.device, e == cudaSuccess ? std::to_string(ndev) + " found" : cudaGetErrorString(e));
   ZAYA_CUDA_CHECK(cudaSetDevice(o.device));
-  const char* fused = std::getenv("ZAYA_DECODE_FUSED_CCA");
-  fuse_cca = o.fuse_cca && !(fused && std::strcmp(fused, "0") == 0);
+  set_tuning(o.decode);
   D = c.hidden_size, d = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   C = c.conv_channels(), QD = Hq * d, KD = Hkv * d, VH = KD / 2, LD = C + KD;
   R = c.router_hidden_size, E = c.num_experts, E1 = E + 1, I = c.moe_intermediate_size;
@@ -130,6 +130,18 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   ZAYA_CUDA_CHECK(cudaMallocHost(&next_host, size_t(kGemvMaxRows) * sizeof(int32_t)));
   upload(m);
   zero_cache();
+}
+
+void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
+  ZAYA_CHECK(t.attn_chunk == 0 || (t.attn_chunk % 16 == 0 && t.attn_chunk <= 256),
+             "cuda inference: attention keys per chunk must be a multiple of 16 up to 256 (0: "
+             "automatic), got {}",
+             t.attn_chunk);
+  opt.decode = t;
+  const char* fused = std::getenv("ZAYA_DECODE_FUSED_CCA");
+  fuse_cca = t.fuse_cca && !(fused && std::strcmp(fused, "0") == 0);
+  if (graph_exec) cudaGraphExecDestroy(graph_exec), graph_exec = nullptr;
+  if (graph) cudaGraphDestroy(graph), graph = nullptr;
 }
 
 CudaInference::Impl::~Impl() {
@@ -380,7 +392,8 @@ void CudaInference::Impl::run_decode_step() {
                         opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
       mark("cca qk-norm, rope, cache");
     }
-    decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st);
+    decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
+                     opt.decode.attn_chunk);
     mark("attention");
     // The o projection with the post-attention residual + norm in its last block; the expert
     // combine with the post-MLP residual + norm (into the next layer's input norm) in the last
@@ -437,6 +450,9 @@ int64_t CudaInference::batch() const {
 }
 int64_t CudaInference::length() const {
   return impl_->length;
+}
+void CudaInference::set_decode_tuning(const DecodeTuning& t) {
+  impl_->set_tuning(t);
 }
 size_t CudaInference::device_bytes() const {
   return impl_->arena_bytes;

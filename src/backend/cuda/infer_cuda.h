@@ -21,15 +21,24 @@
 
 namespace zaya::cuda {
 
+// Choices of the decode step that change its speed, never its results beyond the attention's
+// chunking (the split-context sum order; the CCA fusion keeps every bit).
+struct DecodeTuning {
+  // The CCA conv and its finish in one launch (decode_cca); false: two launches (decode_conv,
+  // decode_qkv_finish), the same bits. ZAYA_DECODE_FUSED_CCA=0 in the environment also turns it
+  // off.
+  bool fuse_cca = true;
+  // Keys per split-context attention block (a multiple of 16 up to 256); 0: chosen from the cache
+  // capacity (decode_attention).
+  int attn_chunk = 0;
+};
+
 struct CudaInferOptions {
   int64_t max_batch = 1;              // sequences decoded together (<= 8)
   int64_t max_context = 4096;         // cache capacity per sequence (prompt + new tokens)
   int64_t max_prefill_tokens = 8192;  // B·S rows of one prefill pass (longer prompts are chunked)
   bool graphs = true;                 // replay decode steps from a captured CUDA graph
-  // Decode: the CCA conv and its finish in one launch (decode_cca); false: two launches
-  // (decode_conv, decode_qkv_finish), the same bits. ZAYA_DECODE_FUSED_CCA=0 in the environment
-  // also turns it off (for A/B timing).
-  bool fuse_cca = true;
+  DecodeTuning decode;
   int device = 0;
 };
 
@@ -59,6 +68,9 @@ class CudaInference {
   // One eager decode step (no graph) with CUDA events between ops: milliseconds per op class, in
   // the order first seen. Advances the cache like decode(). For `zaya bench infer --profile`.
   std::vector<std::pair<std::string, double>> profile_decode(const std::vector<int32_t>& ids);
+
+  // Changes the decode choices (the captured decode graph is dropped and captured again).
+  void set_decode_tuning(const DecodeTuning& t);
 
   size_t device_bytes() const;  // weights + cache + activations held on the device
   // Bytes a batch-1 decode step must read at the current length: the weights of the active path

@@ -33,7 +33,7 @@ struct BenchInferArgs {
   std::string preset = "zaya1-base", json, write_config;
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
-  bool no_graphs = false, profile = false, ab_fused_cca = false;
+  bool no_graphs = false, profile = false;
   std::vector<int> attn_chunks;
   uint64_t seed = 1234;
 };
@@ -128,30 +128,23 @@ int run(const BenchInferArgs& a) {
       prof[name] = ms;
     }
   }
-  // Decode variants (--attn-chunks, --ab-fused-cca): the same prompt and steps, the graph captured
-  // again for each.
+  // Decode variants (--attn-chunks): the same prompt and steps, the graph captured again for each.
   nlohmann::json variants = nlohmann::json::array();
-  if (!a.attn_chunks.empty() || a.ab_fused_cca) {
-    std::vector<int> chunks = a.attn_chunks;
-    if (chunks.empty()) chunks.push_back(0);
+  if (!a.attn_chunks.empty()) {
     std::printf("# decode variants (same prompt and steps; graph captured again for each):\n");
-    std::printf("  %-10s %-11s %12s %10s\n", "fused_cca", "attn_chunk", "ms/step", "roofline");
-    for (int ch : chunks)
-      for (bool fused : a.ab_fused_cca ? std::vector<bool>{true, false} : std::vector<bool>{true}) {
-        cuda::DecodeTuning t;
-        t.fuse_cca = fused;
-        t.attn_chunk = ch;
-        inf.set_decode_tuning(t);
-        double vb = 0;
-        const double vs = time_decode(vb);
-        const double frac = vb / (a.copy_gbs * 1e9) / vs;
-        std::printf("  %-10s %-11s %12.4f %10.3f\n", fused ? "yes" : "no",
-                    ch ? std::to_string(ch).c_str() : "auto", vs * 1e3, frac);
-        variants.push_back({{"fuse_cca", fused},
-                            {"attn_chunk", ch},
-                            {"decode_ms_per_step", vs * 1e3},
-                            {"roofline_fraction", frac}});
-      }
+    std::printf("  %-11s %12s %10s\n", "attn_chunk", "ms/step", "roofline");
+    for (int ch : a.attn_chunks) {
+      cuda::DecodeTuning t;
+      t.attn_chunk = ch;
+      inf.set_decode_tuning(t);
+      double vb = 0;
+      const double vs = time_decode(vb);
+      const double frac = vb / (a.copy_gbs * 1e9) / vs;
+      std::printf("  %-11s %12.4f %10.3f\n", ch ? std::to_string(ch).c_str() : "auto", vs * 1e3,
+                  frac);
+      variants.push_back(
+          {{"attn_chunk", ch}, {"decode_ms_per_step", vs * 1e3}, {"roofline_fraction", frac}});
+    }
   }
   if (!a.json.empty()) {
     nlohmann::json j = {{"preset", a.preset},
@@ -202,8 +195,6 @@ int bench_infer_cli(int argc, char** argv) {
                  "256; 0: automatic)")
       ->delimiter(',')
       ->check(CLI::Range(0, 256));
-  app.add_flag("--ab-fused-cca", a.ab_fused_cca,
-               "also time decode with the CCA conv and finish fused and in two launches");
   app.add_option("--json", a.json, "write the results as JSON");
   app.add_option("--seed", a.seed, "weights and prompt seed");
   app.add_option("--write-config", a.write_config,

@@ -216,16 +216,14 @@ TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
 }
 
 // The logits of 6 decode steps (the first eager, then graph replays) and 4 greedy tokens of the
-// parity fixture, with programmatic dependent launch on or off and the CCA conv and finish fused
-// or in two launches.
-std::vector<float> decode_bits(const std::string& dir, bool pdl, bool fuse_cca) {
+// parity fixture, with programmatic dependent launch on or off.
+std::vector<float> decode_bits(const std::string& dir, bool pdl) {
   ZayaModel m = ZayaModel::load(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size());
   set_decode_pdl(pdl);
   CudaInferOptions o;
   o.max_context = S + 12;
-  o.decode.fuse_cca = fuse_cca;
   CudaInference inf(m, o);
   inf.reset(1);
   inf.prefill(prompt, S);
@@ -246,14 +244,7 @@ std::vector<float> decode_bits(const std::string& dir, bool pdl, bool fuse_cca) 
 TEST_P(CudaInfer, DecodeGivesTheSameBitsWithAndWithoutPdl) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
-  EXPECT_EQ(decode_bits(dir, false, true), decode_bits(dir, true, true));
-}
-
-// Fusing the CCA finish into the conv launch keeps every operation and its order.
-TEST_P(CudaInfer, DecodeGivesTheSameBitsWithFusedAndSeparateCca) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = parity_fixture(GetParam());
-  EXPECT_EQ(decode_bits(dir, true, false), decode_bits(dir, true, true));
+  EXPECT_EQ(decode_bits(dir, false), decode_bits(dir, true));
 }
 
 TEST_P(CudaInfer, BadInputIsRefused) {
@@ -597,98 +588,6 @@ TEST(CudaDecodeKernels, ConvMatchesTheHostReference) {
       }
     }
     EXPECT_LE(worst, 1.0) << "error over 2e-6 of the magnitude sum";
-  }
-}
-
-// decode_cca (conv and finish in one launch) against decode_conv + decode_qkv_finish on the same
-// inputs: the conv output, q, the key and value caches, the remembered vd and the advanced history
-// agree bit for bit, over two consecutive tokens (the second reads the history and vd the first
-// left; the counters must be back at zero in between), for one to eight rows and several shapes.
-TEST(CudaDecodeKernels, FusedCcaEqualsTheSeparateLaunches) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Case {
-    int64_t M, Hq, Hkv, d, t0, t1, r;
-  };
-  const std::vector<Case> cases = {{1, 8, 2, 128, 2, 2, 64},
-                                   {8, 8, 2, 128, 2, 2, 128},
-                                   {3, 4, 2, 64, 2, 2, 32},
-                                   {2, 4, 1, 32, 3, 4, 16},
-                                   {2, 2, 2, 64, 1, 1, 64}};
-  std::mt19937_64 g(53);
-  for (const Case& c : cases) {
-    const int64_t M = c.M, d = c.d, Hq = c.Hq, Hkv = c.Hkv, t0 = c.t0, t1 = c.t1;
-    const int64_t C = (Hq + Hkv) * d, KD = Hkv * d, VH = KD / 2, ld = C + KD;
-    const int64_t P = (t0 - 1) + (t1 - 1), PH = std::max<int64_t>(P, 1), K = d * t1, cap = 40;
-    SCOPED_TRACE("M " + std::to_string(M) + " Hq " + std::to_string(Hq) + " Hkv " +
-                 std::to_string(Hkv) + " d " + std::to_string(d) + " t0 " + std::to_string(t0) +
-                 " t1 " + std::to_string(t1));
-    const auto hist = test_util::random_uniform(g, size_t(M * PH * C), -1.f, 1.f);
-    const auto wdw = test_util::random_uniform(g, size_t(C * t0), -1.f, 1.f);
-    const auto bdw = test_util::random_uniform(g, size_t(C), -0.1f, 0.1f);
-    const float wk = 1.7f / std::sqrt(float(K));
-    const auto wg = test_util::random_uniform(g, size_t(C * K), -wk, wk);
-    const auto bg = test_util::random_uniform(g, size_t(C), -0.1f, 0.1f);
-    const auto temp = test_util::random_uniform(g, size_t(Hkv), 0.5f, 2.f);
-    const auto cache = test_util::random_uniform(g, size_t(M * cap * KD), -1.f, 1.f, true);
-    const auto vd = test_util::random_uniform(g, size_t(M * VH), -1.f, 1.f, true);
-    std::vector<int32_t> lens(static_cast<size_t>(M), 0);
-    for (int64_t m = 0; m < M; m++) lens[size_t(m)] = int32_t((7 * m + 3) % (cap - 2));
-    test_util::DeviceArena ar;
-    const float *wdwd = ar.up(wdw), *bdwd = ar.up(bdw), *wgd = ar.up(wg), *bgd = ar.up(bg);
-    const float* tempd = ar.up(temp);
-    struct State {
-      float *hist, *vd, *y;
-      bf16 *q, *kc, *vc;
-      int32_t* len;
-    };
-    auto state = [&]() {
-      State st{ar.up(hist),
-               ar.up(vd),
-               ar.alloc<float>(size_t(M * C)),
-               ar.alloc<bf16>(size_t(M * Hq * d)),
-               ar.up_bf16(cache),
-               ar.up_bf16(cache),
-               ar.up(lens)};
-      EXPECT_TRUE(st.hist && st.vd && st.y && st.q && st.kc && st.vc && st.len);
-      return st;
-    };
-    State a = state(), b = state();
-    unsigned* ctr = ar.alloc<unsigned>(size_t(Hq + Hkv));
-    ASSERT_TRUE(ctr && wdwd && bdwd && wgd && bgd && tempd && a.len && b.len);
-    ASSERT_EQ(cudaMemset(ctr, 0, decode_cca_counter_bytes(Hq, Hkv)), cudaSuccess);
-    for (int token = 0; token < 2; token++) {
-      const auto qkv = test_util::random_uniform(g, size_t(M * ld), -1.f, 1.f, true);
-      const bf16* qd = ar.up_bf16(qkv);
-      ASSERT_TRUE(qd);
-      decode_conv(a.y, qd, ld, a.hist, wdwd, bdwd, wgd, bgd, M, C, d, t0, t1, nullptr);
-      decode_qkv_finish(a.q, a.kc, a.vc, a.vd, a.hist, P, a.y, qd, ld, tempd, a.len, cap, 10000.f,
-                        c.r, M, Hq, Hkv, d, nullptr);
-      decode_cca(b.q, b.kc, b.vc, b.vd, b.hist, P, b.y, qd, ld, wdwd, bdwd, wgd, bgd, t0, t1, tempd,
-                 b.len, cap, 10000.f, c.r, M, Hq, Hkv, d, ctr, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      using test_util::download;
-      EXPECT_EQ(download(a.y, size_t(M * C)), download(b.y, size_t(M * C)))
-          << "conv, token " << token;
-      EXPECT_EQ(download(reinterpret_cast<uint16_t*>(a.q), size_t(M * Hq * d)),
-                download(reinterpret_cast<uint16_t*>(b.q), size_t(M * Hq * d)))
-          << "q, token " << token;
-      EXPECT_EQ(download(reinterpret_cast<uint16_t*>(a.kc), cache.size()),
-                download(reinterpret_cast<uint16_t*>(b.kc), cache.size()))
-          << "key cache, token " << token;
-      EXPECT_EQ(download(reinterpret_cast<uint16_t*>(a.vc), cache.size()),
-                download(reinterpret_cast<uint16_t*>(b.vc), cache.size()))
-          << "value cache, token " << token;
-      EXPECT_EQ(download(a.vd, vd.size()), download(b.vd, vd.size())) << "vd, token " << token;
-      const auto ha = download(a.hist, hist.size());
-      EXPECT_EQ(ha, download(b.hist, hist.size())) << "history, token " << token;
-      if (P > 0 && token == 0) EXPECT_NE(ha, hist) << "the history advanced";
-      EXPECT_EQ(download(ctr, size_t(Hq + Hkv)), std::vector<unsigned>(size_t(Hq + Hkv), 0u))
-          << "counters back at zero";
-      // The next token one position further on.
-      for (auto& l : lens) l += 1;
-      test_util::upload(a.len, lens);
-      test_util::upload(b.len, lens);
-    }
   }
 }
 

@@ -11,7 +11,7 @@
 #    tools/bench_train_peer.py with the same settings (transformers' ZayaForCausalLM);
 # 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the CPU, loss curves compared.
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
-#    (extra arguments in $INFER_ARGS, e.g. "--attn-chunks 0,64 --ab-fused-cca"),
+#    (extra arguments in $INFER_ARGS, e.g. "--attn-chunks 0,32,64"),
 #    `zaya bench kernels` into a hardware profile ($PROFILE_IN: a measured profile to extend) and
 #    `zaya bench train --hardware` with it (the calibrated cost model against the step).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop

@@ -412,102 +412,6 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   }
 }
 
-// What the CCA finish of decode rows reads and writes (decode_qkv_finish, and the fused tail of
-// decode_cca): q out bf16 [M, Hq, d], the k/v caches [B, cap, Hkv, d], the previous token's vd
-// [B, VH], the conv output fp32 [M, C], the projections qkv (row stride ld), the key temperatures,
-// the lengths, the conv history [B, P, C].
-struct QkvFinish {
-  bf16 *q_out, *kcache, *vcache;
-  float* vd_last;
-  const float* conv;
-  const bf16* qkv;
-  int64_t ld;
-  const float* temp;
-  const int32_t* len;
-  int64_t cap;
-  float theta;
-  int r, Hq, Hkv, d;
-  float* hist;
-  int P;
-};
-
-// Head hh (< Hq: query head hh; else key head hh − Hq) of row m, by the calling block's threads:
-// the mean skip (mq[h] = (q0[h] + k0[h/G]) / 2 added to the conv output; a key head takes the mean
-// of its mq), QK-norm (the first warp: lane-strided squares, butterfly sum; temperature on k),
-// partial NeoX RoPE, then q out or the key into the cache. v: d + 1 floats of shared memory. The
-// conv output is read through L2 (in decode_cca other blocks of the launch wrote it).
-__device__ __forceinline__ void qkv_finish_head(QkvFinish a, int hh, int m, float* v) {
-  const int d = a.d, Hq = a.Hq, G = Hq / a.Hkv, QD = Hq * d;
-  const int64_t pos = a.len[m];
-  const bf16* row = a.qkv + int64_t(m) * a.ld;
-  const float* crow = a.conv + int64_t(m) * (QD + a.Hkv * d);
-  for (int j = threadIdx.x; j < d; j += blockDim.x) {
-    if (hh < Hq) {
-      const float mq =
-          (__bfloat162float(row[hh * d + j]) + __bfloat162float(row[QD + (hh / G) * d + j])) * 0.5f;
-      v[j] = __ldcg(crow + hh * d + j) + mq;
-    } else {
-      const int g = hh - Hq;
-      float s = 0.f;
-      for (int t = 0; t < G; t++) {
-        const int h = g * G + t;
-        s += (__bfloat162float(row[h * d + j]) + __bfloat162float(row[QD + g * d + j])) * 0.5f;
-      }
-      v[j] = __ldcg(crow + QD + g * d + j) + s / float(G);
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x < kWarp) {
-    float ss = 0.f;
-    for (int j = threadIdx.x; j < d; j += kWarp) ss += v[j] * v[j];
-    ss = warp_sum(ss);
-    if (threadIdx.x == 0) {
-      const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
-      v[d] = sqrtf(float(d)) * (hh < Hq ? 1.f : a.temp[hh - Hq]) / nrm;
-    }
-  }
-  __syncthreads();
-  const float sc = v[d];
-  const int h2 = a.r / 2;
-  bf16* out = hh < Hq ? a.q_out + (int64_t(m) * Hq + hh) * d
-                      : a.kcache + ((int64_t(m) * a.cap + pos) * a.Hkv + (hh - Hq)) * d;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) {
-    if (j < h2) {  // the pair (j, j + h2)
-      const float inv = 1.0f / powf(a.theta, float(2 * j) / float(a.r));
-      const float f = float(pos) * inv;
-      const float c = cosf(f), s = sinf(f);
-      const float x0 = v[j] * sc, x1 = v[j + h2] * sc;
-      out[j] = __float2bfloat16(x0 * c - x1 * s);
-      out[j + h2] = __float2bfloat16(x1 * c + x0 * s);
-    } else if (j >= a.r) {
-      out[j] = __float2bfloat16(v[j] * sc);
-    }
-  }
-  __syncthreads();  // v is reused by the caller's next head
-}
-
-// Element i < VH of row m's delayed value: v = [vc | vd of the previous token] into the cache at
-// the row's position, this token's vd remembered (the same thread reads vd_last[i] before it
-// overwrites it).
-__device__ __forceinline__ void qkv_value_elem(QkvFinish a, int m, int i) {
-  const int KD = a.Hkv * a.d, C = a.Hq * a.d + KD, VH = KD / 2;
-  const bf16* row = a.qkv + int64_t(m) * a.ld;
-  bf16* vd_dst = a.vcache + (int64_t(m) * a.cap + a.len[m]) * KD;
-  const float prev = a.vd_last[int64_t(m) * VH + i];
-  vd_dst[i] = row[C + i];
-  vd_dst[VH + i] = __float2bfloat16(prev);
-  a.vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
-}
-
-// Channel i of row m's conv history: its last P−1 rows moved up and this token's q0|k0 channel
-// appended (cca_conv_fwd's history update for S = 1), after every reader of the channel is done.
-__device__ __forceinline__ void qkv_hist_advance(QkvFinish a, int m, int i) {
-  const int C = (a.Hq + a.Hkv) * a.d, P = a.P;
-  float* hm = a.hist + int64_t(m) * P * C + i;
-  for (int p = 0; p + 1 < P; p++) hm[int64_t(p) * C] = hm[int64_t(p + 1) * C];
-  hm[int64_t(P - 1) * C] = __bfloat162float(a.qkv[int64_t(m) * a.ld + i]);
-}
-
 // The CCA convolutions of decode rows (one token per sequence; its history hist [B, P, C],
 // P = (t0−1) + (t1−1)): the depthwise conv (kernel t0) at the t1 positions the grouped conv reads,
 // then y[m, co] = bg[co] + Σ_{ci<d, j<t1} wg[co, ci·t1 + j] · u[m, j, c0 + ci] over the head group
@@ -515,31 +419,17 @@ __device__ __forceinline__ void qkv_hist_advance(QkvFinish a, int m, int i) {
 // output channel (the 8 channels of a block lie in one group: d % 8 == 0) for all M rows, so each
 // weight row is read once; its loads are issued before the depthwise pass (NV float4 per lane when
 // d·t1 = 128·NV; NV = 0: a lane-strided scalar loop). u of the group in shared memory, [M][d·t1]
-// in wg's (ci, j) order.
-// With `counters` (decode_cca), the finish runs in the same launch: the last of a head group's d/8
-// blocks to finish (a counter per group, reset by that block) runs qkv_finish_head for its head
-// and every row and advances the group's history channels (every block that reads them is done by
-// then); the blocks after the first C/8 write the delayed values. Without (decode_conv), the
-// history is only read.
+// in wg's (ci, j) order. The history is advanced later, by decode_qkv_finish.
 constexpr int kConvWarps = 8;
 
 template <int NV>
 __global__ void __launch_bounds__(kConvWarps* kWarp)
     decode_conv_kernel(float* y, const bf16* qkv, int64_t ld, const float* hist, const float* wdw,
                        const float* bdw, const float* wg, const float* bg, int M, int C, int d,
-                       int t0, int t1, QkvFinish fin, unsigned* counters) {
-  extern __shared__ __align__(16) float u_s[];  // [M, d·t1] (the finish: d + 1)
+                       int t0, int t1) {
+  extern __shared__ __align__(16) float u_s[];  // [M, d·t1]
   const int K = d * t1, P = (t0 - 1) + (t1 - 1);
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int conv_blocks = C / kConvWarps;
-  if (int(blockIdx.x) >= conv_blocks) {  // decode_cca: the delayed values
-    pdl_begin();
-    const int VH = fin.Hkv * d / 2;
-    for (int e = (int(blockIdx.x) - conv_blocks) * int(blockDim.x) + int(threadIdx.x); e < M * VH;
-         e += (int(gridDim.x) - conv_blocks) * int(blockDim.x))
-      qkv_value_elem(fin, e / VH, e % VH);
-    return;
-  }
   const int co = blockIdx.x * kConvWarps + warp;
   const int c0 = (blockIdx.x * kConvWarps / d) * d;
   const float* wr = wg + int64_t(co) * K;
@@ -595,34 +485,91 @@ __global__ void __launch_bounds__(kConvWarps* kWarp)
     const float s = warp_sum(acc[mm]);
     if (lane == 0) y[int64_t(mm) * C + co] = bg[co] + s;
   }
-  if (!counters) return;
-  const int group = c0 / d;
-  __syncthreads();  // every warp is done with u_s
-  if (!last_block_done(counters + group, unsigned(d / kConvWarps))) return;
-  for (int mm = 0; mm < M; mm++) qkv_finish_head(fin, group, mm, u_s);
-  if (fin.hist && P > 0)
-    for (int e = threadIdx.x; e < M * d; e += blockDim.x) qkv_hist_advance(fin, e / d, c0 + e % d);
 }
 
 // Grid (Hq + Hkv + X, M), kQkvThreads threads: block h < Hq finishes query head h of token m, block
-// Hq + g key head g (qkv_finish_head); the X = ⌈max(C, VH)/kQkvThreads⌉ blocks after them write
-// the delayed values and advance the convolution history (decode_conv ran before and only read
-// it). One block per head keeps every chain of dependent loads to one round. Dynamic shared
-// memory: d + 1 floats.
+// Hq + g key head g (the mean skip, QK-norm, RoPE, then q out or the key into the cache); the X =
+// ⌈max(C, VH)/kQkvThreads⌉ blocks after them write the delayed value v = [vc | vd of the previous
+// token] into the cache, remember this token's vd, and advance the convolution history:
+// hist[m] ← its last P−1 rows and this token's q0|k0 channels (what cca_conv_fwd's history update
+// does for S = 1; the conv kernel ran before). One block per head instead of one per token keeps
+// every chain of dependent loads to one round; the arithmetic per element is unchanged. Dynamic
+// shared memory: d + 1 floats.
 constexpr int kQkvThreads = 128;
 
-__global__ void __launch_bounds__(kQkvThreads) decode_qkv_finish_kernel(QkvFinish a) {
+__global__ void __launch_bounds__(kQkvThreads)
+    decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache, float* vd_last,
+                             const float* conv, const bf16* qkv, int64_t ld, const float* temp,
+                             const int32_t* len, int64_t cap, float theta, int r, int Hq, int Hkv,
+                             int d, float* hist, int P) {
   extern __shared__ float sh[];
   pdl_begin();
   const int m = blockIdx.y, hh = blockIdx.x;
-  const int C = (a.Hq + a.Hkv) * a.d, VH = a.Hkv * a.d / 2;
-  if (hh >= a.Hq + a.Hkv) {
-    const int i = (hh - a.Hq - a.Hkv) * kQkvThreads + int(threadIdx.x);
-    if (i < VH) qkv_value_elem(a, m, i);
-    if (a.hist && a.P > 0 && i < C) qkv_hist_advance(a, m, i);
+  const int G = Hq / Hkv, QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
+  const int64_t pos = len[m];
+  const bf16* row = qkv + int64_t(m) * ld;
+  const float* crow = conv + int64_t(m) * C;
+  if (hh >= Hq + Hkv) {
+    const int i = (hh - Hq - Hkv) * kQkvThreads + int(threadIdx.x);
+    if (i < VH) {  // the same thread reads vd_last[i] before it overwrites it
+      bf16* vd_dst = vcache + (int64_t(m) * cap + pos) * KD;
+      const float prev = vd_last[int64_t(m) * VH + i];
+      vd_dst[i] = row[C + i];
+      vd_dst[VH + i] = __float2bfloat16(prev);
+      vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
+    }
+    if (hist && P > 0 && i < C) {
+      float* hm = hist + int64_t(m) * P * C + i;
+      for (int p = 0; p + 1 < P; p++) hm[int64_t(p) * C] = hm[int64_t(p + 1) * C];
+      hm[int64_t(P - 1) * C] = __bfloat162float(row[i]);
+    }
     return;
   }
-  qkv_finish_head(a, hh, m, sh);
+  float* v = sh;  // [d], then the scale
+  // Mean skip: mq[h] = (q0[h] + k0[h/G]) / 2 added to the conv output; mk[g] = mean of its mq.
+  for (int j = threadIdx.x; j < d; j += kQkvThreads) {
+    if (hh < Hq) {
+      const float mq =
+          (__bfloat162float(row[hh * d + j]) + __bfloat162float(row[QD + (hh / G) * d + j])) * 0.5f;
+      v[j] = crow[hh * d + j] + mq;
+    } else {
+      const int g = hh - Hq;
+      float s = 0.f;
+      for (int t = 0; t < G; t++) {
+        const int h = g * G + t;
+        s += (__bfloat162float(row[h * d + j]) + __bfloat162float(row[QD + g * d + j])) * 0.5f;
+      }
+      v[j] = crow[QD + g * d + j] + s / float(G);
+    }
+  }
+  __syncthreads();
+  // QK-norm (the first warp: lane-strided squares, butterfly sum), then RoPE, then store.
+  if (threadIdx.x < kWarp) {
+    float ss = 0.f;
+    for (int j = threadIdx.x; j < d; j += kWarp) ss += v[j] * v[j];
+    ss = warp_sum(ss);
+    if (threadIdx.x == 0) {
+      const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
+      v[d] = sqrtf(float(d)) * (hh < Hq ? 1.f : temp[hh - Hq]) / nrm;
+    }
+  }
+  __syncthreads();
+  const float a = v[d];
+  const int h2 = r / 2;
+  bf16* out = hh < Hq ? q_out + (int64_t(m) * Hq + hh) * d
+                      : kcache + ((int64_t(m) * cap + pos) * Hkv + (hh - Hq)) * d;
+  for (int j = threadIdx.x; j < d; j += kQkvThreads) {
+    if (j < h2) {  // the pair (j, j + h2)
+      const float inv = 1.0f / powf(theta, float(2 * j) / float(r));
+      const float f = float(pos) * inv;
+      const float c = cosf(f), s = sinf(f);
+      const float x0 = v[j] * a, x1 = v[j + h2] * a;
+      out[j] = __float2bfloat16(x0 * c - x1 * s);
+      out[j + h2] = __float2bfloat16(x1 * c + x0 * s);
+    } else if (j >= r) {
+      out[j] = __float2bfloat16(v[j] * a);
+    }
+  }
 }
 
 // Split-context attention, one launch: block (chunk, kv head g, sequence m) handles `ch` keys of
@@ -1423,91 +1370,53 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
-namespace {
-
-QkvFinish qkv_finish_args(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,
-                          float* hist_BPC, int64_t P, const float* conv_MC, const bf16* qkv,
-                          int64_t ld, const float* temp_G, const int32_t* len_B, int64_t cap,
-                          float theta, int64_t r, int64_t Hq, int64_t Hkv, int64_t d) {
-  check(Hq % Hkv == 0 && r % 2 == 0 && r <= d && (Hkv * d) % 2 == 0,
-        "decode_qkv_finish: heads must divide, rotary dim even and <= head dim");
-  return QkvFinish{q_MHd, kcache, vcache, vd_last_B, conv_MC,  qkv,    ld,       temp_G, len_B,
-                   cap,   theta,  int(r), int(Hq),   int(Hkv), int(d), hist_BPC, int(P)};
-}
-
-// decode_conv's launch; with `counters`, decode_cca's (the finish fused, value blocks added).
-void launch_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC,
+void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC,
                  const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
-                 int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, const QkvFinish& fin,
-                 unsigned* counters, cudaStream_t st) {
+                 int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st) {
   const int64_t K = d * t1;
-  const size_t smem = size_t(std::max(M * K, counters ? d + 1 : 0)) * sizeof(float);
+  const size_t smem = size_t(M * K) * sizeof(float);
   check(M >= 1 && M <= kGemvMaxRows && d % kConvWarps == 0 && C % d == 0 && t0 >= 1 && t1 >= 1 &&
             (t0 - 1) + (t1 - 1) >= 0 && smem <= 48 * 1024,
         "decode_conv: needs M <= 8, d a multiple of 8 dividing C, and M·d·t1 floats <= 48 KiB");
   const bool vec = aligned16(wg_Cdt1) && K % (4 * kWarp) == 0;
-  const int64_t value_blocks =
-      counters ? (M * (fin.Hkv * d / 2) + kConvWarps * kWarp - 1) / (kConvWarps * kWarp) : 0;
-  const unsigned grid = unsigned(C / kConvWarps + value_blocks);
+  const unsigned grid = unsigned(C / kConvWarps);
   const int nv = vec ? int(K / (4 * kWarp)) : 0;
   const auto kernel = nv == 1   ? decode_conv_kernel<1>
                       : nv == 2 ? decode_conv_kernel<2>
                       : nv == 4 ? decode_conv_kernel<4>
                                 : decode_conv_kernel<0>;
   launch_k(kernel, dim3(grid), dim3(kConvWarps * kWarp), smem, st, y_MC, qkv, ld, hist_BPC, wdw_Ct0,
-           bdw_C, wg_Cdt1, bg_C, int(M), int(C), int(d), int(t0), int(t1), fin, counters);
+           bdw_C, wg_Cdt1, bg_C, int(M), int(C), int(d), int(t0), int(t1));
   ZAYA_CUDA_CHECK(cudaGetLastError());
-}
-
-}  // namespace
-
-void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC,
-                 const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
-                 int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st) {
-  launch_conv(y_MC, qkv, ld, hist_BPC, wdw_Ct0, bdw_C, wg_Cdt1, bg_C, M, C, d, t0, t1, QkvFinish{},
-              nullptr, st);
 }
 
 void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
                        int64_t P, const float* conv_MC, const bf16* qkv, int64_t ld,
                        const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
                        int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st) {
-  const QkvFinish a = qkv_finish_args(q_MHd, kcache, vcache, vd_last_B, hist_BPC, P, conv_MC, qkv,
-                                      ld, temp_G, len_B, cap, theta, r, Hq, Hkv, d);
+  check(Hq % Hkv == 0 && r % 2 == 0 && r <= d && (Hkv * d) % 2 == 0,
+        "decode_qkv_finish: heads must divide, rotary dim even and <= head dim");
   const int64_t C = (Hq + Hkv) * d, VH = Hkv * d / 2;
   const int64_t X = (std::max(C, VH) + kQkvThreads - 1) / kQkvThreads;
   const size_t smem = size_t(d + 1) * sizeof(float);
   launch_k(decode_qkv_finish_kernel, dim3(unsigned(Hq + Hkv + X), unsigned(M)), dim3(kQkvThreads),
-           smem, st, a);
+           smem, st, q_MHd, kcache, vcache, vd_last_B, conv_MC, qkv, ld, temp_G, len_B, cap, theta,
+           int(r), int(Hq), int(Hkv), int(d), hist_BPC, int(P));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
-size_t decode_cca_counter_bytes(int64_t Hq, int64_t Hkv) {
-  return size_t(Hq + Hkv) * sizeof(unsigned);
-}
-
-void decode_cca(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
-                int64_t P, float* conv_MC, const bf16* qkv, int64_t ld, const float* wdw_Ct0,
-                const float* bdw_C, const float* wg_Cdt1, const float* bg_C, int64_t t0, int64_t t1,
-                const float* temp_G, const int32_t* len_B, int64_t cap, float theta, int64_t r,
-                int64_t M, int64_t Hq, int64_t Hkv, int64_t d, unsigned* counters,
-                cudaStream_t st) {
-  check(counters != nullptr, "decode_cca: needs its counters (decode_cca_counter_bytes)");
-  check(P == (t0 - 1) + (t1 - 1), "decode_cca: the history rows P must be (t0 - 1) + (t1 - 1)");
-  const QkvFinish a = qkv_finish_args(q_MHd, kcache, vcache, vd_last_B, hist_BPC, P, conv_MC, qkv,
-                                      ld, temp_G, len_B, cap, theta, r, Hq, Hkv, d);
-  launch_conv(conv_MC, qkv, ld, hist_BPC, wdw_Ct0, bdw_C, wg_Cdt1, bg_C, M, (Hq + Hkv) * d, d, t0,
-              t1, a, counters, st);
-}
-
-// Keys per split-context block: a multiple of 16 (one pass of the block), small enough that a
-// short context still spreads over the SMs (about two blocks per SM for one sequence), at most
-// 256 so the scores fit shared memory.
+// Keys per split-context block: a multiple of 16 (one pass of the block), the smallest that keeps
+// the blocks of all sequences and kv heads to about one per SM (128), at most 256 so the scores fit
+// shared memory. Each 16-key pass is a dependent round trip of the block and each chunk a partial
+// the combine reads: on the H200 at 1,097 keys (8 ZAYA1-base layers, batch 1), 32 keys per chunk
+// (70 blocks) gave 0.695 ms per decode step, 16 (138 blocks) 0.701, 64 0.721, 128 0.792, 256
+// 0.917 (docs/bench/h200-2026-12-03g).
 constexpr int kAttnMaxChunk = 256;
+constexpr int kAttnTargetBlocks = 128;
 
 int attn_chunk(int64_t M, int64_t Hkv, int64_t cap) {
   int ch = kAttnKeysPerPass;
-  while (ch < kAttnMaxChunk && (cap + ch - 1) / ch * Hkv * M > 256) ch *= 2;
+  while (ch < kAttnMaxChunk && (cap + ch - 1) / ch * Hkv * M > kAttnTargetBlocks) ch *= 2;
   return ch;
 }
 

@@ -5,7 +5,6 @@
 #include "backend/cuda/infer_cuda.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "backend/cuda/carver.h"
@@ -58,8 +57,6 @@ struct CudaInference::Impl {
         *logits = nullptr, *attn_ws = nullptr;
   void* argmax_ws = nullptr;
   unsigned* tail_ctr = nullptr;  // the fused residual norms' counters (decode_tail_counter_bytes)
-  unsigned* cca_ctr = nullptr;   // decode_cca's counters (decode_cca_counter_bytes)
-  bool fuse_cca = true;          // opt.decode.fuse_cca, unless ZAYA_DECODE_FUSED_CCA=0
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
@@ -138,8 +135,6 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
              "automatic), got {}",
              t.attn_chunk);
   opt.decode = t;
-  const char* fused = std::getenv("ZAYA_DECODE_FUSED_CCA");
-  fuse_cca = t.fuse_cca && !(fused && std::strcmp(fused, "0") == 0);
   if (graph_exec) cudaGraphExecDestroy(graph_exec), graph_exec = nullptr;
   if (graph) cudaGraphDestroy(graph), graph = nullptr;
 }
@@ -197,8 +192,6 @@ void CudaInference::Impl::plan(Carver& cv) {
   attn_ws = cv.take<float>(int64_t(decode_attention_workspace_bytes(MB, Hq, d, cap) / 4) + 1);
   argmax_ws = cv.take<char>(int64_t(argmax_workspace_bytes(MB)));
   tail_ctr = reinterpret_cast<unsigned*>(cv.take<float>(int64_t(decode_tail_counter_bytes() / 4)));
-  cca_ctr = reinterpret_cast<unsigned*>(
-      cv.take<float>(int64_t((decode_cca_counter_bytes(Hq, Hkv) + 3) / 4)));
   ws_bytes = sort_by_expert_workspace_bytes(N, E1) + 4096;
   char* wsp = cv.take<char>(int64_t(ws_bytes));
   ws.base = wsp, ws.capacity = ws_bytes, ws.used = 0;
@@ -271,7 +264,6 @@ void CudaInference::Impl::zero_cache() {
   ZAYA_CUDA_CHECK(cudaMemsetAsync(
       attn_ws, 0, decode_attention_workspace_bytes(MB, Hq, d, opt.max_context), st));
   ZAYA_CUDA_CHECK(cudaMemsetAsync(tail_ctr, 0, decode_tail_counter_bytes(), st));
-  ZAYA_CUDA_CHECK(cudaMemsetAsync(cca_ctr, 0, decode_cca_counter_bytes(Hq, Hkv), st));
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
   length = 0;
 }
@@ -379,19 +371,12 @@ void CudaInference::Impl::run_decode_step() {
     const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
     gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
     mark("qkv, o projections");
-    if (fuse_cca) {
-      decode_cca(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.conv_dw_w, l.conv_dw_b,
-                 l.conv_g_w, l.conv_g_b, c.cca_time0, c.cca_time1, l.temp, len, opt.max_context,
-                 float(rs.theta), rot, M, Hq, Hkv, d, cca_ctr, st);
-      mark("cca conv, qk-norm, rope, cache");
-    } else {
-      decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
-                  c.cca_time0, c.cca_time1, st);
-      mark("cca conv");
-      decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
-                        opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
-      mark("cca qk-norm, rope, cache");
-    }
+    decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
+                c.cca_time0, c.cca_time1, st);
+    mark("cca conv");
+    decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
+                      opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
+    mark("cca qk-norm, rope, cache");
     decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
                      opt.decode.attn_chunk);
     mark("attention");

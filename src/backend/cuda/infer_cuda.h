@@ -21,13 +21,9 @@
 
 namespace zaya::cuda {
 
-// Choices of the decode step that change its speed, never its results beyond the attention's
-// chunking (the split-context sum order; the CCA fusion keeps every bit).
+// Choices of the decode step that change its speed (and, for the attention's chunking, the order
+// of the split-context sums, not what they compute).
 struct DecodeTuning {
-  // The CCA conv and its finish in one launch (decode_cca); false: two launches (decode_conv,
-  // decode_qkv_finish), the same bits. ZAYA_DECODE_FUSED_CCA=0 in the environment also turns it
-  // off.
-  bool fuse_cca = true;
   // Keys per split-context attention block (a multiple of 16 up to 256); 0: chosen from the cache
   // capacity (decode_attention).
   int attn_chunk = 0;

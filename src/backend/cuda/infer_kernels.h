@@ -85,22 +85,12 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
                        int64_t P, const float* conv_MC, const bf16* qkv, int64_t ld,
                        const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
                        int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st);
-// decode_conv and decode_qkv_finish in one launch (the same results, bit for bit): the last of a
-// head group's conv blocks runs that head's finish and advances the group's history channels.
-// counters: decode_cca_counter_bytes, zero-filled once before the first call (each launch leaves
-// them at zero again). The history hist_BPC holds P = (t0−1)+(t1−1) rows per sequence.
-size_t decode_cca_counter_bytes(int64_t Hq, int64_t Hkv);
-void decode_cca(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
-                int64_t P, float* conv_MC, const bf16* qkv, int64_t ld, const float* wdw_Ct0,
-                const float* bdw_C, const float* wg_Cdt1, const float* bg_C, int64_t t0, int64_t t1,
-                const float* temp_G, const int32_t* len_B, int64_t cap, float theta, int64_t r,
-                int64_t M, int64_t Hq, int64_t Hkv, int64_t d, unsigned* counters, cudaStream_t st);
 // Split-context attention of one query per sequence over keys 0..len_B[b] (causal, optional
 // sliding window), fp32 softmax, in one launch: chunk partials in ws, combined by the last block of
 // each (sequence, kv head) through a counter in ws. ws: decode_attention_workspace_bytes, zero-
 // filled once before the first call (the kernel leaves its counters at zero again). o bf16
 // [M,Hq,d]; d 32, 64 or 128; M <= 8. chunk: keys per split block (a multiple of 16 up to 256); 0
-// picks it from the cache capacity (about 256 blocks in all).
+// picks it from the cache capacity (about one block per SM in all).
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,

@@ -4,6 +4,8 @@
 // the measured device copy bandwidth). tools/bench_infer_peer.py measures transformers' generate
 // on the same model shape for comparison. Deliberately not here: sampling (greedy on the device),
 // tokenization, mixed-length batches.
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -33,7 +35,7 @@ struct BenchInferArgs {
   std::string preset = "zaya1-base", json, write_config;
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
-  bool no_graphs = false, profile = false;
+  bool no_graphs = false, profile = false, ablate = false;
   std::vector<int> attn_chunks;
   uint64_t seed = 1234;
 };
@@ -146,6 +148,36 @@ int run(const BenchInferArgs& a) {
           {{"attn_chunk", ch}, {"decode_ms_per_step", vs * 1e3}, {"roofline_fraction", frac}});
     }
   }
+  // --ablate: the step without each op class in turn (a timing experiment: the tokens decoded
+  // meanwhile are meaningless), so the difference is what the class costs inside the graph,
+  // overlaps with its neighbours included.
+  nlohmann::json ablation = nlohmann::json::object();
+  if (a.ablate) {
+    cuda::DecodeTuning base;
+    double base_bytes = 0;
+    inf.set_decode_tuning(base);
+    const double base_s = time_decode(base_bytes);
+    std::printf("# decode step without each op class (timing only; %.4f ms with all):\n",
+                base_s * 1e3);
+    std::printf("  %-12s %12s %14s %14s\n", "without", "ms/step", "saved us/step", "us/layer");
+    for (unsigned op = 0; op < unsigned(cuda::DecodeOp::Count); op++) {
+      cuda::DecodeTuning t;
+      t.skip = 1u << op;
+      inf.set_decode_tuning(t);
+      double vb = 0;
+      const double vs = time_decode(vb);
+      const bool per_layer = cuda::DecodeOp(op) != cuda::DecodeOp::LmHead;
+      const double saved_us = (base_s - vs) * 1e6;
+      const char* name = cuda::decode_op_name(cuda::DecodeOp(op));
+      std::printf("  %-12s %12.4f %14.1f %14s\n", name, vs * 1e3, saved_us,
+                  per_layer
+                      ? fmt::format("{:.1f}", saved_us / double(cfg.num_hidden_layers)).c_str()
+                      : "-");
+      ablation[name] = {{"decode_ms_per_step", vs * 1e3}, {"saved_us_per_step", saved_us}};
+    }
+    ablation["all"] = {{"decode_ms_per_step", base_s * 1e3}};
+    inf.set_decode_tuning(cuda::DecodeTuning{});
+  }
   if (!a.json.empty()) {
     nlohmann::json j = {{"preset", a.preset},
                         {"layers", cfg.num_hidden_layers},
@@ -163,7 +195,8 @@ int run(const BenchInferArgs& a) {
                         {"roofline_fraction", roofline_s / decode_s},
                         {"device_bytes", inf.device_bytes()},
                         {"eager_step_profile_ms", prof},
-                        {"decode_variants", variants}};
+                        {"decode_variants", variants},
+                        {"decode_ablation", ablation}};
     write_file_atomic(a.json, j.dump(1) + "\n");
   }
   return 0;
@@ -195,6 +228,9 @@ int bench_infer_cli(int argc, char** argv) {
                  "256; 0: automatic)")
       ->delimiter(',')
       ->check(CLI::Range(0, 256));
+  app.add_flag("--ablate", a.ablate,
+               "also time the decode step without each op class in turn (what each costs in the "
+               "graph; the tokens decoded meanwhile are meaningless)");
   app.add_option("--json", a.json, "write the results as JSON");
   app.add_option("--seed", a.seed, "weights and prompt seed");
   app.add_option("--write-config", a.write_config,

@@ -258,6 +258,12 @@ TEST_P(CudaInfer, BadInputIsRefused) {
   EXPECT_THROW(inf.decode({1}), Error);                             // nothing prefilled yet
   EXPECT_THROW(inf.prefill(std::vector<int32_t>(9, 1), 9), Error);  // past the capacity
   EXPECT_THROW(inf.reset(2), Error);                                // above max_batch
+  DecodeTuning t;
+  t.attn_chunk = 24;  // not a multiple of 16
+  EXPECT_THROW(inf.set_decode_tuning(t), Error);
+  t.attn_chunk = 0;
+  t.skip = 1u << unsigned(DecodeOp::Count);  // no such op class
+  EXPECT_THROW(inf.set_decode_tuning(t), Error);
 }
 
 // cfg_b has head dim 16, below what the GPU attention and CCA kernels take (32, 64, 128).

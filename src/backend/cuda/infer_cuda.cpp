@@ -134,6 +134,8 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
              "cuda inference: attention keys per chunk must be a multiple of 16 up to 256 (0: "
              "automatic), got {}",
              t.attn_chunk);
+  ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
+             "cuda inference: decode skip mask {:#x} names no op class", t.skip);
   opt.decode = t;
   if (graph_exec) cudaGraphExecDestroy(graph_exec), graph_exec = nullptr;
   if (graph) cudaGraphDestroy(graph), graph = nullptr;
@@ -364,38 +366,43 @@ void CudaInference::Impl::run_decode_step() {
   decode_residual_norm(h, x, nullptr, nullptr, nullptr, nullptr, nullptr, L[0].ln_in, eps, M, D,
                        st);
   mark("embedding, norms, residuals");
+  const auto on = [&](DecodeOp op) { return (opt.decode.skip & (1u << unsigned(op))) == 0; };
   for (int64_t li = 0; li < NL; li++) {
     DevLayer& l = L[size_t(li)];
     const RopeSettings& rs = c.rope_for_layer(li);
     const int64_t rot = int64_t(double(d) * rs.partial_rotary_factor);
     const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
-    gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
+    if (on(DecodeOp::Qkv)) gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
     mark("qkv, o projections");
-    decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
-                c.cca_time0, c.cca_time1, st);
+    if (on(DecodeOp::CcaConv))
+      decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
+                  c.cca_time0, c.cca_time1, st);
     mark("cca conv");
-    decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
-                      opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
+    if (on(DecodeOp::CcaFinish))
+      decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
+                        opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
     mark("cca qk-norm, rope, cache");
-    decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
-                     opt.decode.attn_chunk);
+    if (on(DecodeOp::Attention))
+      decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
+                       opt.decode.attn_chunk);
     mark("attention");
     // The o projection with the post-attention residual + norm in its last block; the expert
     // combine with the post-MLP residual + norm (into the next layer's input norm) in the last
     // block of each row. Separate counters: the two launches may overlap under PDL only in the
     // prologue, which touches no counter, but keeping them apart costs nothing.
     DecodeResidualNorm pa{h, x, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, tail_ctr};
-    gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
+    if (on(DecodeOp::OProj)) gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
     mark("o projection + residual norm");
-    router(li, M, true);
+    if (on(DecodeOp::Router)) router(li, M, true);
     mark("router");
     DecodeResidualNorm pm{
         h, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
-    decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
-                   c.skip_output == SkipOutput::ScaledInput, M, D, I, st, &pm);
+    if (on(DecodeOp::Experts))
+      decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
+                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st, &pm);
     mark("experts + residual norm");
   }
-  gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
+  if (on(DecodeOp::LmHead)) gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
   mark("lm head");
   argmax_rows(next_ids, logits, M, V, argmax_ws, st);
   advance_lengths(len, 1, M, st);
@@ -436,6 +443,21 @@ int64_t CudaInference::batch() const {
 int64_t CudaInference::length() const {
   return impl_->length;
 }
+const char* decode_op_name(DecodeOp op) {
+  switch (op) {
+    case DecodeOp::Qkv: return "qkv";
+    case DecodeOp::CcaConv: return "cca_conv";
+    case DecodeOp::CcaFinish: return "cca_finish";
+    case DecodeOp::Attention: return "attention";
+    case DecodeOp::OProj: return "o_proj";
+    case DecodeOp::Router: return "router";
+    case DecodeOp::Experts: return "experts";
+    case DecodeOp::LmHead: return "lm_head";
+    case DecodeOp::Count: break;
+  }
+  return "?";
+}
+
 void CudaInference::set_decode_tuning(const DecodeTuning& t) {
   impl_->set_tuning(t);
 }

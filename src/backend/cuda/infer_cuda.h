@@ -27,7 +27,25 @@ struct DecodeTuning {
   // Keys per split-context attention block (a multiple of 16 up to 256); 0: chosen from the cache
   // capacity (decode_attention).
   int attn_chunk = 0;
+  // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
+  // launches the decode step leaves out, so that the step time without them shows what they cost
+  // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.
+  unsigned skip = 0;
 };
+
+// The op classes of a decode step, for DecodeTuning::skip (names: decode_op_name).
+enum class DecodeOp : unsigned {
+  Qkv,        // the q|k|v projection GEMV
+  CcaConv,    // the CCA convolutions
+  CcaFinish,  // mean skip, QK-norm, RoPE, cache writes
+  Attention,  // split-context attention
+  OProj,      // the o projection with the post-attention residual norm
+  Router,     // the router (one cluster launch)
+  Experts,    // SwiGLU and down projection with the post-MLP residual norm
+  LmHead,     // the LM head GEMV
+  Count
+};
+const char* decode_op_name(DecodeOp op);
 
 struct CudaInferOptions {
   int64_t max_batch = 1;              // sequences decoded together (<= 8)

@@ -68,6 +68,21 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+int pick_finalist(const std::vector<int>& ids, const std::vector<std::vector<double>>& samples,
+                  int incumbent, double margin) {
+  ZAYA_CHECK(!ids.empty() && ids.size() == samples.size(),
+             "pick_finalist: {} candidates with {} sample sets", ids.size(), samples.size());
+  size_t best = 0, inc = ids.size();
+  std::vector<double> med(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    med[i] = median(samples[i]);
+    if (med[i] < med[best]) best = i;
+    if (ids[i] == incumbent && inc == ids.size()) inc = i;
+  }
+  if (inc < ids.size() && !(med[best] < med[inc] * (1.0 - margin))) return incumbent;
+  return ids[best];
+}
+
 std::string format_size(uint64_t bytes) {
   static const char* units[] = {"", "K", "M", "G", "T"};
   int u = 0;

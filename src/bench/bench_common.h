@@ -31,6 +31,13 @@ bool hex_decode(const std::string& hex, std::vector<uint8_t>& out);
 // The median of `v` (the mean of the two middle values for an even count; 0 when empty).
 double median(std::vector<double> v);
 
+// The autotuner's final choice among candidates ids[i] with timed samples[i]: the lowest median,
+// except that `incumbent` (when among ids) is kept unless that median is lower than the
+// incumbent's by more than `margin` (relative). Ties go to the earlier candidate. Throws
+// zaya::Error when ids is empty or the sizes differ.
+int pick_finalist(const std::vector<int>& ids, const std::vector<std::vector<double>>& samples,
+                  int incumbent, double margin = 0.01);
+
 // Splits "a,b,,c" into {"a","b","c"} (empty items and surrounding spaces dropped).
 std::vector<std::string> split_list(const std::string& s, char sep = ',');
 

@@ -174,6 +174,24 @@ TEST(BenchCheckValues, ExpectedOutputsMatchASimulatedCollective) {
   EXPECT_EQ(cv.expected(CommOp::ReduceScatter, rsg, 2, 1), s);
 }
 
+TEST(BenchStats, PickFinalistKeepsTheIncumbentUnlessClearlyBeaten) {
+  // Candidate 7 is the incumbent (the heuristic's first choice).
+  const std::vector<int> ids{3, 5, 7};
+  // 0.5% faster than the incumbent: inside the margin, the incumbent stays.
+  EXPECT_EQ(pick_finalist(ids, {{9.95, 9.95, 9.95}, {12.0}, {10.0, 10.0, 10.0}}, 7), 7);
+  // 2% faster: the challenger wins.
+  EXPECT_EQ(pick_finalist(ids, {{9.8, 9.8, 20.0}, {12.0}, {10.0, 10.0, 10.0}}, 7), 3);
+  // The incumbent fastest: kept.
+  EXPECT_EQ(pick_finalist(ids, {{11.0}, {12.0}, {10.0}}, 7), 7);
+  // A zero margin is the plain lowest median; ties go to the earlier candidate.
+  EXPECT_EQ(pick_finalist(ids, {{9.95}, {12.0}, {10.0}}, 7, 0.0), 3);
+  EXPECT_EQ(pick_finalist(ids, {{10.0}, {10.0}, {11.0}}, 99), 3);
+  // No incumbent among the finalists: the lowest median.
+  EXPECT_EQ(pick_finalist(ids, {{10.0}, {9.99}, {11.0}}, 42), 5);
+  EXPECT_THROW(pick_finalist({}, {}, 0), Error);
+  EXPECT_THROW(pick_finalist(ids, {{1.0}}, 7), Error);
+}
+
 TEST(BenchStats, MedianOfOddEvenAndEmpty) {
   EXPECT_DOUBLE_EQ(median({5.0, 1.0, 3.0}), 3.0);
   EXPECT_DOUBLE_EQ(median({4.0, 1.0, 3.0, 2.0}), 2.5);  // mean of the middle two

@@ -36,7 +36,7 @@ struct BenchInferArgs {
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false;
-  std::vector<int> attn_chunks;
+  std::vector<int> attn_chunks, router_clusters;
   uint64_t seed = 1234;
 };
 
@@ -130,23 +130,33 @@ int run(const BenchInferArgs& a) {
       prof[name] = ms;
     }
   }
-  // Decode variants (--attn-chunks): the same prompt and steps, the graph captured again for each.
+  // Decode variants (--attn-chunks x --router-clusters): the same prompt and steps, the graph
+  // captured again for each.
   nlohmann::json variants = nlohmann::json::array();
-  if (!a.attn_chunks.empty()) {
+  if (!a.attn_chunks.empty() || !a.router_clusters.empty()) {
+    const std::vector<int> chunks = a.attn_chunks.empty() ? std::vector<int>{0} : a.attn_chunks;
+    const std::vector<int> clusters =
+        a.router_clusters.empty() ? std::vector<int>{0} : a.router_clusters;
     std::printf("# decode variants (same prompt and steps; graph captured again for each):\n");
-    std::printf("  %-11s %12s %10s\n", "attn_chunk", "ms/step", "roofline");
-    for (int ch : a.attn_chunks) {
-      cuda::DecodeTuning t;
-      t.attn_chunk = ch;
-      inf.set_decode_tuning(t);
-      double vb = 0;
-      const double vs = time_decode(vb);
-      const double frac = vb / (a.copy_gbs * 1e9) / vs;
-      std::printf("  %-11s %12.4f %10.3f\n", ch ? std::to_string(ch).c_str() : "auto", vs * 1e3,
-                  frac);
-      variants.push_back(
-          {{"attn_chunk", ch}, {"decode_ms_per_step", vs * 1e3}, {"roofline_fraction", frac}});
-    }
+    std::printf("  %-11s %-15s %12s %10s\n", "attn_chunk", "router_cluster", "ms/step", "roofline");
+    auto label = [](int v) { return v ? std::to_string(v) : std::string("auto"); };
+    for (int ch : chunks)
+      for (int cl : clusters) {
+        cuda::DecodeTuning t;
+        t.attn_chunk = ch;
+        t.router_cluster = cl;
+        inf.set_decode_tuning(t);
+        double vb = 0;
+        const double vs = time_decode(vb);
+        const double frac = vb / (a.copy_gbs * 1e9) / vs;
+        std::printf("  %-11s %-15s %12.4f %10.3f\n", label(ch).c_str(), label(cl).c_str(), vs * 1e3,
+                    frac);
+        variants.push_back({{"attn_chunk", ch},
+                            {"router_cluster", cl},
+                            {"decode_ms_per_step", vs * 1e3},
+                            {"roofline_fraction", frac}});
+      }
+    inf.set_decode_tuning(cuda::DecodeTuning{});
   }
   // --ablate: the step without each op class in turn (a timing experiment: the tokens decoded
   // meanwhile are meaningless), so the difference is what the class costs inside the graph,
@@ -228,6 +238,11 @@ int bench_infer_cli(int argc, char** argv) {
                  "256; 0: automatic)")
       ->delimiter(',')
       ->check(CLI::Range(0, 256));
+  app.add_option("--router-clusters", a.router_clusters,
+                 "also time decode with these router cluster size limits (1, 2, 4, 8, 16; 0: "
+                 "automatic)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({0, 1, 2, 4, 8, 16}));
   app.add_flag("--ablate", a.ablate,
                "also time the decode step without each op class in turn (what each costs in the "
                "graph; the tokens decoded meanwhile are meaningless)");

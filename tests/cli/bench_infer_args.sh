@@ -1,6 +1,7 @@
 #!/bin/bash
-# `zaya bench infer` argument checks that need no GPU: bad --attn-chunks values are refused with a
-# message naming the option, and --write-config writes the benchmarked shape's config.json.
+# `zaya bench infer` argument checks that need no GPU: bad --attn-chunks and --router-clusters
+# values are refused with a message naming the option, and --write-config writes the benchmarked
+# shape's config.json.
 # Usage: bash bench_infer_args.sh <zaya-binary> <source-dir>
 set -u
 zaya="$1"
@@ -13,11 +14,14 @@ echo "$out" | grep -q -- "--attn-chunks: 17 is not a multiple of 16" || fail "me
 out="$("$zaya" bench infer --layers 1 --attn-chunks 512 2>&1)"
 [ $? -ne 0 ] || fail "--attn-chunks 512 accepted"
 echo "$out" | grep -q -- "--attn-chunks" || fail "message does not name --attn-chunks: $out"
+out="$("$zaya" bench infer --layers 1 --router-clusters 0,3 2>&1)"
+[ $? -ne 0 ] || fail "--router-clusters 3 accepted"
+echo "$out" | grep -q -- "--router-clusters" || fail "message does not name --router-clusters: $out"
 if ! "$zaya" version | grep -q "cuda: yes"; then
   echo "PASS (argument checks; --write-config needs the CUDA build)"
   exit 0
 fi
-"$zaya" bench infer --preset zaya1-base --layers 2 --attn-chunks 0,64 --ablate \
+"$zaya" bench infer --preset zaya1-base --layers 2 --attn-chunks 0,64 --router-clusters 0,8 --ablate \
   --write-config "$tmp/cfg.json" >/dev/null || fail "--write-config exited non-zero"
 python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert c['num_hidden_layers']==2, c" \
   "$tmp/cfg.json" || fail "config.json does not hold the 2-layer shape"

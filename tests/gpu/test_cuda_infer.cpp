@@ -264,6 +264,9 @@ TEST_P(CudaInfer, BadInputIsRefused) {
   t.attn_chunk = 0;
   t.skip = 1u << unsigned(DecodeOp::Count);  // no such op class
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
+  t.skip = 0;
+  t.router_cluster = 3;
+  EXPECT_THROW(inf.set_decode_tuning(t), Error);
 }
 
 // cfg_b has head dim 16, below what the GPU attention and CCA kernels take (32, 64, 128).
@@ -462,6 +465,18 @@ TEST(CudaDecodeKernels, RouterMatchesTheHostReferenceAndCpuOps) {
     const auto p_h = test_util::download(probs, size_t(M * E1));
     const auto c_h = test_util::download(choice, size_t(M));
     const auto g_h = test_util::download(gate, size_t(M));
+    // Smaller clusters (DecodeTuning::router_cluster) split the rows differently but compute
+    // every output the same way: the same bits.
+    for (int cl : {8, 4, 2, 1}) {
+      SCOPED_TRACE("cluster limit " + std::to_string(cl));
+      decode_router(rd, probs, choice, gate, xd, ldx, dwd, dbd, c.state ? sd : nullptr, scd, nwd,
+                    eps, f1wd, f1bd, f2wd, f2bd, owd, bald, M, D, R, E1, nullptr, cl);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(test_util::download(rd, size_t(M * R)), r_h);
+      EXPECT_EQ(test_util::download(probs, size_t(M * E1)), p_h);
+      EXPECT_EQ(test_util::download(choice, size_t(M)), c_h);
+      EXPECT_EQ(test_util::download(gate, size_t(M)), g_h);
+    }
     // The CPU ops' composition (router_eda, rmsnorm, linear, gelu, router_select) on fp32.
     std::vector<float> v32(size_t(M * R)), rn(v32.size()), t1(v32.size()), t2(v32.size()),
         lg(size_t(M * E1)), pc(lg.size()), gc(static_cast<size_t>(M));

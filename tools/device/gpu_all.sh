@@ -11,7 +11,8 @@
 #    tools/bench_train_peer.py with the same settings (transformers' ZayaForCausalLM);
 # 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the CPU, loss curves compared.
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
-#    (extra arguments in $INFER_ARGS, default --ablate: the step without each op class),
+#    (extra arguments in $INFER_ARGS, default "--ablate --router-clusters 0,8,4": the step without
+#    each op class, and with smaller router clusters),
 #    `zaya bench kernels` into a hardware profile ($PROFILE_IN: a measured profile to extend) and
 #    `zaya bench train --hardware` with it (the calibrated cost model against the step).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
@@ -163,7 +164,7 @@ fi
 if [ -x "$Z" ]; then
   # shellcheck disable=SC2086
   stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
-    --profile --json "$W/bench_infer.json" ${INFER_ARGS---ablate}
+    --profile --json "$W/bench_infer.json" ${INFER_ARGS---ablate --router-clusters 0,8,4}
   sed 's/^/    /' "$W/bench_infer.log" | tail -40 | tee -a "$summary"
 fi
 # `zaya bench kernels` times the model's own kernels and merges their efficiencies into a hardware

@@ -1493,26 +1493,28 @@ void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V,
 
 namespace {
 
-// The router's cluster size: the largest of 16 (non-portable, sm_90), 8, 4, 2 that the device
-// can schedule with the kernel's shared memory (its rows of fc1, fc2, out staged); otherwise 1 (no
-// cluster launch, as before sm_90), staging the weights only if they fit. Decided once
-// per (R, E1) on the first call, which runs eagerly, so a captured step makes no such queries.
+// The router's cluster size: the largest of 16 (non-portable, sm_90), 8, 4, 2, at most max_cs,
+// that the device can schedule with the kernel's shared memory (its rows of fc1, fc2, out staged);
+// otherwise 1 (no cluster launch, as before sm_90), staging the weights only if they fit. Decided
+// once per (R, E1, max_cs) on the first call, which runs eagerly, so a captured step makes no such
+// queries.
 struct RouterLaunch {
   int64_t R = -1, E1 = -1;
-  int device = -1;
+  int device = -1, max_cs = -1;
   int cs = 1;
   size_t smem = 0;
   bool stage = true;  // the MLP weights go through shared memory
 };
 
 template <bool kVecX>
-RouterLaunch router_launch(int64_t R, int64_t E1) {
+RouterLaunch router_launch(int64_t R, int64_t E1, int max_cs) {
   static RouterLaunch cached;
   int dev = 0;
   ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
-  if (cached.R == R && cached.E1 == E1 && cached.device == dev) return cached;
+  if (cached.R == R && cached.E1 == E1 && cached.device == dev && cached.max_cs == max_cs)
+    return cached;
   RouterLaunch L;
-  L.R = R, L.E1 = E1, L.device = dev;
+  L.R = R, L.E1 = E1, L.device = dev, L.max_cs = max_cs;
   int major = 0, max_smem = 0;
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
@@ -1528,6 +1530,7 @@ RouterLaunch router_launch(int64_t R, int64_t E1) {
     ZAYA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     for (int cs : {16, 8, 4, 2}) {
+      if (cs > max_cs) continue;
       const size_t smem = smem_for(cs);
       if (smem > size_t(max_smem)) continue;
       ZAYA_CUDA_CHECK(
@@ -1562,8 +1565,8 @@ void launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, bool vec_w, cudaStream_t st) {
-  const RouterLaunch L = router_launch<kVecX>(R, E1);
+                   int64_t E1, bool vec_w, int max_cs, cudaStream_t st) {
+  const RouterLaunch L = router_launch<kVecX>(R, E1, max_cs);
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[2];
   unsigned n = 0;
@@ -1597,18 +1600,22 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st) {
+                   int64_t E1, cudaStream_t st, int max_cluster) {
   check(M >= 1 && D > 0 && R > 0 && E1 > 0 && ldx >= D, "decode_router: bad sizes");
+  check(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
+            max_cluster == 8 || max_cluster == 16,
+        "decode_router: the cluster size limit must be 1, 2, 4, 8 or 16 (0: 16)");
+  const int max_cs = max_cluster > 0 ? max_cluster : 16;
   const bool vec_x = D % 8 == 0 && ldx % 8 == 0 && aligned16(x_MD) && aligned16(down_w_RD);
   const bool vec_w = R % 4 == 0 && aligned16(fc1_w) && aligned16(fc2_w) && aligned16(out_w);
   if (vec_x)
     launch_router<true>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
                         scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M,
-                        D, R, E1, vec_w, st);
+                        D, R, E1, vec_w, max_cs, st);
   else
     launch_router<false>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R,
                          state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
-                         balancing_E1, M, D, R, E1, vec_w, st);
+                         balancing_E1, M, D, R, E1, vec_w, max_cs, st);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

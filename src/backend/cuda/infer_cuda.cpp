@@ -134,11 +134,16 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
              "cuda inference: attention keys per chunk must be a multiple of 16 up to 256 (0: "
              "automatic), got {}",
              t.attn_chunk);
+  ZAYA_CHECK(t.router_cluster == 0 || t.router_cluster == 1 || t.router_cluster == 2 ||
+                 t.router_cluster == 4 || t.router_cluster == 8 || t.router_cluster == 16,
+             "cuda inference: router cluster size must be 1, 2, 4, 8 or 16 (0: automatic), got {}",
+             t.router_cluster);
   ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
              "cuda inference: decode skip mask {:#x} names no op class", t.skip);
   opt.decode = t;
   if (graph_exec) cudaGraphExecDestroy(graph_exec), graph_exec = nullptr;
   if (graph) cudaGraphDestroy(graph), graph = nullptr;
+  decode_steps_run = 0;  // the next step runs eagerly (launch set-up outside any capture)
 }
 
 CudaInference::Impl::~Impl() {
@@ -280,7 +285,8 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv) {
   if (gemv) {  // decode rows: the whole router in one launch
     decode_router(rc, s.probs, s.choice, s.gate, s.x, s.D, l.r_down, l.r_down_b,
                   li > 0 ? rp : nullptr, l.r_scale, l.r_norm, float(s.c.rms_norm_eps), l.fc1_w,
-                  l.fc1_b, l.fc2_w, l.fc2_b, l.out_w, l.balancing, N, s.D, s.R, s.E1, s.st);
+                  l.fc1_b, l.fc2_w, l.fc2_b, l.out_w, l.balancing, N, s.D, s.R, s.E1, s.st,
+                  s.opt.decode.router_cluster);
     return;
   }
   s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R, GemmType::BF16,

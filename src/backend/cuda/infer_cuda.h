@@ -27,6 +27,9 @@ struct DecodeTuning {
   // Keys per split-context attention block (a multiple of 16 up to 256); 0: chosen from the cache
   // capacity (decode_attention).
   int attn_chunk = 0;
+  // The largest thread-block cluster of the router launch (1, 2, 4, 8 or 16); 0: the largest the
+  // device schedules. Results do not depend on it.
+  int router_cluster = 0;
   // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
   // launches the decode step leaves out, so that the step time without them shows what they cost
   // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.

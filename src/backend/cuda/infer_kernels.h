@@ -114,12 +114,14 @@ void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V,
 // r += state ⊙ scale (EDA; state null in layer 0; r_MR keeps the result as the next layer's
 // state), RMSNorm, fc1 + exact GELU, fc2 + GELU, class logits, fp32 softmax (probs), choice =
 // argmax of probs + balancing bias (ties to the lowest class), gate = probs[choice].
+// max_cluster: the largest cluster the launch may use (1, 2, 4, 8, 16; 0: 16); the results do
+// not depend on it.
 void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st);
+                   int64_t E1, cudaStream_t st, int max_cluster = 0);
 // len_B[b] += n for every sequence.
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);
 

@@ -191,7 +191,9 @@ def fmt_opt(v, spec, width):
     return format(v, spec) if v is not None else "-".rjust(width)
 
 
-def gemm_section(gemms, peers, out, smi=None):
+def gemm_section(gemms, peers, out, smi=None, miss_rows=None):
+    """Appends the GEMM comparison to out; returns the number of counted shapes below TARGET and,
+    with miss_rows, appends their (dtype, name, m, n, k, groups) to it."""
     rounds = gemm_rounds(gemms, peers)
     names, algo, errors, graphed, zgraphed, keys = {}, {}, {}, set(), set(), []
     for rd in rounds:
@@ -313,7 +315,10 @@ def gemm_section(gemms, peers, out, smi=None):
         x = lookup.get(k)
         out.append(f"  {k[0]}x{k[1]}x{k[2]} {k[4]}: "
                    + (f"{x['paired']:.3f} {x['verdict']}" if x else "not measured"))
-    return sum(1 for rs in stats.values() for x in rs if x["paired"] < TARGET)
+    below = [x for rs in stats.values() for x in rs if x["paired"] < TARGET]
+    if miss_rows is not None:
+        miss_rows.extend((x["k"][4], names[x["k"]], *x["k"][:4]) for x in below)
+    return len(below)
 
 
 def mem_section(mem, peer, out):
@@ -375,6 +380,8 @@ def main():
     ap.add_argument("--comm", action="append", default=[], help="zaya bench comm --json")
     ap.add_argument("--nccl-direct", action="append", default=[], help="nccl_direct --json")
     ap.add_argument("--label", action="append", default=[], help="a name per --comm pair")
+    ap.add_argument("--misses-out", help="write the GEMM shapes below target here, one per line "
+                    "('dtype NAME=MxNxKxGROUPS')")
     a = ap.parse_args()
     out = []
     prof = load(a.profile)
@@ -407,7 +414,14 @@ def main():
                    f", NVML {peer.get('nvml', '-')}")
     gemm_peers = [p for p in peers if "gemm_rounds" in p or "gemm" in p]
     if gemms and gemm_peers:
-        misses += gemm_section(gemms, gemm_peers, out, smi)
+        miss_rows = []
+        misses += gemm_section(gemms, gemm_peers, out, smi, miss_rows)
+        if a.misses_out:
+            # One line per shape below target: "dtype NAME=MxNxKxGROUPS", for `zaya bench gemm
+            # --dtype dtype --shape ...` (tools/device/bench_h200.sh's focus rounds).
+            with open(a.misses_out, "w") as f:
+                for dt, name, m, n, k, g in miss_rows:
+                    f.write(f"{dt} {name}={m}x{n}x{k}x{g}\n")
     mem = load(a.mem)
     if mem and peer and "mem" in peer:
         misses += mem_section(mem, peer, out)

@@ -27,6 +27,9 @@ struct GemmShape {
 // "1024:4096:+256" (linear). Values accept K/M suffixes (1024-based). Throws zaya::Error naming
 // `flag`.
 std::vector<int64_t> parse_dim_range(const std::string& s, const std::string& flag);
+// One shape "MxNxK" or "MxNxKxGROUPS", optionally named "NAME=MxNxK..." (default name "shape").
+// Throws zaya::Error naming `flag`.
+GemmShape parse_gemm_shape(const std::string& s, const std::string& flag);
 // The cartesian product of the three ranges, named "sweep".
 std::vector<GemmShape> cartesian_shapes(const std::vector<int64_t>& ms,
                                         const std::vector<int64_t>& ns,

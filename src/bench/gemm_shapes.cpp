@@ -15,12 +15,18 @@
 
 namespace zaya::bench {
 
+namespace {
+
+int64_t parse_dim(const std::string& v, const std::string& flag) {
+  const uint64_t d = parse_size(v, flag);
+  ZAYA_CHECK(d > 0 && d <= (uint64_t(1) << 31), "{}: dimension '{}' must be in 1..2^31", flag, v);
+  return int64_t(d);
+}
+
+}  // namespace
+
 std::vector<int64_t> parse_dim_range(const std::string& s, const std::string& flag) {
-  auto dim = [&](const std::string& v) {
-    const uint64_t d = parse_size(v, flag);
-    ZAYA_CHECK(d > 0 && d <= (uint64_t(1) << 31), "{}: dimension '{}' must be in 1..2^31", flag, v);
-    return int64_t(d);
-  };
+  auto dim = [&](const std::string& v) { return parse_dim(v, flag); };
   std::vector<int64_t> out;
   if (s.find(':') != std::string::npos) {
     const auto parts = split_list(s, ':');
@@ -51,6 +57,24 @@ std::vector<int64_t> parse_dim_range(const std::string& s, const std::string& fl
   for (const auto& v : split_list(s)) out.push_back(dim(v));
   ZAYA_CHECK(!out.empty(), "{}: no dimension given", flag);
   return out;
+}
+
+GemmShape parse_gemm_shape(const std::string& s, const std::string& flag) {
+  GemmShape g;
+  g.name = "shape";
+  std::string dims = s;
+  if (const auto eq = s.find('='); eq != std::string::npos) {
+    g.name = s.substr(0, eq);
+    dims = s.substr(eq + 1);
+    ZAYA_CHECK(!g.name.empty(), "{}: '{}' has an empty name before '='", flag, s);
+  }
+  const auto parts = split_list(dims, 'x');
+  ZAYA_CHECK(parts.size() == 3 || parts.size() == 4,
+             "{}: '{}' is not a shape (expected MxNxK or MxNxKxGROUPS, e.g. 8192x1024x2048)", flag,
+             s);
+  g.m = parse_dim(parts[0], flag), g.n = parse_dim(parts[1], flag), g.k = parse_dim(parts[2], flag);
+  if (parts.size() == 4) g.groups = parse_dim(parts[3], flag);
+  return g;
 }
 
 std::vector<GemmShape> cartesian_shapes(const std::vector<int64_t>& ms,

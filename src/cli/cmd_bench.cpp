@@ -143,6 +143,7 @@ int bench_comm(int argc, char** argv) {
 
 struct GemmCli {
   std::string dtypes = "bf16", ms, ns, ks, model, waves, algos_from, cuda_graph;
+  std::vector<std::string> shapes;
   int64_t tokens = 8192, knee_max = 16384, wave_k = 4096;
   bool knee = false, list = false, nocheck = false, nogrouped = false, cublas = false;
   double peak_bf16 = 0, peak_fp8 = 0, min_time_ms = 25, warm_ms = 20;
@@ -155,6 +156,10 @@ struct GemmCli {
     app.add_option("--m", ms, "m range: 4096 | 1024,2048 | 256:8192:x2 | 1024:4096:+256");
     app.add_option("--n", ns, "n range (as --m)");
     app.add_option("--k", ks, "k range (as --m)");
+    app.add_option("--shape", shapes,
+                   "explicit shapes MxNxK or MxNxKxGROUPS, optionally NAME=..., comma-separated "
+                   "or repeated (e.g. the rows a comparison left below target)")
+        ->delimiter(',');
     app.add_option("--model", model,
                    "a ZAYA preset or config.json: its forward+backward GEMMs, experts grouped");
     app.add_option("--tokens", tokens, "tokens per micro-batch for --model")->capture_default_str();
@@ -210,6 +215,7 @@ struct GemmCli {
     if (given == 3)
       o.shapes = cartesian_shapes(parse_dim_range(ms, "--m"), parse_dim_range(ns, "--n"),
                                   parse_dim_range(ks, "--k"));
+    for (const auto& sh : shapes) o.shapes.push_back(parse_gemm_shape(sh, "--shape"));
     if (!model.empty()) {
       ZayaConfig cfg;
       const auto names = ZayaConfig::preset_names();

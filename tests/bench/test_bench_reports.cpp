@@ -84,6 +84,24 @@ TEST(GemmShapes, RangesAndModelShapes) {
   EXPECT_THROW(parse_dim_range("256:1024:*2", "--m"), Error);
   EXPECT_THROW(parse_dim_range("abc", "--m"), Error);
   EXPECT_EQ(cartesian_shapes({1, 2}, {3}, {4, 5}).size(), 4u);
+  const GemmShape one = parse_gemm_shape("8192x1024x2K", "--shape");
+  EXPECT_EQ(one.name, "shape");
+  EXPECT_EQ(one.m, 8192);
+  EXPECT_EQ(one.n, 1024);
+  EXPECT_EQ(one.k, 2048);
+  EXPECT_EQ(one.groups, 1);
+  const GemmShape named = parse_gemm_shape("experts.down.fwd+=512x2048x2048x16", "--shape");
+  EXPECT_EQ(named.name, "experts.down.fwd+");
+  EXPECT_EQ(named.groups, 16);
+  EXPECT_EQ(named.gflop(), 2.0 * 512 * 2048 * 2048 * 16 / 1e9);
+  for (const char* bad : {"8192x1024", "1x2x3x4x5", "=1x2x3", "0x2x3", "ax2x3"}) {
+    try {
+      parse_gemm_shape(bad, "--shape");
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--shape"), std::string::npos) << e.what();
+    }
+  }
   const auto knee = knee_shapes(1024);
   EXPECT_EQ(knee.front().m, 256);
   EXPECT_LE(knee.back().m, 1024 + 63);

@@ -30,7 +30,8 @@ for i, when in enumerate([30, 90]):                # P0, P1
     json.dump({"gemm": rows}, open(f"{T}/p{i}.json", "w"))
 PY
 out="$(python3 "$SRC/tools/bench_peer_compare.py" --gemm "$T"/z0.json "$T"/z1.json "$T"/z2.json \
-  --peer "$T"/p0.json "$T"/p1.json)" || fail "bench_peer_compare.py exited non-zero"
+  --peer "$T"/p0.json "$T"/p1.json --misses-out "$T/misses.txt")" ||
+  fail "bench_peer_compare.py exited non-zero"
 echo "$out" | grep -q "order Z0 P0 Z1 P1 Z2" || fail "rounds not in time order: $out"
 check() {  # check NAME MIN MAX VERDICT: the paired median in [MIN, MAX] and the verdict
   local line
@@ -48,4 +49,7 @@ check b 0.949 0.951 below
 check c 0.935 0.945 unresolved  # one ratio above the target, the median below
 echo "$out" | grep -q "bf16: 3 shapes, median paired ratio" || fail "no bf16 summary: $out"
 echo "$out" | grep -q "rows below the 0.98 target: 2" || fail "expected 2 rows below: $out"
+# --misses-out: the two shapes below target, as `zaya bench gemm --shape` takes them.
+[ "$(cat "$T/misses.txt")" = "bf16 b=2048x2048x4096x1
+bf16 c=4096x4096x4096x1" ] || fail "misses file: $(cat "$T/misses.txt")"
 echo "PASS"

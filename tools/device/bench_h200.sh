@@ -22,6 +22,7 @@
 #             on a multi-GPU machine also the 1-GPU pair.
 #   compare   tools/bench_peer_compare.py: zaya/peer ratios paired round by round (target median
 #             >= 0.98) with each side's clock, previously failing shapes, knee, copies, all-reduce.
+#   focus     the GEMM shapes below target again, in FOCUS_ROUNDS (4) more interleaved rounds.
 # Everything lands in $OUT/bench_h200.tgz (JSON, CSV, SVG, logs, profile) plus $OUT/summary.txt.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -172,6 +173,32 @@ else
 fi
 
 # ---- comparison ----
+misses="$W/gemm_misses.txt"
 python3 tools/bench_peer_compare.py --gemm "${zs[@]}" --peer ${ps[@]+"${ps[@]}"} \
   --smi "$W/gpu_smi.csv" --smi-start "$(cat "$W/gpu_smi.start")" --mem "$W/mem.json" \
-  --profile "$P" ${pairs[@]+"${pairs[@]}"} >>"$summary" 2>&1
+  --profile "$P" ${pairs[@]+"${pairs[@]}"} --misses-out "$misses" >>"$summary" 2>&1
+
+# ---- focus rounds ----
+# The GEMM shapes the comparison left below target, again in FOCUS_ROUNDS (default 4) more peer
+# rounds between zaya rounds (the same algorithms, --algos-from; both dtypes for every listed
+# shape), so that a shape's verdict rests on more pairs than the full sweep can afford.
+# FOCUS_ROUNDS=0 skips them.
+frounds="${FOCUS_ROUNDS:-4}"
+if [ "$frounds" -gt 0 ] && [ -s "$misses" ]; then
+  fargs=(bench gemm --cublas --cuda-graph fp8 --dtype "$(cut -d' ' -f1 "$misses" | sort -u |
+    paste -sd,)" --shape "$(cut -d' ' -f2 "$misses" | sort -u | paste -sd,)")
+  [ -f "$W/gemm_tune.json" ] && fargs+=(--algos-from "$W/gemm_tune.json")
+  note "focus: $(wc -l <"$misses") shapes below target, $frounds more peer rounds"
+  run gemm_f0 "$Z" "${fargs[@]}" --json "$W/gemm_f0.json"
+  fz=("$W/gemm_f0.json")
+  fp=()
+  for ((i = 0; i < frounds; i++)); do
+    run "peer_f$i" python3 tools/bench_peer.py --gemm-json "$W/gemm_f0.json" --rounds 1 \
+      --skip-mem --out "$W/peer_f$i.json" && fp+=("$W/peer_f$i.json")
+    run "gemm_f$((i + 1))" "$Z" "${fargs[@]}" --json "$W/gemm_f$((i + 1)).json" &&
+      fz+=("$W/gemm_f$((i + 1)).json")
+  done
+  echo -e "\n# ==== focus rounds (the shapes above, again) ====" >>"$summary"
+  python3 tools/bench_peer_compare.py --gemm "${fz[@]}" --peer ${fp[@]+"${fp[@]}"} \
+    >>"$summary" 2>&1
+fi

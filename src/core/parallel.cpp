@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -121,6 +122,25 @@ int num_threads() {
 }
 void set_num_threads(int n) {
   pool().resize(std::max(1, n));
+}
+
+void zero_bytes(void* p, size_t bytes) {
+  constexpr size_t kParallelBytes = size_t(64) << 20, kMinPerThread = size_t(16) << 20;
+  const size_t nt =
+      std::min<size_t>({size_t(std::max(1, num_threads())), bytes / kMinPerThread, size_t(64)});
+  if (bytes < kParallelBytes || nt <= 1) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+  const size_t per = (bytes / nt + 4095) / 4096 * 4096;
+  auto part = [p, bytes, per](size_t i) {
+    const size_t b = std::min(bytes, i * per), e = std::min(bytes, b + per);
+    if (e > b) std::memset(static_cast<char*>(p) + b, 0, e - b);
+  };
+  std::vector<std::thread> ts;
+  for (size_t i = 1; i < nt; i++) ts.emplace_back(part, i);
+  part(0);
+  for (auto& t : ts) t.join();
 }
 
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {

@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <thread>
 
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -105,6 +107,26 @@ TEST(Parallel, CoversRangeExactlyOnceAndPropagatesErrors) {
                               if (b == 0) throw Error("boom");
                             }),
                Error);
+}
+
+// zero_bytes: every byte zeroed, none past the end touched, below and above the threaded size
+// (64 MiB) and at sizes that do not divide into pages; from a thread outside the pool too.
+TEST(Parallel, ZeroBytesClearsExactlyTheRange) {
+  const int prev = num_threads();
+  set_num_threads(4);
+  for (size_t bytes : {size_t(0), size_t(1) << 20, (size_t(80) << 20) + 12345}) {
+    std::vector<unsigned char> buf(bytes + 64, 0xab);
+    zero_bytes(buf.data(), bytes);
+    EXPECT_EQ(std::count(buf.begin(), buf.begin() + std::ptrdiff_t(bytes), 0),
+              std::ptrdiff_t(bytes))
+        << bytes;
+    EXPECT_EQ(std::count(buf.begin() + std::ptrdiff_t(bytes), buf.end(), 0xab), 64) << bytes;
+  }
+  std::vector<unsigned char> big((size_t(70) << 20) + 1, 0xcd);
+  std::thread([&] { zero_bytes(big.data(), big.size() - 1); }).join();
+  EXPECT_EQ(std::count(big.begin(), big.end() - 1, 0), std::ptrdiff_t(big.size() - 1));
+  EXPECT_EQ(big.back(), 0xcd);
+  set_num_threads(prev);
 }
 
 TEST(Rng, CounterBasedStreamsAreReproducible) {

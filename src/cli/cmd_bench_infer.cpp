@@ -36,7 +36,7 @@ struct BenchInferArgs {
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false;
-  std::vector<int> attn_chunks, router_clusters;
+  std::vector<int> attn_chunks, attn_pipes, router_clusters;
   uint64_t seed = 1234;
 };
 
@@ -130,32 +130,36 @@ int run(const BenchInferArgs& a) {
       prof[name] = ms;
     }
   }
-  // Decode variants (--attn-chunks x --router-clusters): the same prompt and steps, the graph
-  // captured again for each.
+  // Decode variants (--attn-chunks x --attn-pipes x --router-clusters): the same prompt and
+  // steps, the graph captured again for each.
   nlohmann::json variants = nlohmann::json::array();
-  if (!a.attn_chunks.empty() || !a.router_clusters.empty()) {
-    const std::vector<int> chunks = a.attn_chunks.empty() ? std::vector<int>{0} : a.attn_chunks;
-    const std::vector<int> clusters =
-        a.router_clusters.empty() ? std::vector<int>{0} : a.router_clusters;
+  if (!a.attn_chunks.empty() || !a.attn_pipes.empty() || !a.router_clusters.empty()) {
+    auto or_default = [](const std::vector<int>& v, int d) {
+      return v.empty() ? std::vector<int>{d} : v;
+    };
     std::printf("# decode variants (same prompt and steps; graph captured again for each):\n");
-    std::printf("  %-11s %-15s %12s %10s\n", "attn_chunk", "router_cluster", "ms/step", "roofline");
+    std::printf("  %-11s %-10s %-15s %12s %10s\n", "attn_chunk", "attn_pipe", "router_cluster",
+                "ms/step", "roofline");
     auto label = [](int v) { return v ? std::to_string(v) : std::string("auto"); };
-    for (int ch : chunks)
-      for (int cl : clusters) {
-        cuda::DecodeTuning t;
-        t.attn_chunk = ch;
-        t.router_cluster = cl;
-        inf.set_decode_tuning(t);
-        double vb = 0;
-        const double vs = time_decode(vb);
-        const double frac = vb / (a.copy_gbs * 1e9) / vs;
-        std::printf("  %-11s %-15s %12.4f %10.3f\n", label(ch).c_str(), label(cl).c_str(), vs * 1e3,
-                    frac);
-        variants.push_back({{"attn_chunk", ch},
-                            {"router_cluster", cl},
-                            {"decode_ms_per_step", vs * 1e3},
-                            {"roofline_fraction", frac}});
-      }
+    for (int ch : or_default(a.attn_chunks, 0))
+      for (int pp : or_default(a.attn_pipes, 1))
+        for (int cl : or_default(a.router_clusters, 0)) {
+          cuda::DecodeTuning t;
+          t.attn_chunk = ch;
+          t.attn_pipe = pp;
+          t.router_cluster = cl;
+          inf.set_decode_tuning(t);
+          double vb = 0;
+          const double vs = time_decode(vb);
+          const double frac = vb / (a.copy_gbs * 1e9) / vs;
+          std::printf("  %-11s %-10d %-15s %12.4f %10.3f\n", label(ch).c_str(), pp,
+                      label(cl).c_str(), vs * 1e3, frac);
+          variants.push_back({{"attn_chunk", ch},
+                              {"attn_pipe", pp},
+                              {"router_cluster", cl},
+                              {"decode_ms_per_step", vs * 1e3},
+                              {"roofline_fraction", frac}});
+        }
     inf.set_decode_tuning(cuda::DecodeTuning{});
   }
   // --ablate: the step without each op class in turn (a timing experiment: the tokens decoded
@@ -238,6 +242,10 @@ int bench_infer_cli(int argc, char** argv) {
                  "256; 0: automatic)")
       ->delimiter(',')
       ->check(CLI::Range(0, 256));
+  app.add_option("--attn-pipes", a.attn_pipes,
+                 "also time decode with these attention passes in flight (1, 4)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({1, 4}));
   app.add_option("--router-clusters", a.router_clusters,
                  "also time decode with these router cluster size limits (1, 2, 4, 8, 16; 0: "
                  "automatic)")

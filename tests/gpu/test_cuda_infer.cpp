@@ -267,6 +267,9 @@ TEST_P(CudaInfer, BadInputIsRefused) {
   t.skip = 0;
   t.router_cluster = 3;
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
+  t.router_cluster = 0;
+  t.attn_pipe = 2;
+  EXPECT_THROW(inf.set_decode_tuning(t), Error);
 }
 
 // cfg_b has head dim 16, below what the GPU attention and CCA kernels take (32, 64, 128).
@@ -614,7 +617,8 @@ TEST(CudaDecodeKernels, ConvMatchesTheHostReference) {
 
 // decode_attention in one launch: against double at the bench shape (1097 keys, automatic chunks
 // of 16) and short, windowed, batched contexts, also with 16, 64 and 256 keys per chunk; a second
-// launch on the same workspace (the counters must be back at zero) gives the same bits.
+// launch on the same workspace (the counters must be back at zero), with four passes' K rows
+// loaded together, gives the same bits.
 TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   struct Case {
@@ -675,13 +679,14 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
       }
     }
     // The automatic chunking and explicit ones (the bench's --attn-chunks), each launched twice.
+    // With 4 passes' K rows loaded together (attn_pipe) the bits are those of one at a time.
     for (int chunk : {0, 16, 64, 256}) {
       SCOPED_TRACE("keys per chunk " + std::to_string(chunk));
       decode_attention(o, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk);
-      decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk);
+      decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 4);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto o_h = test_util::download_bf16(o, n_out);
-      EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "relaunch";
+      EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "relaunch, 4 passes in flight";
       expect_bf16_ulp("o", o_h, ref_d, slack);
     }
   }

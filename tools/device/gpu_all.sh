@@ -11,8 +11,8 @@
 #    tools/bench_train_peer.py with the same settings (transformers' ZayaForCausalLM);
 # 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the CPU, loss curves compared.
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
-#    (extra arguments in $INFER_ARGS, default "--ablate --router-clusters 0,8,4": the step without
-#    each op class, and with smaller router clusters),
+#    (extra arguments in $INFER_ARGS, default "--ablate --attn-pipes 1,4 --router-clusters 0,8,4":
+#    the step without each op class, and the decode variants),
 #    `zaya bench kernels` into a hardware profile ($PROFILE_IN: a measured profile to extend) and
 #    `zaya bench train --hardware` with it (the calibrated cost model against the step).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
@@ -162,9 +162,10 @@ fi
 # Inference before the cost-model stages: its figures are the decode target's (about 35 s, most of
 # it building the random model on the host).
 if [ -x "$Z" ]; then
+  infer_args="${INFER_ARGS---ablate --attn-pipes 1,4 --router-clusters 0,8,4}"
   # shellcheck disable=SC2086
   stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
-    --profile --json "$W/bench_infer.json" ${INFER_ARGS---ablate --router-clusters 0,8,4}
+    --profile --json "$W/bench_infer.json" $infer_args
   sed 's/^/    /' "$W/bench_infer.log" | tail -40 | tee -a "$summary"
 fi
 # `zaya bench kernels` times the model's own kernels and merges their efficiencies into a hardware

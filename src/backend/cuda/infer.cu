@@ -612,7 +612,7 @@ __device__ __forceinline__ void load_bf16_vals(float (&f)[PER], const bf16* p) {
   }
 }
 
-template <int D>
+template <int D, int kPipe>
 __global__ void __launch_bounds__(kAttnThreads)
     decode_attn_kernel(bf16* o, float* part_o, float* part_ml, unsigned* counters, const bf16* q,
                        const bf16* kcache, const bf16* vcache, const int32_t* len, int64_t cap,
@@ -659,25 +659,34 @@ __global__ void __launch_bounds__(kAttnThreads)
     const bf16* kbase = kcache + (int64_t(m) * cap + kb) * row + int64_t(g) * D;
     const bf16* vbase = vcache + (int64_t(m) * cap + kb) * row + int64_t(g) * D;
     const int grp = lane / 8, sub = lane % 8;
-    for (int j0 = 0; j0 < n; j0 += kAttnKeysPerPass) {
-      const int j = j0 + warp * 4 + grp;
+    // kPipe passes of 16 keys at a time: their K rows are loaded together (kPipe round trips in
+    // flight instead of one after another), then scored pass by pass in the same order.
+    for (int j0 = 0; j0 < n; j0 += kPipe * kAttnKeysPerPass) {
       // A group past the chunk's end reads key 0 again (all lanes stay converged for the
       // shuffles) and stores nothing.
-      float kf[PER];
-      const int64_t at = int64_t(j < n ? j : 0) * row + sub * PER;
-      load_bf16_vals<PER>(kf, kbase + at);
-      prefetch_l2(vbase + at);  // the P·V pass reads this row next
+      float kf[kPipe][PER];
 #pragma unroll
-      for (int t = 0; t < kAttnMaxG; t++) {
-        if (t >= G) break;
-        const float* qt = qs + t * D + sub * PER;
-        float s = 0.f;
+      for (int p = 0; p < kPipe; p++) {
+        const int j = j0 + p * kAttnKeysPerPass + warp * 4 + grp;
+        const int64_t at = int64_t(j < n ? j : 0) * row + sub * PER;
+        load_bf16_vals<PER>(kf[p], kbase + at);
+        prefetch_l2(vbase + at);  // the P·V pass reads this row next
+      }
 #pragma unroll
-        for (int e = 0; e < PER; e++) s = fmaf(qt[e], kf[e], s);
-        s += __shfl_xor_sync(0xffffffffu, s, 4);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        if (sub == 0 && j < n) sc[t * ch + j] = s;
+      for (int p = 0; p < kPipe; p++) {
+        const int j = j0 + p * kAttnKeysPerPass + warp * 4 + grp;
+#pragma unroll
+        for (int t = 0; t < kAttnMaxG; t++) {
+          if (t >= G) break;
+          const float* qt = qs + t * D + sub * PER;
+          float s = 0.f;
+#pragma unroll
+          for (int e = 0; e < PER; e++) s = fmaf(qt[e], kf[p][e], s);
+          s += __shfl_xor_sync(0xffffffffu, s, 4);
+          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          s += __shfl_xor_sync(0xffffffffu, s, 1);
+          if (sub == 0 && j < n) sc[t * ch + j] = s;
+        }
       }
     }
     __syncthreads();
@@ -1434,13 +1443,14 @@ size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_
 
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
-                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk) {
+                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe) {
   const int64_t G = Hq / Hkv;
   check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
             (d == 32 || d == 64 || d == 128),
         "decode_attention: needs M <= 8, Hq/Hkv <= 8 and a head dim of 32, 64 or 128");
   check(chunk == 0 || (chunk % kAttnKeysPerPass == 0 && chunk <= kAttnMaxChunk),
         "decode_attention: keys per chunk must be a multiple of 16 up to 256 (0: automatic)");
+  check(pipe == 1 || pipe == 4, "decode_attention: passes in flight must be 1 or 4");
   const int ch = chunk > 0 ? chunk : attn_chunk(M, Hkv, cap);
   const int nchunks = int((cap + ch - 1) / ch);
   unsigned* counters = static_cast<unsigned*>(ws);
@@ -1452,9 +1462,12 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
       sizeof(float);
   const int flag_at = int(smem / sizeof(float)) - 1;
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
-  const auto kernel = d == 128  ? decode_attn_kernel<128>
-                      : d == 64 ? decode_attn_kernel<64>
-                                : decode_attn_kernel<32>;
+  const auto kernel = pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4>
+                                   : d == 64 ? decode_attn_kernel<64, 4>
+                                             : decode_attn_kernel<32, 4>)
+                                : (d == 128  ? decode_attn_kernel<128, 1>
+                                   : d == 64 ? decode_attn_kernel<64, 1>
+                                             : decode_attn_kernel<32, 1>);
   launch_k(kernel, grid, dim3(kAttnThreads), smem, st, o_MHd, part_o, part_ml, counters, q_MHd,
            kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at);
   ZAYA_CUDA_CHECK(cudaGetLastError());

@@ -138,6 +138,8 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
                  t.router_cluster == 4 || t.router_cluster == 8 || t.router_cluster == 16,
              "cuda inference: router cluster size must be 1, 2, 4, 8 or 16 (0: automatic), got {}",
              t.router_cluster);
+  ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 4,
+             "cuda inference: attention passes in flight must be 1 or 4, got {}", t.attn_pipe);
   ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
              "cuda inference: decode skip mask {:#x} names no op class", t.skip);
   opt.decode = t;
@@ -390,7 +392,7 @@ void CudaInference::Impl::run_decode_step() {
     mark("cca qk-norm, rope, cache");
     if (on(DecodeOp::Attention))
       decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
-                       opt.decode.attn_chunk);
+                       opt.decode.attn_chunk, opt.decode.attn_pipe);
     mark("attention");
     // The o projection with the post-attention residual + norm in its last block; the expert
     // combine with the post-MLP residual + norm (into the next layer's input norm) in the last

@@ -27,6 +27,8 @@ struct DecodeTuning {
   // Keys per split-context attention block (a multiple of 16 up to 256); 0: chosen from the cache
   // capacity (decode_attention).
   int attn_chunk = 0;
+  // 16-key passes of an attention block whose K rows are loaded together (1 or 4); the same bits.
+  int attn_pipe = 1;
   // The largest thread-block cluster of the router launch (1, 2, 4, 8 or 16); 0: the largest the
   // device schedules. Results do not depend on it.
   int router_cluster = 0;

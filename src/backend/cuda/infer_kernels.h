@@ -90,11 +90,13 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
 // each (sequence, kv head) through a counter in ws. ws: decode_attention_workspace_bytes, zero-
 // filled once before the first call (the kernel leaves its counters at zero again). o bf16
 // [M,Hq,d]; d 32, 64 or 128; M <= 8. chunk: keys per split block (a multiple of 16 up to 256); 0
-// picks it from the cache capacity (about one block per SM in all).
+// picks it from the cache capacity (about one block per SM in all). pipe: 16-key passes whose K
+// rows are loaded together (1 or 4); the same scores in the same order either way.
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
-                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0);
+                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
+                      int pipe = 1);
 // Decode rows (block per row): h = (a + hb)⊙hs + (h + rb)⊙rs in place (skipped when a is null),
 // then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,

@@ -1040,9 +1040,9 @@ __global__ void __launch_bounds__(kRouterThreads)
   // A warp's rows o and o + kRouterWarps are read together (both rows' loads in flight at once),
   // then finished in that order.
   bool waited = false;
-  auto finish_row = [&](int o, float partial) {
+  auto finish_row = [&](int o, float partial, float st) {
     float s = warp_sum(partial) + sbd[o - o0];
-    if (state) s += state[m * R + o] * ssc[o - o0];
+    if (state) s += st * ssc[o - o0];
     if (lane == 0) r[m * R + o] = s;  // the next layer's EDA state
     if (!waited) cl_wait(), waited = true;
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(v + o, t) = s;
@@ -1053,6 +1053,10 @@ __global__ void __launch_bounds__(kRouterThreads)
     float acc[1] = {0.f}, accb[1] = {0.f};
     const bf16* wa = Wd + int64_t(o) * D;
     const bf16* wb = Wd + int64_t(has_b ? ob : o) * D;
+    // The rows' EDA state (the previous layer's router output) loaded with the weights, not after
+    // the sums.
+    const float st_a = state ? state[m * R + o] : 0.f;
+    const float st_b = state && has_b ? state[m * R + ob] : 0.f;
     if constexpr (kVecX) {
       uint4 pa[kPreChunks], pb[kPreChunks];
       load_row_pieces(pa, wa, D, lane);
@@ -1063,8 +1067,8 @@ __global__ void __launch_bounds__(kRouterThreads)
       gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane);
       if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane);
     }
-    finish_row(o, acc[0]);
-    if (has_b) finish_row(ob, accb[0]);
+    finish_row(o, acc[0], st_a);
+    if (has_b) finish_row(ob, accb[0], st_b);
   }
   if (!waited) cl_wait();
   cl_sync();

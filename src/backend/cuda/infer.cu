@@ -381,8 +381,10 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   // The choice comes from the router, which completed before the SwiGLU kernel (this kernel's
   // predecessor) passed its own pdl_wait, and so before this grid could start: it is final here,
   // and the expert's weight row is loaded before pdl_wait, behind the SwiGLU kernel (read through
-  // L2: the same buffer held the previous layer's choice).
+  // L2: the same buffer held the previous layer's choice). The router's gate, written with the
+  // choice, is final too and is loaded here rather than after the sums.
   const int64_t e = __ldcg(choice + m);
+  const float gm = __ldcg(gate + m);
   const bool expert = o < D && e >= 0 && e < E;
   const bf16* w = Wd + (expert ? e * d_stride + o * I : 0);
   uint4 wpre[kPreChunks];
@@ -391,7 +393,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   if (o < D) {
     if (!expert) {
       if (lane == 0)
-        out[m * D + o] = __float2bfloat16(scaled ? gate[m] * __bfloat162float(x[m * D + o]) : 0.f);
+        out[m * D + o] = __float2bfloat16(scaled ? gm * __bfloat162float(x[m * D + o]) : 0.f);
     } else {
       float acc[1] = {0.f};
       if constexpr (kVec)
@@ -399,7 +401,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
       else
         gemv_bf16_row<1, kVec>(acc, act + m * I, I, w, I, lane);
       const float s = warp_sum(acc[0]);
-      if (lane == 0) out[m * D + o] = __float2bfloat16(gate[m] * s);
+      if (lane == 0) out[m * D + o] = __float2bfloat16(gm * s);
     }
   }
   if constexpr (kTail) {

@@ -68,7 +68,8 @@ std::string generic_path(const std::string& path) {
     if (j == std::string::npos) j = path.size();
     std::string seg = path.substr(i, j - i);
     bool digits = !seg.empty() && std::all_of(seg.begin(), seg.end(), ::isdigit);
-    out += (out.empty() ? "" : ".") + (digits ? std::string("N") : seg);
+    if (!out.empty()) out += '.';
+    out += digits ? std::string("N") : seg;
     i = j + 1;
   }
   return out;

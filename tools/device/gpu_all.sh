@@ -7,14 +7,15 @@
 # 2. build zaya and zaya_gpu_tests with CUDA for sm_90a (Ninja, -j16);
 # 3. ctest -L gpu (the CUDA kernels, model, optimizer and training loop against the CPU reference),
 #    with ZAYA_ATTN_BENCH=1 so the attention benchmark prints its figures;
-# 4. zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096, then
-#    tools/bench_train_peer.py with the same settings (transformers' ZayaForCausalLM);
-# 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the CPU, loss curves compared.
+# 4. `zaya bench kernels` into a hardware profile ($PROFILE_IN: a measured profile to extend), then
+#    zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096 --hardware with it (the
+#    step and the calibrated cost model against it), then tools/bench_train_peer.py with the same
+#    settings (transformers' ZayaForCausalLM; SKIP_PEER=1 skips it);
+# 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the
+#    CPU, loss curves compared;
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
 #    (extra arguments in $INFER_ARGS, default "--ablate --attn-pipes 1,4 --router-clusters 0,8,4":
-#    the step without each op class, and the decode variants),
-#    `zaya bench kernels` into a hardware profile ($PROFILE_IN: a measured profile to extend) and
-#    `zaya bench train --hardware` with it (the calibrated cost model against the step).
+#    the step without each op class, and the decode variants).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
 # the later ones. Results land in $OUT: summary.txt, bench_train.json, bench_train_peer.json and
 # logs.tgz (every log, the tiny runs' metrics).
@@ -32,8 +33,7 @@ summary="$W/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 finish() {
   cp "$summary" "$OUT/summary.txt" 2>/dev/null
-  for f in bench_train.json bench_train_peer.json bench_train_calibrated.json bench_infer.json \
-    hardware_profile.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
+  for f in bench_train.json bench_train_peer.json bench_infer.json hardware_profile.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
   [ -f "$W/gpu_tests.log" ] && cp "$W/gpu_tests.log" "$OUT/"
   tar -C "$(dirname "$W")" --exclude=tinydata --exclude='*.safetensors' --exclude='*.bin' \
     -czf "$OUT/logs.tgz" gpu_all 2>/dev/null
@@ -103,11 +103,25 @@ if [ -x "$B/zaya_gpu_tests" ]; then
 fi
 
 # ---- 4. training-step benchmark: zaya and the PyTorch peer ----
+# `zaya bench kernels` first (a few seconds): it times the model's own kernels and merges their
+# efficiencies into a hardware profile (the measured one of the same GPU when carried as
+# $PROFILE_IN), which the training benchmark's cost model then uses (--hardware): one training run
+# gives both the step's figures and the calibrated cost model against it.
+prof="$W/hardware_profile.json"
+hw=()
+if [ -x "$Z" ] && "$Z" bench kernels --help >/dev/null 2>&1; then
+  [ -n "${PROFILE_IN:-}" ] && [ -f "$PROFILE_IN" ] && cp "$PROFILE_IN" "$prof"
+  stage bench_kernels 90 "$Z" bench kernels --preset zaya1-base --batch 4 --seq 4096 \
+    --profile "$prof"
+  sed 's/^/    /' "$W/bench_kernels.log" | tail -30 | tee -a "$summary"
+  [ -f "$prof" ] && hw=(--hardware "$prof")
+fi
 BT=(--preset zaya1-base --layers 8 --batch 4 --seq 4096 --steps 10 --warmup 3)
 if [ -x "$Z" ]; then
-  stage bench_train 150 "$Z" bench train "${BT[@]}" --json "$W/bench_train.json"
+  stage bench_train 150 "$Z" bench train "${BT[@]}" ${hw[@]+"${hw[@]}"} --json "$W/bench_train.json"
   grep -E "^(tokens/s|model TFLOP|fwd\+bwd TFLOP|optimizer|device memory|profiled|  [a-z_]+ )" \
     "$W/bench_train.log" | sed 's/^/    /' | tee -a "$summary"
+  sed -n '/cost model/,$p' "$W/bench_train.log" | sed 's/^/    /' | tee -a "$summary"
 fi
 # The peer at its best: torch.compile on (PEER_ARGS= to run it eager).
 [ -z "${SKIP_PEER:-}" ] && stage bench_train_peer 240 python3 tools/bench_train_peer.py "${BT[@]}" \
@@ -153,33 +167,20 @@ if n:
 PY
 fi
 
-# ---- 6. kernel benchmarks, inference, calibrated cost model (as time allows) ----
+# ---- 6. kernel benchmarks and inference (as time allows) ----
 if [ -x "$B/zaya_gpu_tests" ]; then
   ZAYA_ATTN_BENCH=1 ZAYA_CCA_BENCH=1 ZAYA_NORM_BENCH=1 stage kernel_bench 90 \
     "$B/zaya_gpu_tests" --gtest_filter='*Benchmark*'
   grep -E "ms|GB/s|TFLOP" "$W/kernel_bench.log" | grep -v "^\[" | sed 's/^/    /' | tee -a "$summary"
 fi
-# Inference before the cost-model stages: its figures are the decode target's (about 35 s, most of
-# it building the random model on the host).
+# Inference: its figures are the decode target's (most of its time is building the random model on
+# the host).
 if [ -x "$Z" ]; then
   infer_args="${INFER_ARGS---ablate --attn-pipes 1,4 --router-clusters 0,8,4}"
   # shellcheck disable=SC2086
   stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
     --profile --json "$W/bench_infer.json" $infer_args
   sed 's/^/    /' "$W/bench_infer.log" | tail -40 | tee -a "$summary"
-fi
-# `zaya bench kernels` times the model's own kernels and merges their efficiencies into a hardware
-# profile (the measured one of the same GPU when carried as $PROFILE_IN), which the cost model of
-# `zaya bench train --hardware` then uses.
-if [ -x "$Z" ] && "$Z" bench kernels --help >/dev/null 2>&1; then
-  prof="$W/hardware_profile.json"
-  [ -n "${PROFILE_IN:-}" ] && [ -f "$PROFILE_IN" ] && cp "$PROFILE_IN" "$prof"
-  stage bench_kernels 90 "$Z" bench kernels --preset zaya1-base --batch 4 --seq 4096 \
-    --profile "$prof"
-  sed 's/^/    /' "$W/bench_kernels.log" | tail -30 | tee -a "$summary"
-  [ -f "$prof" ] && stage bench_train_calibrated 120 "$Z" bench train "${BT[@]}" --hardware "$prof" \
-    --json "$W/bench_train_calibrated.json" &&
-    sed -n '/cost model/,$p' "$W/bench_train_calibrated.log" | sed 's/^/    /' | tee -a "$summary"
 fi
 
 # ---- comparison ----

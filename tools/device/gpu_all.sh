@@ -15,7 +15,8 @@
 #    CPU, loss curves compared;
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
 #    (extra arguments in $INFER_ARGS, default "--ablate --attn-pipes 1,4 --router-clusters 0,8,4":
-#    the step without each op class, and the decode variants).
+#    the step without each op class, and the decode variants), then the whole 40-layer ZAYA1-base
+#    at batch 1 (SKIP_FULL_INFER=1 skips it).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
 # the later ones. Results land in $OUT: summary.txt, bench_train.json, bench_train_peer.json and
 # logs.tgz (every log, the tiny runs' metrics).
@@ -33,7 +34,8 @@ summary="$W/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 finish() {
   cp "$summary" "$OUT/summary.txt" 2>/dev/null
-  for f in bench_train.json bench_train_peer.json bench_infer.json hardware_profile.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
+  for f in bench_train.json bench_train_peer.json bench_infer.json bench_infer_full.json \
+    hardware_profile.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
   [ -f "$W/gpu_tests.log" ] && cp "$W/gpu_tests.log" "$OUT/"
   tar -C "$(dirname "$W")" --exclude=tinydata --exclude='*.safetensors' --exclude='*.bin' \
     -czf "$OUT/logs.tgz" gpu_all 2>/dev/null
@@ -181,6 +183,13 @@ if [ -x "$Z" ]; then
   stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
     --profile --json "$W/bench_infer.json" $infer_args
   sed 's/^/    /' "$W/bench_infer.log" | tail -40 | tee -a "$summary"
+fi
+# The whole ZAYA1-base (40 layers, 8.3B parameters: ~33 GB of fp32 weights built on the host) at
+# batch 1, last and only if time is left (SKIP_FULL_INFER=1 skips it).
+if [ -x "$Z" ] && [ -z "${SKIP_FULL_INFER:-}" ]; then
+  stage bench_infer_full 180 "$Z" bench infer --preset zaya1-base --prompt 1024 --decode 32 \
+    --json "$W/bench_infer_full.json"
+  sed 's/^/    /' "$W/bench_infer_full.log" | tail -12 | tee -a "$summary"
 fi
 
 # ---- comparison ----

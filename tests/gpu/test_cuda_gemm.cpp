@@ -227,9 +227,10 @@ TEST_F(CudaGemm, Fp32OddSizesAllTransposesNoTf32) {
       }
 }
 
-TEST_F(CudaGemm, BiasEpilogue) {
-  GemmContext ctx;
-  uint64_t seed = 200;
+// Every transpose pair with every (input, output) type pair the backend uses: GemmCases with
+// ta, tb, ab and c set.
+std::vector<GemmCase> transposes_by_types() {
+  std::vector<GemmCase> out;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
       for (auto [ab, c] : {std::pair{GemmType::BF16, GemmType::BF16},
@@ -238,16 +239,25 @@ TEST_F(CudaGemm, BiasEpilogue) {
         GemmCase g;
         g.ta = ta;
         g.tb = tb;
-        const bool odd = ab == GemmType::F32;
-        g.M = odd ? 37 : 48;
-        g.N = odd ? 50 : 64;
-        g.K = odd ? 72 : 80;
         g.ab = ab;
         g.c = c;
-        g.bias = true;
-        g.alpha = 1.5f;
-        check_gemm(ctx, g, st, seed++);
+        out.push_back(g);
       }
+  return out;
+}
+
+TEST_F(CudaGemm, BiasEpilogue) {
+  GemmContext ctx;
+  uint64_t seed = 200;
+  for (GemmCase g : transposes_by_types()) {
+    const bool odd = g.ab == GemmType::F32;
+    g.M = odd ? 37 : 48;
+    g.N = odd ? 50 : 64;
+    g.K = odd ? 72 : 80;
+    g.bias = true;
+    g.alpha = 1.5f;
+    check_gemm(ctx, g, st, seed++);
+  }
 }
 
 // beta = 1 accumulation over repeated calls: also checks that the first call's autotune (which runs
@@ -255,26 +265,17 @@ TEST_F(CudaGemm, BiasEpilogue) {
 TEST_F(CudaGemm, BetaOneAccumulates) {
   GemmContext ctx;
   uint64_t seed = 300;
-  for (bool ta : {false, true})
-    for (bool tb : {false, true})
-      for (auto [ab, c] : {std::pair{GemmType::BF16, GemmType::BF16},
-                           {GemmType::BF16, GemmType::F32},
-                           {GemmType::F32, GemmType::F32}}) {
-        GemmCase g;
-        g.ta = ta;
-        g.tb = tb;
-        const bool odd = ab == GemmType::F32;
-        g.M = odd ? 37 : 56;
-        g.N = odd ? 50 : 40;
-        g.K = odd ? 72 : 64;
-        g.pad = odd ? 1 : 8;
-        g.ab = ab;
-        g.c = c;
-        g.alpha = 0.5f;
-        g.beta = 1.f;
-        g.calls = 3;
-        check_gemm(ctx, g, st, seed++);
-      }
+  for (GemmCase g : transposes_by_types()) {
+    const bool odd = g.ab == GemmType::F32;
+    g.M = odd ? 37 : 56;
+    g.N = odd ? 50 : 40;
+    g.K = odd ? 72 : 64;
+    g.pad = odd ? 1 : 8;
+    g.alpha = 0.5f;
+    g.beta = 1.f;
+    g.calls = 3;
+    check_gemm(ctx, g, st, seed++);
+  }
 }
 
 // The same key runs the same algorithm: repeated calls give bit-identical results, also with the

@@ -232,22 +232,20 @@ void qk_norm_backward(float* dx, float* dtemp, const float* dy, const float* x, 
 }
 
 namespace {
-void rope_tables(std::vector<float>& inv, double theta, int64_t r) {
-  inv.resize(size_t(r / 2));
+// Rotates each (j, j + r/2) pair of the first r dims of every head by the angle pos · θ^(−2j/r),
+// or by its negative (sign −1: the backward of the rotation is its inverse). Negating the sine is
+// exact, so the backward's rounding is that of the direct formula.
+void rotate_pairs(float* x, const int64_t* pos, double theta, int64_t N, int64_t H, int64_t d,
+                  int64_t r, float sign) {
+  std::vector<float> inv(size_t(r / 2));
   for (int64_t j = 0; j < r / 2; j++)
     inv[size_t(j)] = 1.0f / std::pow(float(theta), float(2 * j) / float(r));
-}
-}  // namespace
-
-void rope(float* x, const int64_t* pos, double theta, int64_t N, int64_t H, int64_t d, int64_t r) {
-  std::vector<float> inv;
-  rope_tables(inv, theta, r);
   const int64_t h2 = r / 2;
   parallel_for(N, [&](int64_t b, int64_t e) {
     for (int64_t n = b; n < e; n++)
       for (int64_t j = 0; j < h2; j++) {
         const float f = float(pos[n]) * inv[size_t(j)];
-        const float c = std::cos(f), s = std::sin(f);
+        const float c = std::cos(f), s = sign * std::sin(f);
         for (int64_t h = 0; h < H; h++) {
           float* v = x + (n * H + h) * d;
           const float a = v[j], bb = v[j + h2];
@@ -257,25 +255,15 @@ void rope(float* x, const int64_t* pos, double theta, int64_t N, int64_t H, int6
       }
   });
 }
+}  // namespace
+
+void rope(float* x, const int64_t* pos, double theta, int64_t N, int64_t H, int64_t d, int64_t r) {
+  rotate_pairs(x, pos, theta, N, H, d, r, 1.0f);
+}
 
 void rope_backward(float* dx, const int64_t* pos, double theta, int64_t N, int64_t H, int64_t d,
                    int64_t r) {
-  std::vector<float> inv;
-  rope_tables(inv, theta, r);
-  const int64_t h2 = r / 2;
-  parallel_for(N, [&](int64_t b, int64_t e) {
-    for (int64_t n = b; n < e; n++)
-      for (int64_t j = 0; j < h2; j++) {
-        const float f = float(pos[n]) * inv[size_t(j)];
-        const float c = std::cos(f), s = std::sin(f);
-        for (int64_t h = 0; h < H; h++) {
-          float* v = dx + (n * H + h) * d;
-          const float a = v[j], bb = v[j + h2];
-          v[j] = a * c + bb * s;
-          v[j + h2] = bb * c - a * s;
-        }
-      }
-  });
+  rotate_pairs(dx, pos, theta, N, H, d, r, -1.0f);
 }
 
 // Attention works on blocks of kQBlock query rows of one head: the block's scores against every

@@ -217,13 +217,14 @@ TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
 
 // The logits of 6 decode steps (the first eager, then graph replays) and 4 greedy tokens of the
 // parity fixture, with programmatic dependent launch on or off.
-std::vector<float> decode_bits(const std::string& dir, bool pdl) {
+std::vector<float> decode_bits(const std::string& dir, bool pdl, const DecodeTuning& t = {}) {
   ZayaModel m = ZayaModel::load(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size());
   set_decode_pdl(pdl);
   CudaInferOptions o;
   o.max_context = S + 12;
+  o.decode = t;
   CudaInference inf(m, o);
   inf.reset(1);
   inf.prefill(prompt, S);
@@ -245,6 +246,26 @@ TEST_P(CudaInfer, DecodeGivesTheSameBitsWithAndWithoutPdl) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
   EXPECT_EQ(decode_bits(dir, false), decode_bits(dir, true));
+}
+
+// The decode choices that keep every operation and its order (DecodeTuning: router cluster size,
+// attention passes in flight, residual norms fused or launched alone) give the same bits.
+TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = parity_fixture(GetParam());
+  const auto base = decode_bits(dir, true);
+  DecodeTuning t;
+  t.router_cluster = 4;
+  EXPECT_EQ(decode_bits(dir, true, t), base) << "router clusters of 4";
+  t = DecodeTuning{};
+  t.router_cluster = 1;
+  EXPECT_EQ(decode_bits(dir, true, t), base) << "no router cluster";
+  t = DecodeTuning{};
+  t.attn_pipe = 4;
+  EXPECT_EQ(decode_bits(dir, true, t), base) << "4 attention passes in flight";
+  t = DecodeTuning{};
+  t.fuse_norms = false;
+  EXPECT_EQ(decode_bits(dir, true, t), base) << "residual norms launched alone";
 }
 
 TEST_P(CudaInfer, BadInputIsRefused) {

@@ -399,15 +399,27 @@ void CudaInference::Impl::run_decode_step() {
     // block of each row. Separate counters: the two launches may overlap under PDL only in the
     // prologue, which touches no counter, but keeping them apart costs nothing.
     DecodeResidualNorm pa{h, x, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, tail_ctr};
-    if (on(DecodeOp::OProj)) gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
+    if (on(DecodeOp::OProj)) {
+      if (opt.decode.fuse_norms) {
+        gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
+      } else {
+        gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
+        decode_residual_norm(h, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st);
+      }
+    }
     mark("o projection + residual norm");
     if (on(DecodeOp::Router)) router(li, M, true);
     mark("router");
     DecodeResidualNorm pm{
         h, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
-    if (on(DecodeOp::Experts))
+    if (on(DecodeOp::Experts)) {
       decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
-                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st, &pm);
+                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
+                     opt.decode.fuse_norms ? &pm : nullptr);
+      if (!opt.decode.fuse_norms)
+        decode_residual_norm(h, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
+                             st);
+    }
     mark("experts + residual norm");
   }
   if (on(DecodeOp::LmHead)) gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);

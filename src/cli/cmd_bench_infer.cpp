@@ -168,12 +168,11 @@ int run(const BenchInferArgs& a) {
   }
   // --ablate: the step without each op class in turn (a timing experiment: the tokens decoded
   // meanwhile are meaningless), so the difference is what the class costs inside the graph,
-  // overlaps with its neighbours included.
+  // overlaps with its neighbours included. The full step is timed again first (the default
+  // tuning is in effect here), next to the runs it is compared with.
   nlohmann::json ablation = nlohmann::json::object();
   if (a.ablate) {
-    cuda::DecodeTuning base;
     double base_bytes = 0;
-    inf.set_decode_tuning(base);
     const double base_s = time_decode(base_bytes);
     std::printf("# decode step without each op class (timing only; %.4f ms with all):\n",
                 base_s * 1e3);

@@ -230,17 +230,23 @@ int main(int argc, char** argv) {
           for (uint64_t i = 0; i < count; ++i)
             store(dt, host.data(), i, float(i % 5 + uint64_t(g)));
           CHECK_CUDA(cudaSetDevice(g));
-          // Poison the output (all-ones bytes: NaN or -1, never an expected value), then the input.
-          CHECK_CUDA(cudaMemset(recvb[size_t(g)], 0xff, bytes));
-          CHECK_CUDA(cudaMemcpy(inplace ? recvb[size_t(g)] : sendb[size_t(g)], host.data(), bytes,
-                                cudaMemcpyHostToDevice));
+          // Poison the output (all-ones bytes: NaN or -1, never an expected value), then the input,
+          // on the collective's own stream: the legacy default stream does not order work against
+          // a non-blocking stream, and a pageable cudaMemcpy may return before its DMA is done.
+          const cudaStream_t s = streams[size_t(g)];
+          CHECK_CUDA(cudaMemsetAsync(recvb[size_t(g)], 0xff, bytes, s));
+          CHECK_CUDA(cudaMemcpyAsync(inplace ? recvb[size_t(g)] : sendb[size_t(g)], host.data(),
+                                     bytes, cudaMemcpyHostToDevice, s));
+          CHECK_CUDA(cudaStreamSynchronize(s));  // host.data() is refilled for the next GPU
         }
         all_reduce(inplace, count);
         sync_all();
         wrong = 0;
         for (int g = 0; g < ngpus; ++g) {
           CHECK_CUDA(cudaSetDevice(g));
-          CHECK_CUDA(cudaMemcpy(host.data(), recvb[size_t(g)], bytes, cudaMemcpyDeviceToHost));
+          CHECK_CUDA(cudaMemcpyAsync(host.data(), recvb[size_t(g)], bytes, cudaMemcpyDeviceToHost,
+                                     streams[size_t(g)]));
+          CHECK_CUDA(cudaStreamSynchronize(streams[size_t(g)]));
           for (uint64_t i = 0; i < count; ++i) {
             const float want = float(ngpus) * float(i % 5) + float(ngpus * (ngpus - 1) / 2);
             if (load(dt, host.data(), i) != want) ++wrong;

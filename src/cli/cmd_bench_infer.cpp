@@ -145,7 +145,7 @@ int run(const BenchInferArgs& a) {
     for (int ch : or_default(a.attn_chunks, 0))
       for (int pp : or_default(a.attn_pipes, 1))
         for (int cl : or_default(a.router_clusters, 0))
-          for (int fn : or_default(a.fuse_norms, 1)) {
+          for (int fn : or_default(a.fuse_norms, 0)) {
             cuda::DecodeTuning t;
             t.attn_chunk = ch;
             t.attn_pipe = pp;

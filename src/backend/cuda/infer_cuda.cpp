@@ -394,10 +394,11 @@ void CudaInference::Impl::run_decode_step() {
       decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
                        opt.decode.attn_chunk, opt.decode.attn_pipe);
     mark("attention");
-    // The o projection with the post-attention residual + norm in its last block; the expert
-    // combine with the post-MLP residual + norm (into the next layer's input norm) in the last
-    // block of each row. Separate counters: the two launches may overlap under PDL only in the
-    // prologue, which touches no counter, but keeping them apart costs nothing.
+    // The o projection, then the post-attention residual + norm; the experts, then the post-MLP
+    // residual + norm (into the next layer's input norm). With fuse_norms each norm runs in the
+    // last block of the launch before it (slower under PDL on the H200). Separate counters: the two
+    // launches may overlap under PDL only in the prologue, which touches no counter, but keeping
+    // them apart costs nothing.
     DecodeResidualNorm pa{h, x, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, tail_ctr};
     if (on(DecodeOp::OProj)) {
       if (opt.decode.fuse_norms) {

@@ -33,8 +33,9 @@ struct DecodeTuning {
   // device schedules. Results do not depend on it.
   int router_cluster = 0;
   // The post-attention and post-MLP residual norms in the last block of the o projection and of
-  // the expert combine (true), or as launches of their own (false); the same bits.
-  bool fuse_norms = true;
+  // the expert combine (true), or as launches of their own (false, the default: 0.669 against
+  // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.
+  bool fuse_norms = false;
   // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
   // launches the decode step leaves out, so that the step time without them shows what they cost
   // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.

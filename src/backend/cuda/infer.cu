@@ -45,7 +45,9 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
 // kernel may start while the previous kernel of the stream is still running, as soon as every
 // block of that kernel has executed pdl_trigger() (or exited). Each kernel here therefore
 //   1. before pdl_wait() reads nothing but weights (uploaded once at construction, never written
-//      by a kernel) and writes nothing but its own registers and shared memory;
+//      by a kernel) and writes nothing but its own registers and shared memory; one exception,
+//      the sequence lengths in decode_attention: only a step's last launch writes them, and by
+//      rule 3 that launch completed before the previous kernel could start;
 //   2. has every thread call pdl_wait() (griddepcontrol.wait: returns once the previous kernel
 //      has completed and its memory is visible) before its first read of an activation, cache,
 //      counter or length, and before its first global store or atomic;
@@ -70,6 +72,30 @@ __device__ __forceinline__ void pdl_trigger() {
 __device__ __forceinline__ void pdl_begin() {
   pdl_wait();
   pdl_trigger();
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+__device__ __forceinline__ void prefetch_l2_keep(const void* p) {
+  asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p));
+}
+
+// The 128-byte lines of pf's ranges towards L2, spread over every thread of the (2-D) grid.
+__device__ void prefetch_ranges_l2(const L2Prefetch& pf) {
+  const int64_t nth = int64_t(gridDim.x) * gridDim.y * blockDim.x;
+  const int64_t tid = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int r = 0; r < L2Prefetch::kMax; r++) {
+    const char* p = static_cast<const char*>(pf.ptr[r]);
+    if (!p) continue;
+    const int64_t lines = (pf.bytes[r] + 127) / 128;
+    for (int64_t i = tid; i < lines; i += nth) {
+      if (pf.keep)
+        prefetch_l2_keep(p + i * 128);
+      else
+        prefetch_l2(p + i * 128);
+    }
+  }
 }
 
 // acc[m] += Σ_i w8[i] · x[m, k + i] over one 16-byte piece of weights (8 bf16), the fmaf chain in
@@ -336,12 +362,15 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // (e >= E: the skip class, no expert runs). First act[m,i] = silu(x·Wgu_e[i]) · (x·Wgu_e[I+i]) from
 // the packed gate|up rows, both dot products in fp32 in one warp; then
 // out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
-// The SwiGLU kernel reads the router's choice, its predecessor's output, so nothing precedes its
-// pdl_wait; the down kernel, one launch later, loads its expert's weights before its own.
+// The SwiGLU kernel reads the router's choice, its predecessor's output, so none of its own work
+// precedes its pdl_wait: its threads spend that wait (the router, a latency-bound launch on a few
+// SMs) hinting pf's weights of later launches towards L2 while DRAM is idle. The down kernel, one
+// launch later, loads its expert's weights before its own wait.
 template <bool kVec>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
-                                     int64_t K) {
+                                     int64_t K, L2Prefetch pf) {
+  prefetch_ranges_l2(pf);
   pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
@@ -590,10 +619,6 @@ constexpr int kAttnThreads = kAttnWarps * kWarp;
 constexpr int kAttnMaxG = 8;
 constexpr int kAttnKeysPerPass = kAttnWarps * 4;
 
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
-
 template <int PER>
 __device__ __forceinline__ void load_bf16_vals(float (&f)[PER], const bf16* p) {
   if constexpr (PER % 8 == 0) {
@@ -638,9 +663,12 @@ __global__ void __launch_bounds__(kAttnThreads)
       prefetch_l2(base + (i / 2 % per) * 64);
     }
   }
-  pdl_begin();  // q, the cache and len all come from earlier kernels
+  // len is written only by the last launch of a step (advance_lengths), which completed before the
+  // previous kernel could start (see the PDL rules above), so it is final here: read before the
+  // wait.
+  const int64_t pos = __ldcg(len + m);  // the new token (already in the cache) is at pos
+  pdl_begin();                          // q and the cache come from earlier kernels
   const int G = Hq / Hkv;
-  const int64_t pos = len[m];  // the new token (already in the cache) is at pos
   const int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
   const int64_t k0 = int64_t(c) * ch;
   const int64_t kb = k0 > lo ? k0 : lo;
@@ -654,19 +682,17 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int64_t row = int64_t(Hkv) * D;  // elements between consecutive keys in the cache
   if (kb < ke) {
     const float scale = rsqrtf(float(D));
-    for (int i = threadIdx.x; i < G * D; i += kAttnThreads)
-      qs[i] = __bfloat162float(q[(int64_t(m) * Hq + int64_t(g) * G) * D + i]) * scale;
-    __syncthreads();
     const int n = int(ke - kb);
     const bf16* kbase = kcache + (int64_t(m) * cap + kb) * row + int64_t(g) * D;
     const bf16* vbase = vcache + (int64_t(m) * cap + kb) * row + int64_t(g) * D;
     const int grp = lane / 8, sub = lane % 8;
-    // kPipe passes of 16 keys at a time: their K rows are loaded together (kPipe round trips in
-    // flight instead of one after another), then scored pass by pass in the same order.
-    for (int j0 = 0; j0 < n; j0 += kPipe * kAttnKeysPerPass) {
-      // A group past the chunk's end reads key 0 again (all lanes stay converged for the
-      // shuffles) and stores nothing.
-      float kf[kPipe][PER];
+    // The loads of one round trip, issued together right after the wait: the first kPipe passes'
+    // K rows, the first kVPre value rows of this warp's P·V share, and q (into shared memory).
+    // kPipe passes of 16 keys at a time: their K rows are loaded together, then scored pass by
+    // pass in the same order. A group past the chunk's end reads key 0 again (all lanes stay
+    // converged for the shuffles) and stores nothing.
+    float kf[kPipe][PER];
+    auto load_k = [&](int j0) {
 #pragma unroll
       for (int p = 0; p < kPipe; p++) {
         const int j = j0 + p * kAttnKeysPerPass + warp * 4 + grp;
@@ -674,6 +700,20 @@ __global__ void __launch_bounds__(kAttnThreads)
         load_bf16_vals<PER>(kf[p], kbase + at);
         prefetch_l2(vbase + at);  // the P·V pass reads this row next
       }
+    };
+    load_k(0);
+    constexpr int kVPre = 8;  // the P·V keys warp, warp + 4, ... loaded before the scores
+    float vpre[kVPre][PV];
+#pragma unroll
+    for (int i = 0; i < kVPre; i++) {
+      const int j = warp + i * kAttnWarps;
+      if (j < n) load_bf16_vals<PV>(vpre[i], vbase + int64_t(j) * row + lane * PV);
+    }
+    for (int i = threadIdx.x; i < G * D; i += kAttnThreads)
+      qs[i] = __bfloat162float(q[(int64_t(m) * Hq + int64_t(g) * G) * D + i]) * scale;
+    __syncthreads();
+    for (int j0 = 0; j0 < n; j0 += kPipe * kAttnKeysPerPass) {
+      if (j0 > 0) load_k(j0);
 #pragma unroll
       for (int p = 0; p < kPipe; p++) {
         const int j = j0 + p * kAttnKeysPerPass + warp * 4 + grp;
@@ -716,10 +756,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int t = 0; t < kAttnMaxG; t++)
 #pragma unroll
       for (int e = 0; e < PV; e++) acc[t][e] = 0.f;
-#pragma unroll 4  // a warp's 4 keys of a 16-key chunk: their V loads in flight together
-    for (int j = warp; j < n; j += kAttnWarps) {
-      float vf[PV];
-      load_bf16_vals<PV>(vf, vbase + int64_t(j) * row + lane * PV);
+    // Keys in the same order as ever (warp, warp + 4, ...): the preloaded rows, then the rest.
+    auto pv_key = [&](int j, const float(&vf)[PV]) {
 #pragma unroll
       for (int t = 0; t < kAttnMaxG; t++) {
         if (t >= G) break;
@@ -727,6 +765,15 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
         for (int e = 0; e < PV; e++) acc[t][e] = fmaf(p, vf[e], acc[t][e]);
       }
+    };
+#pragma unroll
+    for (int i = 0; i < kVPre; i++)
+      if (warp + i * kAttnWarps < n) pv_key(warp + i * kAttnWarps, vpre[i]);
+#pragma unroll 4  // a warp's next 4 keys: their V loads in flight together
+    for (int j = warp + kVPre * kAttnWarps; j < n; j += kAttnWarps) {
+      float vf[PV];
+      load_bf16_vals<PV>(vf, vbase + int64_t(j) * row + lane * PV);
+      pv_key(j, vf);
     }
 #pragma unroll
     for (int t = 0; t < kAttnMaxG; t++) {
@@ -1365,7 +1412,7 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn) {
+                    const DecodeResidualNorm* rn, const L2Prefetch* pf) {
   check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
   check(!rn || M <= kGemvMaxRows, "decode_experts: the fused residual norm takes M <= 8");
   const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
@@ -1379,7 +1426,7 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
           : (rn ? expert_down_combine_kernel<false, true>
                 : expert_down_combine_kernel<false, false>);
   launch_k(vec ? expert_swiglu_kernel<true> : expert_swiglu_kernel<false>, g1, block, 0, st, act_MI,
-           x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
+           x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D, pf ? *pf : L2Prefetch{});
   launch_k(down, g2, block, 0, st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E,
            skip_scaled_input, D, I, tn);
   ZAYA_CUDA_CHECK(cudaGetLastError());

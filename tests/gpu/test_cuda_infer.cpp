@@ -266,11 +266,6 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
   t = DecodeTuning{};
   t.fuse_norms = !t.fuse_norms;
   EXPECT_EQ(decode_bits(dir, true, t), base) << "residual norms fused or alone (not the default)";
-  for (int pf : {0, 1, 2}) {
-    t = DecodeTuning{};
-    t.l2_prefetch = pf;
-    EXPECT_EQ(decode_bits(dir, true, t), base) << "next layer's weights towards L2: " << pf;
-  }
 }
 
 TEST_P(CudaInfer, BadInputIsRefused) {
@@ -295,9 +290,6 @@ TEST_P(CudaInfer, BadInputIsRefused) {
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
   t.router_cluster = 0;
   t.attn_pipe = 2;
-  EXPECT_THROW(inf.set_decode_tuning(t), Error);
-  t.attn_pipe = 1;
-  t.l2_prefetch = 3;
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
 }
 

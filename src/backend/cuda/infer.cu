@@ -77,27 +77,6 @@ __device__ __forceinline__ void pdl_begin() {
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
-__device__ __forceinline__ void prefetch_l2_keep(const void* p) {
-  asm volatile("prefetch.global.L2::evict_last [%0];\n" ::"l"(p));
-}
-
-// The 128-byte lines of pf's ranges towards L2, spread over every thread of the (2-D) grid.
-__device__ void prefetch_ranges_l2(const L2Prefetch& pf) {
-  const int64_t nth = int64_t(gridDim.x) * gridDim.y * blockDim.x;
-  const int64_t tid = (int64_t(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-  for (int r = 0; r < L2Prefetch::kMax; r++) {
-    const char* p = static_cast<const char*>(pf.ptr[r]);
-    if (!p) continue;
-    const int64_t lines = (pf.bytes[r] + 127) / 128;
-    for (int64_t i = tid; i < lines; i += nth) {
-      if (pf.keep)
-        prefetch_l2_keep(p + i * 128);
-      else
-        prefetch_l2(p + i * 128);
-    }
-  }
-}
-
 // acc[m] += Σ_i w8[i] · x[m, k + i] over one 16-byte piece of weights (8 bf16), the fmaf chain in
 // element order: every GEMV variant below accumulates through this, so they agree bit for bit.
 template <int M>
@@ -362,15 +341,12 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // (e >= E: the skip class, no expert runs). First act[m,i] = silu(x·Wgu_e[i]) · (x·Wgu_e[I+i]) from
 // the packed gate|up rows, both dot products in fp32 in one warp; then
 // out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
-// The SwiGLU kernel reads the router's choice, its predecessor's output, so none of its own work
-// precedes its pdl_wait: its threads spend that wait (the router, a latency-bound launch on a few
-// SMs) hinting pf's weights of later launches towards L2 while DRAM is idle. The down kernel, one
-// launch later, loads its expert's weights before its own wait.
+// The SwiGLU kernel reads the router's choice, its predecessor's output, so nothing precedes its
+// pdl_wait; the down kernel, one launch later, loads its expert's weights before its own.
 template <bool kVec>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
-                                     int64_t K, L2Prefetch pf) {
-  prefetch_ranges_l2(pf);
+                                     int64_t K) {
   pdl_begin();
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
@@ -1412,7 +1388,7 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn, const L2Prefetch* pf) {
+                    const DecodeResidualNorm* rn) {
   check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
   check(!rn || M <= kGemvMaxRows, "decode_experts: the fused residual norm takes M <= 8");
   const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
@@ -1426,7 +1402,7 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
           : (rn ? expert_down_combine_kernel<false, true>
                 : expert_down_combine_kernel<false, false>);
   launch_k(vec ? expert_swiglu_kernel<true> : expert_swiglu_kernel<false>, g1, block, 0, st, act_MI,
-           x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D, pf ? *pf : L2Prefetch{});
+           x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
   launch_k(down, g2, block, 0, st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E,
            skip_scaled_input, D, I, tn);
   ZAYA_CUDA_CHECK(cudaGetLastError());

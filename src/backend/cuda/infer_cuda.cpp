@@ -140,9 +140,6 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
              t.router_cluster);
   ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 4,
              "cuda inference: attention passes in flight must be 1 or 4, got {}", t.attn_pipe);
-  ZAYA_CHECK(t.l2_prefetch >= 0 && t.l2_prefetch <= 2,
-             "cuda inference: l2_prefetch must be 0 (off), 1 or 2 (evict-last), got {}",
-             t.l2_prefetch);
   ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
              "cuda inference: decode skip mask {:#x} names no op class", t.skip);
   opt.decode = t;
@@ -416,23 +413,10 @@ void CudaInference::Impl::run_decode_step() {
     mark("router");
     DecodeResidualNorm pm{
         h, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
-    L2Prefetch pf;
-    if (opt.decode.l2_prefetch > 0 && li + 1 < NL) {
-      const DevLayer& n = L[size_t(li + 1)];
-      pf.ptr[0] = n.wqkv, pf.bytes[0] = LD * D * int64_t(sizeof(bf16));
-      pf.ptr[1] = n.wo, pf.bytes[1] = D * QD * int64_t(sizeof(bf16));
-      pf.ptr[2] = n.r_down, pf.bytes[2] = R * D * int64_t(sizeof(bf16));
-      // The router's fp32 vectors and MLP, from the down bias to the balancing biases (carved in
-      // that order by plan()).
-      pf.ptr[3] = n.r_down_b;
-      pf.bytes[3] = reinterpret_cast<const char*>(n.balancing + E1) -
-                    reinterpret_cast<const char*>(n.r_down_b);
-      pf.keep = opt.decode.l2_prefetch == 2;
-    }
     if (on(DecodeOp::Experts)) {
       decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
                      c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
-                     opt.decode.fuse_norms ? &pm : nullptr, &pf);
+                     opt.decode.fuse_norms ? &pm : nullptr);
       if (!opt.decode.fuse_norms)
         decode_residual_norm(h, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
                              st);

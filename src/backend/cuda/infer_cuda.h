@@ -36,10 +36,6 @@ struct DecodeTuning {
   // the expert combine (true), or as launches of their own (false, the default: 0.669 against
   // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.
   bool fuse_norms = false;
-  // The next layer's dense weights (q|k|v, o projection, router down projection and MLP) hinted
-  // towards L2 by the SwiGLU launch while it waits for the router: 0 no, 1 yes, 2 yes with the
-  // evict-last priority. The same bits.
-  int l2_prefetch = 0;
   // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
   // launches the decode step leaves out, so that the step time without them shows what they cost
   // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.

@@ -64,20 +64,10 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 // (packed gate|up rows [E, 2I, D]), then out[m] = gate[m] · act[m]·Wd_e^T ([E, D, I]); rows whose
 // choice is the skip class (>= E) get gate[m]·x[m] (skip_scaled_input) or 0. x, act, out bf16.
 // rn (optional): the post-MLP residual norm over out, fused into the second launch (M <= 8).
-// Weights of later launches that a decode launch hints towards L2 while it waits for its
-// predecessor (prefetch.global.L2, with the evict-last priority when keep is set): up to kMax byte
-// ranges, spread over the launch's threads. Only weights (never written by a kernel) belong here.
-struct L2Prefetch {
-  static constexpr int kMax = 4;
-  const void* ptr[kMax] = {};
-  int64_t bytes[kMax] = {};
-  bool keep = false;
-};
-
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn = nullptr, const L2Prefetch* pf = nullptr);
+                    const DecodeResidualNorm* rn = nullptr);
 
 // The CCA convolutions for one token per sequence (cca_conv_fwd with S = 1): the depthwise conv
 // (kernel t0) over hist_BPC (P = (t0−1)+(t1−1) earlier rows, fp32 [B,P,C]) and the token's q0|k0

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/bench_model.h"
+#include "bench/decode_trace.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -23,6 +24,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/infer_cuda.h"
+#include "backend/cuda/infer_kernels.h"
 #endif
 
 namespace zaya::cli {
@@ -35,7 +37,7 @@ struct BenchInferArgs {
   std::string preset = "zaya1-base", json, write_config;
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
-  bool no_graphs = false, profile = false, ablate = false;
+  bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, router_clusters, fuse_norms;
   uint64_t seed = 1234;
 };
@@ -196,6 +198,39 @@ int run(const BenchInferArgs& a) {
     ablation["all"] = {{"decode_ms_per_step", base_s * 1e3}};
     inf.set_decode_tuning(cuda::DecodeTuning{});
   }
+  // --trace: the same greedy steps with every decode kernel stamping the global timer as it passes
+  // its wait; the gaps between stamps are each kernel's cost on the critical path of the graph.
+  nlohmann::json trace = nlohmann::json::object();
+  if (a.trace) {
+    inf.reset(a.batch);
+    inf.prefill(ids, a.prompt);
+    const auto warm = inf.decode_greedy(first, a.warmup);
+    last.assign(warm.end() - a.batch, warm.end());
+    const auto stamps = inf.trace_decode(last, a.decode, nullptr);
+    std::vector<std::string> names;
+    for (unsigned e = 0; e < unsigned(cuda::DecodeTraceEvent::Count); e++)
+      names.push_back(cuda::decode_trace_event_name(cuda::DecodeTraceEvent(e)));
+    const auto sum =
+        bench::summarize_decode_trace(stamps, names, unsigned(cuda::DecodeTraceEvent::Advance));
+    std::printf(
+        "# decode trace: %lld steps, %.1f us from one step's last stamp to the next (host sync "
+        "between steps included; untimed steps %.1f us): time from a kernel passing its wait to "
+        "the next stamp\n",
+        (long long)sum.steps, sum.step_us, decode_s * 1e6);
+    std::printf("  %-16s %-16s %9s %9s %10s %7s\n", "from", "to", "per step", "mean us", "us/step",
+                "share");
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& r : sum.rows) {
+      std::printf("  %-16s %-16s %9.2f %9.2f %10.1f %6.1f%%\n", r.from.c_str(), r.to.c_str(),
+                  r.per_step, r.mean_us, r.total_us, 100.0 * r.total_us / sum.step_us);
+      rows.push_back({{"from", r.from},
+                      {"to", r.to},
+                      {"per_step", r.per_step},
+                      {"mean_us", r.mean_us},
+                      {"us_per_step", r.total_us}});
+    }
+    trace = {{"steps", sum.steps}, {"step_us", sum.step_us}, {"transitions", rows}};
+  }
   if (!a.json.empty()) {
     nlohmann::json j = {{"preset", a.preset},
                         {"layers", cfg.num_hidden_layers},
@@ -214,7 +249,8 @@ int run(const BenchInferArgs& a) {
                         {"device_bytes", inf.device_bytes()},
                         {"eager_step_profile_ms", prof},
                         {"decode_variants", variants},
-                        {"decode_ablation", ablation}};
+                        {"decode_ablation", ablation},
+                        {"decode_trace", trace}};
     write_file_atomic(a.json, j.dump(1) + "\n");
   }
   return 0;
@@ -263,6 +299,9 @@ int bench_infer_cli(int argc, char** argv) {
   app.add_flag("--ablate", a.ablate,
                "also time the decode step without each op class in turn (what each costs in the "
                "graph; the tokens decoded meanwhile are meaningless)");
+  app.add_flag("--trace", a.trace,
+               "also trace the decode graph: each kernel stamps the global timer as it passes its "
+               "wait, and the gaps are summed per kernel-to-kernel transition");
   app.add_option("--json", a.json, "write the results as JSON");
   app.add_option("--seed", a.seed, "weights and prompt seed");
   app.add_option("--write-config", a.write_config,

@@ -248,6 +248,53 @@ TEST_P(CudaInfer, DecodeGivesTheSameBitsWithAndWithoutPdl) {
   EXPECT_EQ(decode_bits(dir, false), decode_bits(dir, true));
 }
 
+// The decode trace stamps every decode kernel of each step in launch order without changing what
+// is decoded: the same greedy tokens as untraced, and per step one stamp of each kind the step
+// launches (per layer: router, its four stage stamps, the two expert launches ...), time-ordered.
+TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (!decode_pdl_active()) GTEST_SKIP() << "no programmatic dependent launch on this device";
+  const std::string dir = parity_fixture(GetParam());
+  ZayaModel m = ZayaModel::load(dir);
+  const auto prompt = parity_prompt(dir);
+  const int64_t S = int64_t(prompt.size()), NL = m.cfg.num_hidden_layers, n = 5;
+  CudaInferOptions o;
+  o.max_context = S + 2 * n + 2;
+  CudaInference inf(m, o);
+  inf.reset(1);
+  inf.prefill(prompt, S);
+  const auto plain = inf.decode_greedy({prompt[0]}, n);
+  inf.reset(1);
+  inf.prefill(prompt, S);
+  std::vector<int32_t> traced;
+  auto stamps = inf.trace_decode({prompt[0]}, n, &traced);
+  EXPECT_EQ(traced, plain);
+  ASSERT_FALSE(stamps.empty());
+  std::sort(stamps.begin(), stamps.end(),
+            [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::vector<int64_t> count(size_t(DecodeTraceEvent::Count), 0);
+  for (const auto& [ev, ns] : stamps) {
+    ASSERT_LT(ev, unsigned(DecodeTraceEvent::Count));
+    count[ev]++;
+  }
+  auto per_step = [&](DecodeTraceEvent e) { return count[size_t(e)]; };
+  EXPECT_EQ(per_step(DecodeTraceEvent::Advance), n);
+  for (auto e :
+       {DecodeTraceEvent::Router, DecodeTraceEvent::RouterDown, DecodeTraceEvent::RouterFc1,
+        DecodeTraceEvent::RouterFc2, DecodeTraceEvent::RouterSelect, DecodeTraceEvent::ExpertSwiglu,
+        DecodeTraceEvent::ExpertDown, DecodeTraceEvent::Attention, DecodeTraceEvent::CcaConv,
+        DecodeTraceEvent::CcaFinish})
+    EXPECT_EQ(per_step(e), n * NL) << decode_trace_event_name(e);
+  EXPECT_EQ(per_step(DecodeTraceEvent::Gemv), n * (2 * NL + 1));  // q|k|v, o; the LM head
+  EXPECT_EQ(per_step(DecodeTraceEvent::Norm), n * (2 * NL + 1));  // two a layer; the first
+  // Within a layer the router's stamps follow each other in stage order.
+  for (size_t i = 0; i + 4 < stamps.size(); i++)
+    if (stamps[i].first == unsigned(DecodeTraceEvent::Router)) {
+      EXPECT_EQ(stamps[i + 1].first, unsigned(DecodeTraceEvent::RouterDown));
+      EXPECT_EQ(stamps[i + 4].first, unsigned(DecodeTraceEvent::RouterSelect));
+    }
+}
+
 // The decode choices that keep every operation and its order (DecodeTuning: router cluster size,
 // attention passes in flight, residual norms fused or launched alone) give the same bits.
 TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {

@@ -69,9 +69,27 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-__device__ __forceinline__ void pdl_begin() {
+// Decode trace (set_decode_trace): while c_trace is set, thread 0 of block (0, 0, 0) of every
+// decode kernel stamps the global timer as it passes its wait (the router also after its stages),
+// appending (ns << 8 | event) after the buffer's leading counter. The stamp comes after the
+// trigger, so the next launch is not held back; the atomic adds an L2 round trip to that one
+// thread. Null (the default): one constant load and a branch.
+__constant__ unsigned long long* c_trace;
+__constant__ unsigned long long c_trace_cap;
+
+__device__ __forceinline__ void trace_mark(DecodeTraceEvent ev) {
+  unsigned long long* t = c_trace;
+  if (t == nullptr || (threadIdx.x | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  const unsigned long long i = atomicAdd(t, 1ull);
+  if (i < c_trace_cap) t[1 + i] = (now << 8) | unsigned(ev);
+}
+
+__device__ __forceinline__ void pdl_begin(DecodeTraceEvent ev) {
   pdl_wait();
   pdl_trigger();
+  trace_mark(ev);
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
@@ -274,7 +292,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const bf16* w = W + (live ? o : 0) * ldw;
   uint4 wpre[kPreChunks];
   if constexpr (kPre) load_row_pieces(wpre, w, K, lane, live);
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::Gemv);
   if (live) {
     float acc[M];
 #pragma unroll
@@ -308,7 +326,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
 template <int M, bool kVec>
 __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W,
                                 int64_t ldw, const float* bias, int64_t O, int64_t K) {
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::GemvF32);
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (o >= O) return;
@@ -347,7 +365,7 @@ template <bool kVec>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
                                      int64_t K) {
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::ExpertSwiglu);
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -394,7 +412,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const bf16* w = Wd + (expert ? e * d_stride + o * I : 0);
   uint4 wpre[kPreChunks];
   if constexpr (kVec) load_row_pieces(wpre, w, I, lane, expert);
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::ExpertDown);
   if (o < D) {
     if (!expert) {
       if (lane == 0)
@@ -446,7 +464,7 @@ __global__ void __launch_bounds__(kConvWarps* kWarp)
     for (int i = 0; i < NV; i++)
       wv[i] = *reinterpret_cast<const float4*>(wr + 4 * lane + 4 * kWarp * i);
   }
-  pdl_begin();  // qkv and the history come from earlier kernels
+  pdl_begin(DecodeTraceEvent::CcaConv);  // qkv and the history come from earlier kernels
   for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
     const int mm = e / K, k = e % K, ci = k / t1, j = k % t1, c = c0 + ci;
     float s = bdw[c];  // depthwise_at of cca.cu at index j of a one-token sequence
@@ -510,7 +528,7 @@ __global__ void __launch_bounds__(kQkvThreads)
                              const int32_t* len, int64_t cap, float theta, int r, int Hq, int Hkv,
                              int d, float* hist, int P) {
   extern __shared__ float sh[];
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::CcaFinish);
   const int m = blockIdx.y, hh = blockIdx.x;
   const int G = Hq / Hkv, QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
   const int64_t pos = len[m];
@@ -642,8 +660,8 @@ __global__ void __launch_bounds__(kAttnThreads)
   // len is written only by the last launch of a step (advance_lengths), which completed before the
   // previous kernel could start (see the PDL rules above), so it is final here: read before the
   // wait.
-  const int64_t pos = __ldcg(len + m);  // the new token (already in the cache) is at pos
-  pdl_begin();                          // q and the cache come from earlier kernels
+  const int64_t pos = __ldcg(len + m);     // the new token (already in the cache) is at pos
+  pdl_begin(DecodeTraceEvent::Attention);  // q and the cache come from earlier kernels
   const int G = Hq / Hkv;
   const int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
   const int64_t k0 = int64_t(c) * ch;
@@ -864,7 +882,7 @@ __global__ void __launch_bounds__(kRowThreads)
       if (a)
         load4(hs + i, hsv[k]), load4(hb + i, hbv[k]), load4(rs + i, rsv[k]), load4(rb + i, rbv[k]);
     }
-    pdl_begin();
+    pdl_begin(DecodeTraceEvent::Norm);
 #pragma unroll
     for (int k = 0; k < kRowVec; k++) {
       const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
@@ -895,7 +913,7 @@ __global__ void __launch_bounds__(kRowThreads)
       kern::store4(y + m * D + i, o);
     }
   } else {
-    pdl_begin();
+    pdl_begin(DecodeTraceEvent::Norm);
     for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
       const float v =
           a ? residual_elem(__bfloat162float(a[m * D + i]), hb[i], hs[i], hr[i], rb[i], rs[i])
@@ -1059,7 +1077,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   for (int i = threadIdx.x; i < R; i += kRouterThreads) snw[i] = norm_w[i];
   if (q == 0 && bal)
     for (int i = threadIdx.x; i < E1; i += kRouterThreads) sbal[i] = bal[i];
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::Router);
   __syncthreads();  // the small vectors are in shared memory
   // Stage 0: the down projection and the EDA state, rows [o0, o1).
   // A warp's rows o and o + kRouterWarps are read together (both rows' loads in flight at once),
@@ -1097,6 +1115,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
   if (!waited) cl_wait();
   cl_sync();
+  trace_mark(DecodeTraceEvent::RouterDown);
   // Stage 1: RMSNorm of the full v (every block the same, in the same order).
   float ss = 0.f;
   for (int i = threadIdx.x; i < R; i += kRouterThreads) ss += v[i] * v[i];
@@ -1121,6 +1140,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
   }
   cl_sync();
+  trace_mark(DecodeTraceEvent::RouterFc1);
   for (int o = o0 + warp; o < o1; o += kRouterWarps) {
     const float* w = w2p + int64_t(o - o0) * R;
     float s = 0.f;
@@ -1129,6 +1149,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
   }
   cl_sync();  // no remote access after this: the other blocks may exit
+  trace_mark(DecodeTraceEvent::RouterFc2);
   if (q != 0) return;
   for (int o = warp; o < E1; o += kRouterWarps) {
     const float* w = wop + int64_t(o) * R;
@@ -1140,6 +1161,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   __syncthreads();
   if (warp == 0)  // softmax and choice: one warp, the training path's rule
     kern::warp_router_select(probs + m * E1, choice + m, gate + m, lg, bal ? sbal : nullptr, E1);
+  trace_mark(DecodeTraceEvent::RouterSelect);
 }
 
 // Argmax over long rows in two passes: 256 blocks per row each reduce a slice to (value, index),
@@ -1168,7 +1190,7 @@ __device__ void block_argmax(float& bv, int64_t& bi) {
 
 __global__ void argmax_slices_kernel(float* part_v, int64_t* part_i, const float* logits,
                                      int64_t V) {
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::Argmax);
   const int64_t m = blockIdx.y, slice = blockIdx.x;
   const int64_t per = (V + kArgmaxSlices - 1) / kArgmaxSlices;
   const int64_t v0 = slice * per, v1 = v0 + per < V ? v0 + per : V;
@@ -1184,7 +1206,7 @@ __global__ void argmax_slices_kernel(float* part_v, int64_t* part_i, const float
 }
 
 __global__ void argmax_final_kernel(int32_t* out, const float* part_v, const int64_t* part_i) {
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::ArgmaxFinal);
   const int64_t m = blockIdx.x;
   float bv = -INFINITY;
   int64_t bi = -1;
@@ -1206,7 +1228,7 @@ __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* 
 }
 
 __global__ void advance_kernel(int32_t* len, int32_t n, int64_t B) {
-  pdl_begin();
+  pdl_begin(DecodeTraceEvent::Advance);
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b < B) len[b] += n;
 }
@@ -1353,6 +1375,35 @@ void gemv_bf16_any(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64
 
 void set_decode_pdl(bool on) {
   g_pdl_setting = on ? 1 : 0;
+}
+
+void set_decode_trace(unsigned long long* buf, size_t capacity) {
+  const unsigned long long cap = buf ? capacity : 0;
+  ZAYA_CUDA_CHECK(cudaMemcpyToSymbol(c_trace, &buf, sizeof(buf)));
+  ZAYA_CUDA_CHECK(cudaMemcpyToSymbol(c_trace_cap, &cap, sizeof(cap)));
+}
+
+const char* decode_trace_event_name(DecodeTraceEvent ev) {
+  switch (ev) {
+    case DecodeTraceEvent::Gemv: return "gemv";
+    case DecodeTraceEvent::GemvF32: return "gemv_f32";
+    case DecodeTraceEvent::ExpertSwiglu: return "expert_swiglu";
+    case DecodeTraceEvent::ExpertDown: return "expert_down";
+    case DecodeTraceEvent::CcaConv: return "cca_conv";
+    case DecodeTraceEvent::CcaFinish: return "cca_finish";
+    case DecodeTraceEvent::Attention: return "attention";
+    case DecodeTraceEvent::Norm: return "residual_norm";
+    case DecodeTraceEvent::Router: return "router";
+    case DecodeTraceEvent::RouterDown: return "router_down";
+    case DecodeTraceEvent::RouterFc1: return "router_fc1";
+    case DecodeTraceEvent::RouterFc2: return "router_fc2";
+    case DecodeTraceEvent::RouterSelect: return "router_select";
+    case DecodeTraceEvent::Argmax: return "argmax";
+    case DecodeTraceEvent::ArgmaxFinal: return "argmax_final";
+    case DecodeTraceEvent::Advance: return "advance";
+    case DecodeTraceEvent::Count: break;
+  }
+  return "?";
 }
 
 bool decode_pdl_active() {

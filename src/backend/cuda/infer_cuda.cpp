@@ -580,6 +580,38 @@ std::vector<int32_t> CudaInference::decode_greedy(const std::vector<int32_t>& fi
   return out;
 }
 
+std::vector<std::pair<unsigned, uint64_t>> CudaInference::trace_decode(
+    const std::vector<int32_t>& first, int64_t n, std::vector<int32_t>* tokens) {
+  Impl& s = *impl_;
+  // At most ~16 stamps per layer and a few per step; room for twice that.
+  const size_t cap = size_t(std::max<int64_t>(n, 1)) * size_t(32 * s.NL + 64);
+  unsigned long long* buf = nullptr;
+  ZAYA_CUDA_CHECK(cudaMalloc(&buf, (cap + 1) * sizeof(unsigned long long)));
+  std::vector<unsigned long long> host(cap + 1);
+  std::vector<int32_t> out;
+  try {
+    ZAYA_CUDA_CHECK(cudaMemset(buf, 0, (cap + 1) * sizeof(unsigned long long)));
+    ZAYA_CUDA_CHECK(cudaDeviceSynchronize());  // the constant changes under no running kernel
+    set_decode_trace(buf, cap);
+    out = decode_greedy(first, n);  // synchronises at every step
+    set_decode_trace(nullptr, 0);
+    ZAYA_CUDA_CHECK(cudaMemcpy(host.data(), buf, host.size() * sizeof(unsigned long long),
+                               cudaMemcpyDeviceToHost));
+  } catch (...) {
+    cudaDeviceSynchronize();
+    set_decode_trace(nullptr, 0);
+    cudaFree(buf);
+    throw;
+  }
+  ZAYA_CUDA_CHECK(cudaFree(buf));
+  ZAYA_CHECK(host[0] <= cap, "decode trace: {} stamps overflowed the buffer of {}", host[0], cap);
+  std::vector<std::pair<unsigned, uint64_t>> stamps(static_cast<size_t>(host[0]));
+  for (size_t i = 0; i < stamps.size(); i++)
+    stamps[i] = {unsigned(host[1 + i] & 0xffu), uint64_t(host[1 + i] >> 8)};
+  if (tokens) *tokens = std::move(out);
+  return stamps;
+}
+
 std::vector<std::pair<std::string, double>> CudaInference::profile_decode(
     const std::vector<int32_t>& ids) {
   Impl& s = *impl_;

@@ -88,6 +88,11 @@ class CudaInference {
   // from one token per sequence; returns the n new tokens per sequence, [n][B] flattened.
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& first, int64_t n);
 
+  // decode_greedy with the decode trace on (set_decode_trace): returns the stamps, (event id, ns)
+  // in the order they landed, and the tokens in `tokens`. For `zaya bench infer --trace`.
+  std::vector<std::pair<unsigned, uint64_t>> trace_decode(const std::vector<int32_t>& first,
+                                                          int64_t n, std::vector<int32_t>* tokens);
+
   // One eager decode step (no graph) with CUDA events between ops: milliseconds per op class, in
   // the order first seen. Advances the cache like decode(). For `zaya bench infer --profile`.
   std::vector<std::pair<std::string, double>> profile_decode(const std::vector<int32_t>& ids);

@@ -33,6 +33,34 @@ constexpr int kGemvMaxRows = 8;
 void set_decode_pdl(bool on);
 bool decode_pdl_active();  // on the current device
 
+// Where a decode kernel stamps the trace: as it passes its programmatic-dependency wait (the
+// kernel kinds), and the router also after each of its stages (cluster barriers) and its choice.
+enum class DecodeTraceEvent : unsigned {
+  Gemv,          // gemv_bf16 (q|k|v, o projection, LM head)
+  GemvF32,       // gemv_f32
+  ExpertSwiglu,  // decode_experts, first launch
+  ExpertDown,    // decode_experts, second launch
+  CcaConv,
+  CcaFinish,
+  Attention,
+  Norm,  // decode_residual_norm
+  Router,
+  RouterDown,    // after the down projection and EDA (every block's v complete)
+  RouterFc1,     // after fc1 + GELU
+  RouterFc2,     // after fc2 + GELU
+  RouterSelect,  // after the logits, softmax and choice
+  Argmax,
+  ArgmaxFinal,
+  Advance,
+  Count
+};
+const char* decode_trace_event_name(DecodeTraceEvent ev);
+// Turns the decode trace on (buf: a zero-filled device buffer of 1 + capacity 64-bit words; [0]
+// counts the stamps, then each is (global timer ns << 8) | event, in the order the atomics landed)
+// or off (nullptr). A timing instrument: one thread per launch adds an atomic round trip. Applies
+// to every later launch on the current device, graph replays included.
+void set_decode_trace(unsigned long long* buf, size_t capacity);
+
 // A residual norm fused into the end of a decode launch (gemv_bf16_residual_norm, decode_experts):
 // with a the launch's bf16 output [M, D], h = (a + hb)⊙hs + (h + rb)⊙rs in place, then
 // y = norm_w ⊙ h · rstd — the same bits as decode_residual_norm(h, y, a, ...). The block that

@@ -38,7 +38,7 @@ struct BenchInferArgs {
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
-  std::vector<int> attn_chunks, attn_pipes, router_clusters, fuse_norms, fold_norms;
+  std::vector<int> attn_chunks, attn_pipes, router_clusters, fuse_norms;
   uint64_t seed = 1234;
 };
 
@@ -132,46 +132,41 @@ int run(const BenchInferArgs& a) {
       prof[name] = ms;
     }
   }
-  // Decode variants (--attn-chunks x --attn-pipes x --router-clusters x --fuse-norms x
-  // --fold-norms; the norms fused and folded at once is no variant): the same prompt and steps,
-  // the graph captured again for each.
+  // Decode variants (--attn-chunks x --attn-pipes x --router-clusters x --fuse-norms): the same
+  // prompt and steps, the graph captured again for each.
   nlohmann::json variants = nlohmann::json::array();
   if (!a.attn_chunks.empty() || !a.attn_pipes.empty() || !a.router_clusters.empty() ||
-      !a.fuse_norms.empty() || !a.fold_norms.empty()) {
+      !a.fuse_norms.empty()) {
     const cuda::DecodeTuning dflt;
     auto or_default = [](const std::vector<int>& v, int d) {
       return v.empty() ? std::vector<int>{d} : v;
     };
     std::printf("# decode variants (same prompt and steps; graph captured again for each):\n");
-    std::printf("  %-11s %-10s %-15s %-11s %-11s %12s %10s\n", "attn_chunk", "attn_pipe",
-                "router_cluster", "fuse_norms", "fold_norms", "ms/step", "roofline");
+    std::printf("  %-11s %-10s %-15s %-11s %12s %10s\n", "attn_chunk", "attn_pipe",
+                "router_cluster", "fuse_norms", "ms/step", "roofline");
     auto label = [](int v) { return v ? std::to_string(v) : std::string("auto"); };
     for (int ch : or_default(a.attn_chunks, dflt.attn_chunk))
       for (int pp : or_default(a.attn_pipes, dflt.attn_pipe))
         for (int cl : or_default(a.router_clusters, dflt.router_cluster))
-          for (int fn : or_default(a.fuse_norms, dflt.fuse_norms ? 1 : 0))
-            for (int fo : or_default(a.fold_norms, dflt.fold_norms ? 1 : 0)) {
-              if (fn && fo) continue;
-              cuda::DecodeTuning t;
-              t.attn_chunk = ch;
-              t.attn_pipe = pp;
-              t.router_cluster = cl;
-              t.fuse_norms = fn != 0;
-              t.fold_norms = fo != 0;
-              inf.set_decode_tuning(t);
-              double vb = 0;
-              const double vs = time_decode(vb);
-              const double frac = vb / (a.copy_gbs * 1e9) / vs;
-              std::printf("  %-11s %-10d %-15s %-11s %-11s %12.4f %10.3f\n", label(ch).c_str(), pp,
-                          label(cl).c_str(), fn ? "yes" : "no", fo ? "yes" : "no", vs * 1e3, frac);
-              variants.push_back({{"attn_chunk", ch},
-                                  {"attn_pipe", pp},
-                                  {"router_cluster", cl},
-                                  {"fuse_norms", fn != 0},
-                                  {"fold_norms", fo != 0},
-                                  {"decode_ms_per_step", vs * 1e3},
-                                  {"roofline_fraction", frac}});
-            }
+          for (int fn : or_default(a.fuse_norms, dflt.fuse_norms ? 1 : 0)) {
+            cuda::DecodeTuning t;
+            t.attn_chunk = ch;
+            t.attn_pipe = pp;
+            t.router_cluster = cl;
+            t.fuse_norms = fn != 0;
+            inf.set_decode_tuning(t);
+            double vb = 0;
+            const double vs = time_decode(vb);
+            const double frac = vb / (a.copy_gbs * 1e9) / vs;
+            std::printf("  %-11s %-10d %-15s %-11s %12.4f %10.3f\n", label(ch).c_str(), pp,
+                        label(cl).c_str(), fn ? "yes" : "no", vs * 1e3, frac);
+            variants.push_back({{"attn_chunk", ch},
+                                {"attn_pipe", pp},
+                                {"router_cluster", cl},
+                                {"fuse_norms", fn != 0},
+                                {"decode_ms_per_step", vs * 1e3},
+                                {"roofline_fraction", frac}});
+          }
     inf.set_decode_tuning(cuda::DecodeTuning{});
   }
   // --ablate: the step without each op class in turn (a timing experiment: the tokens decoded
@@ -294,11 +289,6 @@ int bench_infer_cli(int argc, char** argv) {
   app.add_option("--fuse-norms", a.fuse_norms,
                  "also time decode with the residual norms fused into the o projection and the "
                  "expert combine (1) and as launches of their own (0)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({0, 1}));
-  app.add_option("--fold-norms", a.fold_norms,
-                 "also time decode with the residual norms computed by the launches that read "
-                 "them (1) or by launches of their own (0)")
       ->delimiter(',')
       ->check(CLI::IsMember({0, 1}));
   app.add_option("--router-clusters", a.router_clusters,

@@ -313,10 +313,6 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
   t = DecodeTuning{};
   t.fuse_norms = !t.fuse_norms;
   EXPECT_EQ(decode_bits(dir, true, t), base) << "residual norms fused or alone (not the default)";
-  t = DecodeTuning{};
-  t.fuse_norms = false;
-  t.fold_norms = !t.fold_norms;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "residual norms folded or not (not the default)";
 }
 
 TEST_P(CudaInfer, BadInputIsRefused) {
@@ -341,9 +337,6 @@ TEST_P(CudaInfer, BadInputIsRefused) {
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
   t.router_cluster = 0;
   t.attn_pipe = 2;
-  EXPECT_THROW(inf.set_decode_tuning(t), Error);
-  t.attn_pipe = 1;
-  t.fuse_norms = t.fold_norms = true;  // one or the other
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
 }
 
@@ -897,93 +890,6 @@ TEST(CudaDecodeKernels, FusedResidualNormsEqualTheSeparateLaunches) {
     EXPECT_EQ(test_util::download(ctr, size_t(2 * kGemvMaxRows)),
               std::vector<unsigned>(size_t(2 * kGemvMaxRows), 0u))
         << "counters back at zero";
-  }
-}
-
-// The residual norms folded into their consumers (DecodeNormIn): the q|k|v GEMV and the router
-// computing the norm themselves give the bits of decode_residual_norm followed by the plain launch
-// — the consumer's output, the new residual rows (h_out, h_in untouched) and the router's x_out.
-TEST(CudaDecodeKernels, FoldedResidualNormsEqualTheSeparateLaunches) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 g(67);
-  struct Case {
-    int64_t M, D, O, R, E1;
-  };
-  for (const Case& c : std::vector<Case>{{1, 2048, 1280, 256, 17},
-                                         {3, 64, 40, 32, 5},
-                                         {8, 256, 200, 64, 9},
-                                         {2, 4096, 96, 32, 5}}) {
-    const int64_t M = c.M, D = c.D, O = c.O, R = c.R, E1 = c.E1;
-    SCOPED_TRACE("M " + std::to_string(M) + " D " + std::to_string(D));
-    const float eps = 1e-5f, ws = 1.f / std::sqrt(float(R)), wd = 1.f / std::sqrt(float(D));
-    const auto h0 = test_util::random_uniform(g, size_t(M * D), -2.f, 2.f);
-    const auto a0 = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
-    const auto W = test_util::random_uniform(g, size_t(O * D), -wd, wd, true);
-    std::vector<std::vector<float>> vecs;
-    for (int i = 0; i < 5; i++)
-      vecs.push_back(
-          test_util::random_uniform(g, size_t(D), i % 2 ? -0.1f : 0.5f, i % 2 ? 0.1f : 1.5f));
-    const auto dw = test_util::random_uniform(g, size_t(R * D), -1.7f * wd, 1.7f * wd, true);
-    const auto db = test_util::random_uniform(g, size_t(R), -1.f, 1.f);
-    const auto state = test_util::random_uniform(g, size_t(M * R), -2.f, 2.f);
-    const auto scale = test_util::random_uniform(g, size_t(R), -0.5f, 0.5f);
-    const auto nw = test_util::random_uniform(g, size_t(R), 0.7f, 1.3f);
-    const auto f1w = test_util::random_uniform(g, size_t(R * R), -1.7f * ws, 1.7f * ws);
-    const auto f1b = test_util::random_uniform(g, size_t(R), -0.1f, 0.1f);
-    const auto f2w = test_util::random_uniform(g, size_t(R * R), -1.7f * ws, 1.7f * ws);
-    const auto f2b = test_util::random_uniform(g, size_t(R), -0.1f, 0.1f);
-    const auto ow = test_util::random_uniform(g, size_t(E1 * R), -3.4f * ws, 3.4f * ws);
-    const auto bal = test_util::random_uniform(g, size_t(E1), -0.01f, 0.01f);
-    test_util::DeviceArena ar;
-    const bf16 *ad = ar.up_bf16(a0), *Wd = ar.up_bf16(W), *dwd = ar.up_bf16(dw);
-    const float *hs = ar.up(vecs[0]), *hb = ar.up(vecs[1]), *rs = ar.up(vecs[2]),
-                *rb = ar.up(vecs[3]), *w = ar.up(vecs[4]);
-    const float *dbd = ar.up(db), *sd = ar.up(state), *scd = ar.up(scale), *nwd = ar.up(nw),
-                *f1wd = ar.up(f1w), *f1bd = ar.up(f1b), *f2wd = ar.up(f2w), *f2bd = ar.up(f2b),
-                *owd = ar.up(ow), *bald = ar.up(bal);
-    float *h_ref = ar.up(h0), *h_in = ar.up(h0), *h_out = ar.alloc<float>(size_t(M * D));
-    bf16 *x_ref = ar.alloc<bf16>(size_t(M * D)), *x_out = ar.alloc<bf16>(size_t(M * D));
-    bf16 *y_ref = ar.alloc<bf16>(size_t(M * O)), *y = ar.alloc<bf16>(size_t(M * O));
-    float *r_ref = ar.alloc<float>(size_t(M * R)), *r = ar.alloc<float>(size_t(M * R));
-    float *p_ref = ar.alloc<float>(size_t(M * E1)), *p = ar.alloc<float>(size_t(M * E1));
-    float *g_ref = ar.alloc<float>(size_t(M)), *gt = ar.alloc<float>(size_t(M));
-    int32_t *c_ref = ar.alloc<int32_t>(size_t(M)), *ch = ar.alloc<int32_t>(size_t(M));
-    ASSERT_TRUE(ad && Wd && dwd && hs && w && dbd && owd && h_ref && h_in && h_out && x_ref &&
-                x_out && y_ref && y && r_ref && r && p_ref && p && g_ref && gt && c_ref && ch);
-    decode_residual_norm(h_ref, x_ref, ad, hs, hb, rs, rb, w, eps, M, D, nullptr);
-    gemv_bf16(nullptr, y_ref, O, x_ref, D, Wd, D, nullptr, M, O, D, nullptr);
-    decode_router(r_ref, p_ref, c_ref, g_ref, x_ref, D, dwd, dbd, sd, scd, nwd, eps, f1wd, f1bd,
-                  f2wd, f2bd, owd, bald, M, D, R, E1, nullptr);
-    const DecodeNormIn n{h_in, h_out, ad, hs, hb, rs, rb, w, eps, x_out};
-    ASSERT_TRUE(decode_norm_in_supported(n, M, D));
-    DecodeNormIn aliased = n;
-    aliased.h_out = h_in;
-    EXPECT_FALSE(decode_norm_in_supported(aliased, M, D)) << "h_out must not alias h_in";
-    gemv_bf16_norm_in(y, O, Wd, D, M, O, D, n, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(test_util::download_bf16(y, size_t(M * O)),
-              test_util::download_bf16(y_ref, size_t(M * O)))
-        << "q|k|v";
-    EXPECT_EQ(test_util::download(h_out, size_t(M * D)), test_util::download(h_ref, size_t(M * D)))
-        << "h_out from the GEMV";
-    EXPECT_EQ(test_util::download(h_in, size_t(M * D)), h0) << "h_in untouched";
-    ASSERT_EQ(cudaMemset(h_out, 0, size_t(M * D) * 4), cudaSuccess);
-    for (int cl : {0, 4}) {
-      SCOPED_TRACE("router cluster limit " + std::to_string(cl));
-      decode_router(r, p, ch, gt, nullptr, D, dwd, dbd, sd, scd, nwd, eps, f1wd, f1bd, f2wd, f2bd,
-                    owd, bald, M, D, R, E1, nullptr, cl, &n);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(test_util::download(r, size_t(M * R)), test_util::download(r_ref, size_t(M * R)));
-      EXPECT_EQ(test_util::download(p, size_t(M * E1)), test_util::download(p_ref, size_t(M * E1)));
-      EXPECT_EQ(test_util::download(ch, size_t(M)), test_util::download(c_ref, size_t(M)));
-      EXPECT_EQ(test_util::download(gt, size_t(M)), test_util::download(g_ref, size_t(M)));
-      EXPECT_EQ(test_util::download_bf16(x_out, size_t(M * D)),
-                test_util::download_bf16(x_ref, size_t(M * D)))
-          << "x_out";
-      EXPECT_EQ(test_util::download(h_out, size_t(M * D)),
-                test_util::download(h_ref, size_t(M * D)))
-          << "h_out from the router";
-    }
   }
 }
 

@@ -92,16 +92,6 @@ __device__ __forceinline__ void pdl_begin(DecodeTraceEvent ev) {
   trace_mark(ev);
 }
 
-// 16-byte global → shared copies that complete in the background (cp.async, L2 only), and the wait
-// for all of this thread's copies.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
@@ -203,65 +193,6 @@ __device__ __forceinline__ float norm_rstd(float ss_total, int64_t D, float eps)
 // D <= 4096).
 constexpr int kRowVec = 4;
 
-// The residual norm n (DecodeNormIn) computed by the block of the launch that reads it. Before the
-// launch's wait, norm_in_stage copies the norm's five vectors (weights) into shared memory pv
-// ([5][D] floats: hs, hb, rs, rb, w) with cp.async; after it, norm_in_row computes row m in the
-// vector layout and with the arithmetic of decode_residual_norm_kernel (the same bits): x into xs
-// (shared memory, [D] bf16), and when `store` the row of h_out (and of x_out, if set) stored too.
-// The row's inputs are read in one round trip. Every thread of the block (kRowThreads) must call
-// both; norm_in_row waits for the block's cp.async copies and ends with a barrier.
-constexpr int kNormInVecs = 5;
-
-__device__ __forceinline__ void norm_in_stage(const DecodeNormIn& n, int64_t D, float* pv) {
-  for (int64_t i = int64_t(threadIdx.x) * 4; i < kNormInVecs * D; i += int64_t(blockDim.x) * 4) {
-    const int64_t r = i / D;
-    const float* v = r == 0 ? n.hs : r == 1 ? n.hb : r == 2 ? n.rs : r == 3 ? n.rb : n.norm_w;
-    cp_async16(pv + i, v + i % D);
-  }
-}
-
-__device__ void norm_in_row(const DecodeNormIn& n, int64_t m, int64_t D, const float* pv, bf16* xs,
-                            bool store, float* red) {
-  using kern::load4;
-  float hv[kRowVec][4], av[kRowVec][4];
-#pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    load4(n.h_in + m * D + i, hv[k]), load4(n.a + m * D + i, av[k]);
-  }
-  cp_async_wait_all();
-  __syncthreads();  // every thread's vector copies have landed
-  const float *hs = pv, *hb = pv + D, *rs = pv + 2 * D, *rb = pv + 3 * D, *w = pv + 4 * D;
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    float hsv[4], hbv[4], rsv[4], rbv[4];
-    load4(hs + i, hsv), load4(hb + i, hbv), load4(rs + i, rsv), load4(rb + i, rbv);
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      hv[k][e] = residual_elem(av[k][e], hbv[e], hsv[e], hv[k][e], rbv[e], rsv[e]);
-      ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
-    }
-    if (store) kern::store4(n.h_out + m * D + i, hv[k]);
-  }
-  const float rstd = norm_rstd(block_sum_rows(ss, red), D, n.eps);
-#pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    float wv[4], o[4];
-    load4(w + i, wv);
-#pragma unroll
-    for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[e], hv[k][e]), rstd);
-    kern::store4(xs + i, o);
-    if (store && n.x_out) kern::store4(n.x_out + m * D + i, o);
-  }
-  __syncthreads();
-}
-
 // Arguments of a residual norm fused into the tail of a GEMV or expert launch.
 struct TailNorm {
   float* h;
@@ -350,32 +281,18 @@ __device__ bool last_block_done(unsigned* counter, unsigned blocks) {
 // weight stream overlaps the previous kernel's tail. kTail: the block that finishes last also runs
 // the residual norm of all M rows over y16 (the o projection followed by the post-attention
 // residual + norm, in one launch).
-// kNormIn: x is the residual norm nin (D = K), computed by every block at its start into shared
-// memory (dynamic: the norm's vectors, then M·K bf16 of x); block 0 stores the new residual rows.
-template <int M, bool kVec, bool kPre, bool kTail, bool kNormIn = false>
+template <int M, bool kVec, bool kPre, bool kTail>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
-                     int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn,
-                     DecodeNormIn nin) {
+                     int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn) {
   static_assert(kVec || !kPre, "the register prologue takes the 16-byte path");
-  static_assert(!kNormIn || (kPre && !kTail),
-                "the norm-in GEMV is the plain register-prologue one");
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const bool live = o < O;
   const bf16* w = W + (live ? o : 0) * ldw;
   uint4 wpre[kPreChunks];
   if constexpr (kPre) load_row_pieces(wpre, w, K, lane, live);
-  extern __shared__ __align__(16) float gemv_norm_sh[];  // kNormIn: [5][K] floats, [M][K] bf16
-  if constexpr (kNormIn) norm_in_stage(nin, K, gemv_norm_sh);
   pdl_begin(DecodeTraceEvent::Gemv);
-  if constexpr (kNormIn) {
-    __shared__ float nred[kRowThreads / kWarp];
-    bf16* xs = reinterpret_cast<bf16*>(gemv_norm_sh + kNormInVecs * K);
-    for (int m = 0; m < M; m++)
-      norm_in_row(nin, m, K, gemv_norm_sh, xs + m * K, blockIdx.x == 0, nred);
-    x = xs, ldx = K;
-  }
   if (live) {
     float acc[M];
 #pragma unroll
@@ -1053,6 +970,16 @@ __device__ __forceinline__ void cl_sync() {
   cl_wait();
 }
 
+// 16-byte global → shared copies that complete in the background (cp.async, L2 only), and the wait
+// for all of this thread's copies.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // The router of decode rows, one cluster of blocks per row: the down projection
 // r = x·W_down + b, r += state ⊙ scale (EDA; r keeps the result as the next layer's state),
 // RMSNorm, fc1 + exact GELU, fc2 + GELU, the class logits, fp32 softmax and the biased top-1
@@ -1085,16 +1012,6 @@ __host__ __device__ inline int64_t router_smem_floats(int64_t R, int64_t E1, int
   const int64_t E1p = ((E1 + 3) / 4) * 4, Rp = ((R + 3) / 4) * 4;
   return kRouterWarps + 4 * R + E1p + 4 * rpb + Rp + E1p + (staged ? 2 * rpb * R + E1 * R : 0);
 }
-// Where the norm-in area (DecodeNormIn: its five vectors, [5][D] floats, then x, D bf16) starts,
-// 16-byte aligned, and the whole size.
-__host__ __device__ inline int64_t router_x_offset(int64_t R, int64_t E1, int64_t rpb,
-                                                   bool staged) {
-  return ((router_smem_floats(R, E1, rpb, staged) + 3) / 4) * 4;
-}
-__host__ __device__ inline int64_t router_smem_floats_x(int64_t R, int64_t E1, int64_t rpb,
-                                                        bool staged, int64_t D) {
-  return router_x_offset(R, E1, rpb, staged) + kNormInVecs * D + ((D + 7) / 8) * 4;
-}
 
 template <bool kVecX>
 __global__ void __launch_bounds__(kRouterThreads)
@@ -1103,7 +1020,7 @@ __global__ void __launch_bounds__(kRouterThreads)
                          const float* scale, const float* norm_w, float eps, const float* fc1_w,
                          const float* fc1_b, const float* fc2_w, const float* fc2_b,
                          const float* out_w, const float* bal, int D, int R, int E1, bool stage,
-                         bool vec_w, DecodeNormIn nin) {
+                         bool vec_w) {
   extern __shared__ __align__(16) float sh[];
   cl_arrive();  // paired with the wait before the first remote write: every peer has started
   const unsigned q = cl_rank(), cs = cl_size();
@@ -1160,8 +1077,6 @@ __global__ void __launch_bounds__(kRouterThreads)
   for (int i = threadIdx.x; i < R; i += kRouterThreads) snw[i] = norm_w[i];
   if (q == 0 && bal)
     for (int i = threadIdx.x; i < E1; i += kRouterThreads) sbal[i] = bal[i];
-  float* nv = sh + router_x_offset(R, E1, rpb, stage);  // norm-in: [5][D] floats, then x
-  if (nin.h_in) norm_in_stage(nin, D, nv);
   pdl_begin(DecodeTraceEvent::Router);
   __syncthreads();  // the small vectors are in shared memory
   // Stage 0: the down projection and the EDA state, rows [o0, o1).
@@ -1175,50 +1090,28 @@ __global__ void __launch_bounds__(kRouterThreads)
     if (!waited) cl_wait(), waited = true;
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(v + o, t) = s;
   };
-  if constexpr (kVecX) {
-    // A warp's rows o and o + kRouterWarps are loaded together (with their EDA state); the first
-    // pair before the norm-in row, so that both share one round trip.
-    uint4 pa[kPreChunks], pb[kPreChunks];
-    float st_a = 0.f, st_b = 0.f;
-    auto load_pair = [&](int o) {
-      const int ob = o + kRouterWarps;
-      const bool has_b = ob < o1;
-      load_row_pieces(pa, Wd + int64_t(o) * D, D, lane);
-      load_row_pieces(pb, Wd + int64_t(has_b ? ob : o) * D, D, lane, has_b);
-      st_a = state ? state[m * R + o] : 0.f;
-      st_b = state && has_b ? state[m * R + ob] : 0.f;
-    };
-    int o = o0 + warp;
-    if (o < o1) load_pair(o);
-    const bf16* xr = x + m * ldx;
-    if (nin.h_in) {  // x is the post-attention residual norm, computed here
-      bf16* xs = reinterpret_cast<bf16*>(nv + kNormInVecs * D);
-      norm_in_row(nin, m, D, nv, xs, q == 0, red);
-      xr = xs;
+  for (int o = o0 + warp; o < o1; o += 2 * kRouterWarps) {
+    const int ob = o + kRouterWarps;
+    const bool has_b = ob < o1;
+    float acc[1] = {0.f}, accb[1] = {0.f};
+    const bf16* wa = Wd + int64_t(o) * D;
+    const bf16* wb = Wd + int64_t(has_b ? ob : o) * D;
+    // The rows' EDA state (the previous layer's router output) loaded with the weights, not after
+    // the sums.
+    const float st_a = state ? state[m * R + o] : 0.f;
+    const float st_b = state && has_b ? state[m * R + ob] : 0.f;
+    if constexpr (kVecX) {
+      uint4 pa[kPreChunks], pb[kPreChunks];
+      load_row_pieces(pa, wa, D, lane);
+      load_row_pieces(pb, wb, D, lane, has_b);
+      gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane);
+      if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane);
+    } else {
+      gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane);
+      if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane);
     }
-    for (; o < o1; o += 2 * kRouterWarps) {
-      const int ob = o + kRouterWarps;
-      const bool has_b = ob < o1;
-      float acc[1] = {0.f}, accb[1] = {0.f};
-      gemv_bf16_row_pre<1>(acc, pa, xr, D, Wd + int64_t(o) * D, D, lane);
-      if (has_b) gemv_bf16_row_pre<1>(accb, pb, xr, D, Wd + int64_t(ob) * D, D, lane);
-      const float sa = st_a, sb = st_b;
-      if (o + 2 * kRouterWarps < o1) load_pair(o + 2 * kRouterWarps);
-      finish_row(o, acc[0], sa);
-      if (has_b) finish_row(ob, accb[0], sb);
-    }
-  } else {
-    for (int o = o0 + warp; o < o1; o += 2 * kRouterWarps) {
-      const int ob = o + kRouterWarps;
-      const bool has_b = ob < o1;
-      float acc[1] = {0.f}, accb[1] = {0.f};
-      const float st_a = state ? state[m * R + o] : 0.f;
-      const float st_b = state && has_b ? state[m * R + ob] : 0.f;
-      gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, Wd + int64_t(o) * D, D, lane);
-      if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, Wd + int64_t(ob) * D, D, lane);
-      finish_row(o, acc[0], st_a);
-      if (has_b) finish_row(ob, accb[0], st_b);
-    }
+    finish_row(o, acc[0], st_a);
+    if (has_b) finish_row(ob, accb[0], st_b);
   }
   if (!waited) cl_wait();
   cl_sync();
@@ -1419,7 +1312,7 @@ void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t
   const bool tail = tn.counters != nullptr;
 #define ZAYA_GEMV_LAUNCH(V, P, T)                                                                 \
   launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, 0, st, y32, y16, ldy, x, ldx, W, ldw, bias, \
-           O, K, tn, DecodeNormIn{})
+           O, K, tn)
   if (tail) {
     if (pre)
       ZAYA_GEMV_LAUNCH(true, true, true);
@@ -1436,31 +1329,6 @@ void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t
       ZAYA_GEMV_LAUNCH(false, false, false);
   }
 #undef ZAYA_GEMV_LAUNCH
-}
-
-size_t norm_in_smem(int64_t M, int64_t D) {
-  return size_t(kNormInVecs * D) * sizeof(float) + size_t(M * D) * sizeof(bf16);
-}
-
-template <int M>
-void launch_gemv_bf16_norm_in(bf16* y16, int64_t ldy, const bf16* W, int64_t ldw, int64_t O,
-                              int64_t K, const DecodeNormIn& n, cudaStream_t st) {
-  const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock));
-  const auto kernel = gemv_bf16_kernel<M, true, true, false, true>;
-  const size_t smem = norm_in_smem(M, K);
-  // Opt the kernel (one per M) into that much dynamic shared memory, once per device and size:
-  // the first decode step runs eagerly, so this happens outside any graph capture.
-  static int dev_done = -1;
-  static size_t bytes_done = 0;
-  int dev = 0;
-  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev != dev_done || smem > bytes_done) {
-    ZAYA_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    dev_done = dev, bytes_done = smem;
-  }
-  launch_k(kernel, grid, dim3(kRowsPerBlock * kWarp), smem, st, nullptr, y16, ldy, nullptr, K, W,
-           ldw, nullptr, O, K, TailNorm{}, n);
 }
 
 template <int M>
@@ -1549,24 +1417,6 @@ size_t decode_tail_counter_bytes() {
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st) {
   gemv_bf16_any(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, M, O, K, TailNorm{}, st);
-}
-
-bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D) {
-  return M >= 1 && M <= kGemvMaxRows && D % 8 == 0 && D <= 4 * kRowVec * kRowThreads &&
-         norm_in_smem(M, D) <= 144 * 1024 && n.h_in && n.h_out && n.a && n.hs && n.hb && n.rs &&
-         n.rb && n.norm_w && n.h_in != n.h_out &&
-         kern::vec4_ok(D, {n.h_in, n.h_out, n.a, n.hs, n.hb, n.rs, n.rb, n.norm_w, n.x_out});
-}
-
-void gemv_bf16_norm_in(bf16* y_bf16, int64_t ldy, const bf16* W, int64_t ldw, int64_t M, int64_t O,
-                       int64_t K, const DecodeNormIn& n, cudaStream_t st) {
-  check(decode_norm_in_supported(n, M, K) && y_bf16 && O > 0 && ldw >= K && ldy >= O &&
-            ldw % 8 == 0 && aligned16(W),
-        "gemv_bf16_norm_in: needs decode_norm_in_supported(n, M, K) and 16-byte aligned W rows");
-  with_rows(M, [&](auto r) {
-    launch_gemv_bf16_norm_in<decltype(r)::value>(y_bf16, ldy, W, ldw, O, K, n, st);
-  });
-  ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
 void gemv_bf16_residual_norm(bf16* a_MO, const bf16* x, int64_t ldx, const bf16* W, int64_t ldw,
@@ -1742,7 +1592,7 @@ namespace {
 // once per (R, E1, max_cs) on the first call, which runs eagerly, so a captured step makes no such
 // queries.
 struct RouterLaunch {
-  int64_t R = -1, E1 = -1, D = -1;
+  int64_t R = -1, E1 = -1;
   int device = -1, max_cs = -1;
   int cs = 1;
   size_t smem = 0;
@@ -1750,26 +1600,25 @@ struct RouterLaunch {
 };
 
 template <bool kVecX>
-RouterLaunch router_launch(int64_t R, int64_t E1, int max_cs, int64_t D) {
+RouterLaunch router_launch(int64_t R, int64_t E1, int max_cs) {
   static RouterLaunch cached;
   int dev = 0;
   ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
-  if (cached.R == R && cached.E1 == E1 && cached.D == D && cached.device == dev &&
-      cached.max_cs == max_cs)
+  if (cached.R == R && cached.E1 == E1 && cached.device == dev && cached.max_cs == max_cs)
     return cached;
   RouterLaunch L;
-  L.R = R, L.E1 = E1, L.D = D, L.device = dev, L.max_cs = max_cs;
+  L.R = R, L.E1 = E1, L.device = dev, L.max_cs = max_cs;
   int major = 0, max_smem = 0;
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   auto smem_for = [&](int cs) {
-    return size_t(router_smem_floats_x(R, E1, (R + cs - 1) / cs, true, D)) * sizeof(float);
+    return size_t(router_smem_floats(R, E1, (R + cs - 1) / cs, true)) * sizeof(float);
   };
   const auto kernel = decode_router_kernel<kVecX>;
   L.cs = 1;
   L.smem = smem_for(1);
   L.stage = L.smem <= size_t(max_smem);
-  if (!L.stage) L.smem = size_t(router_smem_floats_x(R, E1, R, false, D)) * sizeof(float);
+  if (!L.stage) L.smem = size_t(router_smem_floats(R, E1, R, false)) * sizeof(float);
   if (major >= 9) {
     ZAYA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
@@ -1809,8 +1658,8 @@ void launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, bool vec_w, int max_cs, const DecodeNormIn& nin, cudaStream_t st) {
-  const RouterLaunch L = router_launch<kVecX>(R, E1, max_cs, D);
+                   int64_t E1, bool vec_w, int max_cs, cudaStream_t st) {
+  const RouterLaunch L = router_launch<kVecX>(R, E1, max_cs);
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[2];
   unsigned n = 0;
@@ -1834,7 +1683,7 @@ void launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX>, r_MR, probs_ME1, choice_M,
                                      gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
                                      norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1,
-                                     int(D), int(R), int(E1), L.stage, vec_w, nin));
+                                     int(D), int(R), int(E1), L.stage, vec_w));
 }
 
 }  // namespace
@@ -1844,27 +1693,22 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st, int max_cluster, const DecodeNormIn* norm_in) {
+                   int64_t E1, cudaStream_t st, int max_cluster) {
   check(M >= 1 && D > 0 && R > 0 && E1 > 0 && ldx >= D, "decode_router: bad sizes");
-  check(!norm_in || decode_norm_in_supported(*norm_in, M, D),
-        "decode_router: the norm-in row needs decode_norm_in_supported");
-  const DecodeNormIn nin = norm_in ? *norm_in : DecodeNormIn{};
   check(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
             max_cluster == 8 || max_cluster == 16,
         "decode_router: the cluster size limit must be 1, 2, 4, 8 or 16 (0: 16)");
   const int max_cs = max_cluster > 0 ? max_cluster : 16;
-  const bool vec_x =
-      D % 8 == 0 && (norm_in || (ldx % 8 == 0 && aligned16(x_MD))) && aligned16(down_w_RD);
-  check(vec_x || !norm_in, "decode_router: the norm-in row needs D % 8 == 0 and aligned weights");
+  const bool vec_x = D % 8 == 0 && ldx % 8 == 0 && aligned16(x_MD) && aligned16(down_w_RD);
   const bool vec_w = R % 4 == 0 && aligned16(fc1_w) && aligned16(fc2_w) && aligned16(out_w);
   if (vec_x)
     launch_router<true>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
                         scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M,
-                        D, R, E1, vec_w, max_cs, nin, st);
+                        D, R, E1, vec_w, max_cs, st);
   else
     launch_router<false>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R,
                          state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
-                         balancing_E1, M, D, R, E1, vec_w, max_cs, nin, st);
+                         balancing_E1, M, D, R, E1, vec_w, max_cs, st);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

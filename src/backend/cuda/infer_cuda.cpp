@@ -48,8 +48,6 @@ struct CudaInference::Impl {
   size_t arena_bytes = 0;
   Workspace ws;  // scratch for the training-path kernels (sort_by_expert)
   size_t ws_bytes = 0;
-  bool norm_foldable =
-      false;  // DecodeTuning::fold_norms can take effect (decode_norm_in_supported)
   std::vector<DevLayer> L;
   bf16* embed = nullptr;
   float *in_s = nullptr, *in_b = nullptr, *final_norm = nullptr;
@@ -57,7 +55,6 @@ struct CudaInference::Impl {
   float *h = nullptr, *rstd = nullptr, *conv = nullptr, *r[2] = {nullptr, nullptr}, *rn = nullptr,
         *t1 = nullptr, *t2 = nullptr, *rlog = nullptr, *probs = nullptr, *gate = nullptr,
         *logits = nullptr, *attn_ws = nullptr;
-  float* h2 = nullptr;  // decode: the residual's other buffer when norms are folded (fold_norms)
   void* argmax_ws = nullptr;
   unsigned* tail_ctr = nullptr;  // the fused residual norms' counters (decode_tail_counter_bytes)
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
@@ -88,7 +85,7 @@ struct CudaInference::Impl {
   void plan(Carver& cv);
   void upload(const ZayaModel& m);
   void zero_cache();
-  void router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* norm_in = nullptr);
+  void router(int64_t li, int64_t N, bool gemv);
   const float* next_norm(int64_t li) const;
   void run_prefill(int64_t S, bool all_logits);
   void run_decode_step();
@@ -130,14 +127,6 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   ZAYA_CUDA_CHECK(cudaMallocHost(&next_host, size_t(kGemvMaxRows) * sizeof(int32_t)));
   upload(m);
   zero_cache();
-  // The folded norms take the vector layout for every layer's vectors (else fold_norms falls back
-  // to launches of their own).
-  norm_foldable = D % 8 == 0;
-  for (const DevLayer& l : L)
-    for (const DecodeNormIn& n :
-         {DecodeNormIn{h, h2, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, 0.f, x},
-          DecodeNormIn{h2, h, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, l.ln_in, 0.f, nullptr}})
-      norm_foldable = norm_foldable && decode_norm_in_supported(n, opt.max_batch, D);
 }
 
 void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
@@ -151,9 +140,6 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
              t.router_cluster);
   ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 4,
              "cuda inference: attention passes in flight must be 1 or 4, got {}", t.attn_pipe);
-  ZAYA_CHECK(!(t.fuse_norms && t.fold_norms),
-             "cuda inference: the residual norms are either fused into their producers "
-             "(fuse_norms) or folded into their consumers (fold_norms), not both");
   ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
              "cuda inference: decode skip mask {:#x} names no op class", t.skip);
   opt.decode = t;
@@ -199,7 +185,6 @@ void CudaInference::Impl::plan(Carver& cv) {
   }
   const int64_t N = NP;
   h = cv.take<float>(N * D), rstd = cv.take<float>(N), conv = cv.take<float>(N * C);
-  h2 = cv.take<float>(opt.max_batch * D);
   r[0] = cv.take<float>(N * R), r[1] = cv.take<float>(N * R), rn = cv.take<float>(N * R);
   t1 = cv.take<float>(N * R), t2 = cv.take<float>(N * R);
   rlog = cv.take<float>(N * E1), probs = cv.take<float>(N * E1), gate = cv.take<float>(N);
@@ -294,7 +279,7 @@ void CudaInference::Impl::zero_cache() {
 
 // The router of layer li on rows x (bf16, N rows): down projection, EDA state, norm, MLP, select.
 // r[li % 2] receives this layer's state; r[(li + 1) % 2] holds the previous layer's.
-void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* norm_in) {
+void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv) {
   Impl& s = *this;
   DevLayer& l = s.L[size_t(li)];
   float* rc = s.r[li % 2];
@@ -303,7 +288,7 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeN
     decode_router(rc, s.probs, s.choice, s.gate, s.x, s.D, l.r_down, l.r_down_b,
                   li > 0 ? rp : nullptr, l.r_scale, l.r_norm, float(s.c.rms_norm_eps), l.fc1_w,
                   l.fc1_b, l.fc2_w, l.fc2_b, l.out_w, l.balancing, N, s.D, s.R, s.E1, s.st,
-                  s.opt.decode.router_cluster, norm_in);
+                  s.opt.decode.router_cluster);
     return;
   }
   s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R, GemmType::BF16,
@@ -395,19 +380,7 @@ void CudaInference::Impl::run_decode_step() {
     const RopeSettings& rs = c.rope_for_layer(li);
     const int64_t rot = int64_t(double(d) * rs.partial_rotary_factor);
     const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
-    // fold_norms: the post-attention residual norm runs inside the router (h → h2) and the
-    // post-MLP one inside the next layer's q|k|v projection (h2 → h); only the last layer's, into
-    // the final norm before the LM head, keeps a launch of its own (in place on h2).
-    const bool fold = opt.decode.fold_norms && norm_foldable;
-    if (on(DecodeOp::Qkv)) {
-      if (fold && li > 0) {
-        const DevLayer& p = L[size_t(li - 1)];
-        const DecodeNormIn n{h2, h, a, p.pm_hs, p.pm_hb, p.pm_rs, p.pm_rb, l.ln_in, eps, nullptr};
-        gemv_bf16_norm_in(qkv, LD, l.wqkv, D, M, LD, D, n, st);
-      } else {
-        gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
-      }
-    }
+    if (on(DecodeOp::Qkv)) gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
     mark("qkv, o projections");
     if (on(DecodeOp::CcaConv))
       decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
@@ -432,16 +405,11 @@ void CudaInference::Impl::run_decode_step() {
         gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
       } else {
         gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
-        if (!fold)
-          decode_residual_norm(h, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D,
-                               st);
+        decode_residual_norm(h, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st);
       }
     }
     mark("o projection + residual norm");
-    if (on(DecodeOp::Router)) {
-      const DecodeNormIn n{h, h2, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, x};
-      router(li, M, true, fold ? &n : nullptr);
-    }
+    if (on(DecodeOp::Router)) router(li, M, true);
     mark("router");
     DecodeResidualNorm pm{
         h, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
@@ -449,10 +417,7 @@ void CudaInference::Impl::run_decode_step() {
       decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
                      c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
                      opt.decode.fuse_norms ? &pm : nullptr);
-      if (fold && li + 1 == NL)  // the final norm, on h2 in place
-        decode_residual_norm(h2, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
-                             st);
-      else if (!fold && !opt.decode.fuse_norms)
+      if (!opt.decode.fuse_norms)
         decode_residual_norm(h, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
                              st);
     }

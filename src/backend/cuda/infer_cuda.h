@@ -36,10 +36,6 @@ struct DecodeTuning {
   // the expert combine (true), or as launches of their own (false, the default: 0.669 against
   // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.
   bool fuse_norms = false;
-  // The two residual norms of a layer computed at the start of the launch that reads them (the
-  // router; the next layer's q|k|v projection) instead of by launches of their own; the same bits.
-  // Not together with fuse_norms.
-  bool fold_norms = false;
   // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
   // launches the decode step leaves out, so that the step time without them shows what they cost
   // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.

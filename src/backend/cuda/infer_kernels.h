@@ -80,26 +80,6 @@ size_t decode_tail_counter_bytes();
 // K a multiple of 8), x bf16 [M, K] (row stride ldx); y fp32 or bf16 [M, ldy]. fp32 accumulation.
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
-
-// A residual norm computed by the launch that consumes it, at its start (every block of the
-// launch computes the rows it reads; no launch of its own): h_out = (a + hb)⊙hs + (h_in + rb)⊙rs,
-// x = w ⊙ h_out · rstd, the same bits as decode_residual_norm. One block stores h_out (and x_out
-// when set) for later launches, so h_out must not alias h_in (the other blocks still read it).
-// Rows [M, D] fp32 (h) and bf16 (a, x); vectors [D] fp32. decode_norm_in_supported: D a multiple of
-// 4 up to 4096, 16-byte aligned pointers, and M·D bf16 within 48 KiB of shared memory.
-struct DecodeNormIn {
-  const float* h_in = nullptr;
-  float* h_out = nullptr;
-  const bf16* a = nullptr;
-  const float *hs = nullptr, *hb = nullptr, *rs = nullptr, *rb = nullptr, *norm_w = nullptr;
-  float eps = 0.f;
-  bf16* x_out = nullptr;
-};
-bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D);
-// y = gemv_bf16 of x = the norm n (D = K) into a bf16 [M, O] (the q|k|v projection with the
-// post-MLP residual norm of the layer before).
-void gemv_bf16_norm_in(bf16* y_bf16, int64_t ldy, const bf16* W, int64_t ldw, int64_t M, int64_t O,
-                       int64_t K, const DecodeNormIn& n, cudaStream_t st);
 // a[m,o] = bf16(Σ_k x[m,k] W[o,k]) (gemv_bf16 into a bf16 [M, O]), then the residual norm rn over
 // a with D = O, in one launch (the o projection and the post-attention residual + norm).
 void gemv_bf16_residual_norm(bf16* a_MO, const bf16* x, int64_t ldx, const bf16* W, int64_t ldw,
@@ -168,15 +148,12 @@ void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V,
 // argmax of probs + balancing bias (ties to the lowest class), gate = probs[choice].
 // max_cluster: the largest cluster the launch may use (1, 2, 4, 8, 16; 0: 16); the results do
 // not depend on it.
-// With norm_in the router computes its input x_MD itself (x_MD is then ignored; the norm's x_out,
-// if set, receives it for the expert launches), the post-attention residual norm in one launch.
 void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st, int max_cluster = 0,
-                   const DecodeNormIn* norm_in = nullptr);
+                   int64_t E1, cudaStream_t st, int max_cluster = 0);
 // len_B[b] += n for every sequence.
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);
 

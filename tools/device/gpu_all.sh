@@ -14,9 +14,9 @@
 # 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the
 #    CPU, loss curves compared;
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
-#    (extra arguments in $INFER_ARGS, default "--ablate --fuse-norms 0,1 --attn-chunks
-#    0,16": the step without each op class, and the decode variants), then the whole
-#    40-layer ZAYA1-base at batch 1 (SKIP_FULL_INFER=1 skips it).
+#    (extra arguments in $INFER_ARGS, default "--fuse-norms 0,1 --trace --ablate": the decode
+#    variants, the graph step traced kernel by kernel, the step without each op class), then the
+#    whole 40-layer ZAYA1-base at batch 1, traced too (SKIP_FULL_INFER=1 skips it).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
 # the later ones. Results land in $OUT: summary.txt, bench_train.json, bench_train_peer.json and
 # logs.tgz (every log, the tiny runs' metrics).
@@ -178,7 +178,7 @@ fi
 # Inference: its figures are the decode target's (most of its time is building the random model on
 # the host).
 if [ -x "$Z" ]; then
-  infer_args="${INFER_ARGS---ablate --fuse-norms 0,1 --attn-chunks 0,16}"
+  infer_args="${INFER_ARGS---fuse-norms 0,1 --trace --ablate}"
   # shellcheck disable=SC2086
   stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
     --profile --json "$W/bench_infer.json" $infer_args
@@ -188,8 +188,8 @@ fi
 # batch 1, last and only if time is left (SKIP_FULL_INFER=1 skips it).
 if [ -x "$Z" ] && [ -z "${SKIP_FULL_INFER:-}" ]; then
   stage bench_infer_full 180 "$Z" bench infer --preset zaya1-base --prompt 1024 --decode 32 \
-    --json "$W/bench_infer_full.json"
-  sed 's/^/    /' "$W/bench_infer_full.log" | tail -12 | tee -a "$summary"
+    --trace --json "$W/bench_infer_full.json"
+  sed 's/^/    /' "$W/bench_infer_full.log" | tail -32 | tee -a "$summary"
 fi
 
 # ---- comparison ----

@@ -48,6 +48,9 @@ double now_s() {
 }
 
 int run(const BenchInferArgs& a) {
+  ZAYA_CHECK(!a.trace || cuda::decode_trace_built(),
+             "--trace: this zaya was built without decode tracing (configure with "
+             "-DZAYA_DECODE_TRACE=ON)");
   ZayaConfig cfg = ZayaConfig::preset(a.preset);
   if (a.layers > 0) {
     cfg.num_hidden_layers = a.layers;
@@ -301,7 +304,8 @@ int bench_infer_cli(int argc, char** argv) {
                "graph; the tokens decoded meanwhile are meaningless)");
   app.add_flag("--trace", a.trace,
                "also trace the decode graph: each kernel stamps the global timer as it passes its "
-               "wait, and the gaps are summed per kernel-to-kernel transition");
+               "wait, and the gaps are summed per kernel-to-kernel transition (needs a build "
+               "configured with -DZAYA_DECODE_TRACE=ON)");
   app.add_option("--json", a.json, "write the results as JSON");
   app.add_option("--seed", a.seed, "weights and prompt seed");
   app.add_option("--write-config", a.write_config,

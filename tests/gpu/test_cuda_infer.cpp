@@ -254,6 +254,11 @@ TEST_P(CudaInfer, DecodeGivesTheSameBitsWithAndWithoutPdl) {
 TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   if (!decode_pdl_active()) GTEST_SKIP() << "no programmatic dependent launch on this device";
+  if (!decode_trace_built()) {
+    // The default build refuses the trace with an error rather than decoding untraced.
+    EXPECT_THROW(set_decode_trace(reinterpret_cast<unsigned long long*>(16), 1), Error);
+    GTEST_SKIP() << "built without -DZAYA_DECODE_TRACE=ON";
+  }
   const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
   const auto prompt = parity_prompt(dir);

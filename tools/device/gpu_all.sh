@@ -14,9 +14,10 @@
 # 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the
 #    CPU, loss curves compared;
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
-#    (extra arguments in $INFER_ARGS, default "--fuse-norms 0,1 --trace --ablate": the decode
-#    variants, the graph step traced kernel by kernel, the step without each op class), then the
-#    whole 40-layer ZAYA1-base at batch 1, traced too (SKIP_FULL_INFER=1 skips it).
+#    (extra arguments in $INFER_ARGS, default "--fuse-norms 0,1 --ablate": the decode variants and
+#    the step without each op class), then the whole 40-layer ZAYA1-base at batch 1
+#    (SKIP_FULL_INFER=1 skips it). DECODE_TRACE=ON builds with -DZAYA_DECODE_TRACE=ON and traces
+#    both decode runs kernel by kernel (--trace; the stamps cost the step a few microseconds).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
 # the later ones. Results land in $OUT: summary.txt, bench_train.json, bench_train_peer.json and
 # logs.tgz (every log, the tiny runs' metrics).
@@ -82,7 +83,7 @@ fi
 # ---- 2. build ----
 B=build-gpu-all
 CONF=(cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZAYA_CUDA=ON
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=OFF)
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=OFF -DZAYA_DECODE_TRACE="${DECODE_TRACE:-OFF}")
 if stage configure 90 "${CONF[@]}" -DZAYA_TESTS=ON; then
   targets="zaya zaya_gpu_tests"
 else
@@ -175,10 +176,12 @@ if [ -x "$B/zaya_gpu_tests" ]; then
     "$B/zaya_gpu_tests" --gtest_filter='*Benchmark*'
   grep -E "ms|GB/s|TFLOP" "$W/kernel_bench.log" | grep -v "^\[" | sed 's/^/    /' | tee -a "$summary"
 fi
+trace_arg=""
+[ "${DECODE_TRACE:-OFF}" = ON ] && trace_arg="--trace"
 # Inference: its figures are the decode target's (most of its time is building the random model on
 # the host).
 if [ -x "$Z" ]; then
-  infer_args="${INFER_ARGS---fuse-norms 0,1 --trace --ablate}"
+  infer_args="${INFER_ARGS---fuse-norms 0,1 --ablate} $trace_arg"
   # shellcheck disable=SC2086
   stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
     --profile --json "$W/bench_infer.json" $infer_args
@@ -187,8 +190,9 @@ fi
 # The whole ZAYA1-base (40 layers, 8.3B parameters: ~33 GB of fp32 weights built on the host) at
 # batch 1, last and only if time is left (SKIP_FULL_INFER=1 skips it).
 if [ -x "$Z" ] && [ -z "${SKIP_FULL_INFER:-}" ]; then
+  # shellcheck disable=SC2086
   stage bench_infer_full 180 "$Z" bench infer --preset zaya1-base --prompt 1024 --decode 32 \
-    --trace --json "$W/bench_infer_full.json"
+    $trace_arg --json "$W/bench_infer_full.json"
   sed 's/^/    /' "$W/bench_infer_full.log" | tail -32 | tee -a "$summary"
 fi
 

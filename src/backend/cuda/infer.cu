@@ -18,6 +18,10 @@
 #include "backend/cuda/kernel_utils.cuh"
 #include "core/cuda_check.h"
 
+#ifndef ZAYA_DECODE_TRACE
+#define ZAYA_DECODE_TRACE 0
+#endif
+
 namespace zaya::cuda {
 namespace {
 
@@ -69,27 +73,38 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
-// Decode trace (set_decode_trace): while c_trace is set, thread 0 of block (0, 0, 0) of every
-// decode kernel stamps the global timer as it passes its wait (the router also after its stages),
-// appending (ns << 8 | event) after the buffer's leading counter. The stamp comes after the
-// trigger, so the next launch is not held back; the atomic adds an L2 round trip to that one
-// thread. Null (the default): one constant load and a branch.
+// Decode trace (set_decode_trace), compiled in only with -DZAYA_DECODE_TRACE=ON: while c_trace is
+// set, thread 0 of block (0, 0, 0) of every decode kernel stamps the global timer as it passes its
+// wait (the router also after its stages), appending (ns << 8 | event) after the buffer's leading
+// counter. The stamp comes after the trigger, so the next launch is not held back; the atomic adds
+// an L2 round trip to that one thread. The pointer is read before the wait (a constant-cache miss
+// after it would sit on every kernel's critical path). In the default build trace_mark is empty.
+#if ZAYA_DECODE_TRACE
 __constant__ unsigned long long* c_trace;
 __constant__ unsigned long long c_trace_cap;
 
-__device__ __forceinline__ void trace_mark(DecodeTraceEvent ev) {
-  unsigned long long* t = c_trace;
+__device__ __forceinline__ unsigned long long* trace_ptr() {
+  return c_trace;
+}
+__device__ __forceinline__ void trace_mark(unsigned long long* t, DecodeTraceEvent ev) {
   if (t == nullptr || (threadIdx.x | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
   unsigned long long now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   const unsigned long long i = atomicAdd(t, 1ull);
   if (i < c_trace_cap) t[1 + i] = (now << 8) | unsigned(ev);
 }
+#else
+__device__ __forceinline__ unsigned long long* trace_ptr() {
+  return nullptr;
+}
+__device__ __forceinline__ void trace_mark(unsigned long long*, DecodeTraceEvent) {}
+#endif
 
 __device__ __forceinline__ void pdl_begin(DecodeTraceEvent ev) {
+  unsigned long long* const t = trace_ptr();
   pdl_wait();
   pdl_trigger();
-  trace_mark(ev);
+  trace_mark(t, ev);
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
@@ -1023,6 +1038,7 @@ __global__ void __launch_bounds__(kRouterThreads)
                          bool vec_w) {
   extern __shared__ __align__(16) float sh[];
   cl_arrive();  // paired with the wait before the first remote write: every peer has started
+  unsigned long long* const tr = trace_ptr();
   const unsigned q = cl_rank(), cs = cl_size();
   const int64_t m = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -1115,7 +1131,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   }
   if (!waited) cl_wait();
   cl_sync();
-  trace_mark(DecodeTraceEvent::RouterDown);
+  trace_mark(tr, DecodeTraceEvent::RouterDown);
   // Stage 1: RMSNorm of the full v (every block the same, in the same order).
   float ss = 0.f;
   for (int i = threadIdx.x; i < R; i += kRouterThreads) ss += v[i] * v[i];
@@ -1140,7 +1156,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
   }
   cl_sync();
-  trace_mark(DecodeTraceEvent::RouterFc1);
+  trace_mark(tr, DecodeTraceEvent::RouterFc1);
   for (int o = o0 + warp; o < o1; o += kRouterWarps) {
     const float* w = w2p + int64_t(o - o0) * R;
     float s = 0.f;
@@ -1149,7 +1165,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
   }
   cl_sync();  // no remote access after this: the other blocks may exit
-  trace_mark(DecodeTraceEvent::RouterFc2);
+  trace_mark(tr, DecodeTraceEvent::RouterFc2);
   if (q != 0) return;
   for (int o = warp; o < E1; o += kRouterWarps) {
     const float* w = wop + int64_t(o) * R;
@@ -1161,7 +1177,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   __syncthreads();
   if (warp == 0)  // softmax and choice: one warp, the training path's rule
     kern::warp_router_select(probs + m * E1, choice + m, gate + m, lg, bal ? sbal : nullptr, E1);
-  trace_mark(DecodeTraceEvent::RouterSelect);
+  trace_mark(tr, DecodeTraceEvent::RouterSelect);
 }
 
 // Argmax over long rows in two passes: 256 blocks per row each reduce a slice to (value, index),
@@ -1377,10 +1393,21 @@ void set_decode_pdl(bool on) {
   g_pdl_setting = on ? 1 : 0;
 }
 
+bool decode_trace_built() {
+  return ZAYA_DECODE_TRACE != 0;
+}
+
 void set_decode_trace(unsigned long long* buf, size_t capacity) {
+#if ZAYA_DECODE_TRACE
   const unsigned long long cap = buf ? capacity : 0;
   ZAYA_CUDA_CHECK(cudaMemcpyToSymbol(c_trace, &buf, sizeof(buf)));
   ZAYA_CUDA_CHECK(cudaMemcpyToSymbol(c_trace_cap, &cap, sizeof(cap)));
+#else
+  (void)capacity;
+  check(buf == nullptr,
+        "decode trace: this build has no decode tracing (configure with -DZAYA_DECODE_TRACE=ON; "
+        "it stays out of the default build, whose kernels it would slow)");
+#endif
 }
 
 const char* decode_trace_event_name(DecodeTraceEvent ev) {

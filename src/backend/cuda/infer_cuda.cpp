@@ -583,6 +583,9 @@ std::vector<int32_t> CudaInference::decode_greedy(const std::vector<int32_t>& fi
 std::vector<std::pair<unsigned, uint64_t>> CudaInference::trace_decode(
     const std::vector<int32_t>& first, int64_t n, std::vector<int32_t>* tokens) {
   Impl& s = *impl_;
+  ZAYA_CHECK(decode_trace_built(),
+             "decode trace: this build has no decode tracing (configure with "
+             "-DZAYA_DECODE_TRACE=ON)");
   // At most ~16 stamps per layer and a few per step; room for twice that.
   const size_t cap = size_t(std::max<int64_t>(n, 1)) * size_t(32 * s.NL + 64);
   unsigned long long* buf = nullptr;

@@ -55,10 +55,13 @@ enum class DecodeTraceEvent : unsigned {
   Count
 };
 const char* decode_trace_event_name(DecodeTraceEvent ev);
+// Whether this build has the decode trace (CMake option ZAYA_DECODE_TRACE, off by default).
+bool decode_trace_built();
 // Turns the decode trace on (buf: a zero-filled device buffer of 1 + capacity 64-bit words; [0]
 // counts the stamps, then each is (global timer ns << 8) | event, in the order the atomics landed)
 // or off (nullptr). A timing instrument: one thread per launch adds an atomic round trip. Applies
-// to every later launch on the current device, graph replays included.
+// to every later launch on the current device, graph replays included. Without the trace built in,
+// turning it on throws zaya::Error.
 void set_decode_trace(unsigned long long* buf, size_t capacity);
 
 // A residual norm fused into the end of a decode launch (gemv_bf16_residual_norm, decode_experts):

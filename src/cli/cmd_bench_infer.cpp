@@ -38,7 +38,8 @@ struct BenchInferArgs {
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
-  std::vector<int> attn_chunks, attn_pipes, router_clusters, fuse_norms;
+  std::vector<int> attn_chunks, attn_pipes, router_clusters, fuse_norms, router_stage,
+      router_spread;
   uint64_t seed = 1234;
 };
 
@@ -135,41 +136,50 @@ int run(const BenchInferArgs& a) {
       prof[name] = ms;
     }
   }
-  // Decode variants (--attn-chunks x --attn-pipes x --router-clusters x --fuse-norms): the same
-  // prompt and steps, the graph captured again for each.
+  // Decode variants (--attn-chunks x --attn-pipes x --router-clusters x --router-stage x
+  // --router-spread x --fuse-norms): the same prompt and steps, the graph captured again for each.
   nlohmann::json variants = nlohmann::json::array();
   if (!a.attn_chunks.empty() || !a.attn_pipes.empty() || !a.router_clusters.empty() ||
-      !a.fuse_norms.empty()) {
+      !a.router_stage.empty() || !a.router_spread.empty() || !a.fuse_norms.empty()) {
     const cuda::DecodeTuning dflt;
     auto or_default = [](const std::vector<int>& v, int d) {
       return v.empty() ? std::vector<int>{d} : v;
     };
     std::printf("# decode variants (same prompt and steps; graph captured again for each):\n");
-    std::printf("  %-11s %-10s %-15s %-11s %12s %10s\n", "attn_chunk", "attn_pipe",
-                "router_cluster", "fuse_norms", "ms/step", "roofline");
+    std::printf("  %-10s %-9s %-14s %-12s %-13s %-10s %10s %9s\n", "attn_chunk", "attn_pipe",
+                "router_cluster", "router_stage", "router_spread", "fuse_norms", "ms/step",
+                "roofline");
     auto label = [](int v) { return v ? std::to_string(v) : std::string("auto"); };
+    auto yes = [](int v) { return v ? "yes" : "no"; };
     for (int ch : or_default(a.attn_chunks, dflt.attn_chunk))
       for (int pp : or_default(a.attn_pipes, dflt.attn_pipe))
         for (int cl : or_default(a.router_clusters, dflt.router_cluster))
-          for (int fn : or_default(a.fuse_norms, dflt.fuse_norms ? 1 : 0)) {
-            cuda::DecodeTuning t;
-            t.attn_chunk = ch;
-            t.attn_pipe = pp;
-            t.router_cluster = cl;
-            t.fuse_norms = fn != 0;
-            inf.set_decode_tuning(t);
-            double vb = 0;
-            const double vs = time_decode(vb);
-            const double frac = vb / (a.copy_gbs * 1e9) / vs;
-            std::printf("  %-11s %-10d %-15s %-11s %12.4f %10.3f\n", label(ch).c_str(), pp,
-                        label(cl).c_str(), fn ? "yes" : "no", vs * 1e3, frac);
-            variants.push_back({{"attn_chunk", ch},
-                                {"attn_pipe", pp},
-                                {"router_cluster", cl},
-                                {"fuse_norms", fn != 0},
-                                {"decode_ms_per_step", vs * 1e3},
-                                {"roofline_fraction", frac}});
-          }
+          for (int rs : or_default(a.router_stage, dflt.router_stage ? 1 : 0))
+            for (int rp : or_default(a.router_spread, dflt.router_one_per_sm ? 1 : 0))
+              for (int fn : or_default(a.fuse_norms, dflt.fuse_norms ? 1 : 0)) {
+                cuda::DecodeTuning t;
+                t.attn_chunk = ch;
+                t.attn_pipe = pp;
+                t.router_cluster = cl;
+                t.router_stage = rs != 0;
+                t.router_one_per_sm = rp != 0;
+                t.fuse_norms = fn != 0;
+                inf.set_decode_tuning(t);
+                double vb = 0;
+                const double vs = time_decode(vb);
+                const double frac = vb / (a.copy_gbs * 1e9) / vs;
+                std::printf("  %-10s %-9d %-14s %-12s %-13s %-10s %10.4f %9.3f\n",
+                            label(ch).c_str(), pp, label(cl).c_str(), yes(rs), yes(rp), yes(fn),
+                            vs * 1e3, frac);
+                variants.push_back({{"attn_chunk", ch},
+                                    {"attn_pipe", pp},
+                                    {"router_cluster", cl},
+                                    {"router_stage", rs != 0},
+                                    {"router_one_per_sm", rp != 0},
+                                    {"fuse_norms", fn != 0},
+                                    {"decode_ms_per_step", vs * 1e3},
+                                    {"roofline_fraction", frac}});
+              }
     inf.set_decode_tuning(cuda::DecodeTuning{});
   }
   // --ablate: the step without each op class in turn (a timing experiment: the tokens decoded
@@ -292,6 +302,16 @@ int bench_infer_cli(int argc, char** argv) {
   app.add_option("--fuse-norms", a.fuse_norms,
                  "also time decode with the residual norms fused into the o projection and the "
                  "expert combine (1) and as launches of their own (0)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({0, 1}));
+  app.add_option("--router-stage", a.router_stage,
+                 "also time decode with the router's MLP rows staged in shared memory (1) or read "
+                 "where they are (0)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({0, 1}));
+  app.add_option("--router-spread", a.router_spread,
+                 "also time decode with the router's shared memory padded so that each block of "
+                 "its cluster has an SM to itself (1), or not (0)")
       ->delimiter(',')
       ->check(CLI::IsMember({0, 1}));
   app.add_option("--router-clusters", a.router_clusters,

@@ -1,7 +1,7 @@
 #!/bin/bash
-# `zaya bench infer` argument checks that need no GPU: bad --attn-chunks and --router-clusters
-# values are refused with a message naming the option, and --write-config writes the benchmarked
-# shape's config.json.
+# `zaya bench infer` argument checks that need no GPU: bad --attn-chunks, --router-clusters and
+# --router-spread values are refused with a message naming the option, and --write-config writes
+# the benchmarked shape's config.json.
 # Usage: bash bench_infer_args.sh <zaya-binary> <source-dir>
 set -u
 zaya="$1"
@@ -17,11 +17,14 @@ echo "$out" | grep -q -- "--attn-chunks" || fail "message does not name --attn-c
 out="$("$zaya" bench infer --layers 1 --router-clusters 0,3 2>&1)"
 [ $? -ne 0 ] || fail "--router-clusters 3 accepted"
 echo "$out" | grep -q -- "--router-clusters" || fail "message does not name --router-clusters: $out"
+out="$("$zaya" bench infer --layers 1 --router-spread 2 2>&1)"
+[ $? -ne 0 ] || fail "--router-spread 2 accepted"
+echo "$out" | grep -q -- "--router-spread" || fail "message does not name --router-spread: $out"
 if ! "$zaya" version | grep -q "cuda: yes"; then
   echo "PASS (argument checks; --write-config needs the CUDA build)"
   exit 0
 fi
-"$zaya" bench infer --preset zaya1-base --layers 2 --attn-chunks 0,64 --attn-pipes 1,4 --router-clusters 0,8 --fuse-norms 1,0 --ablate \
+"$zaya" bench infer --preset zaya1-base --layers 2 --attn-chunks 0,64 --attn-pipes 1,4 --router-clusters 0,8 --fuse-norms 1,0 --router-stage 1,0 --router-spread 0,1 --ablate \
   --write-config "$tmp/cfg.json" >/dev/null || fail "--write-config exited non-zero"
 python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert c['num_hidden_layers']==2, c" \
   "$tmp/cfg.json" || fail "config.json does not hold the 2-layer shape"

@@ -318,6 +318,12 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
   t = DecodeTuning{};
   t.fuse_norms = !t.fuse_norms;
   EXPECT_EQ(decode_bits(dir, true, t), base) << "residual norms fused or alone (not the default)";
+  t = DecodeTuning{};
+  t.router_stage = false;
+  EXPECT_EQ(decode_bits(dir, true, t), base) << "router MLP rows read where they are";
+  t = DecodeTuning{};
+  t.router_one_per_sm = true;
+  EXPECT_EQ(decode_bits(dir, true, t), base) << "router blocks one per SM";
 }
 
 TEST_P(CudaInfer, BadInputIsRefused) {
@@ -543,10 +549,15 @@ TEST(CudaDecodeKernels, RouterMatchesTheHostReferenceAndCpuOps) {
     const auto g_h = test_util::download(gate, size_t(M));
     // Smaller clusters (DecodeTuning::router_cluster) split the rows differently but compute
     // every output the same way: the same bits.
-    for (int cl : {8, 4, 2, 1}) {
-      SCOPED_TRACE("cluster limit " + std::to_string(cl));
+    // So do the layouts (router_stage, router_one_per_sm): the same arithmetic in the same order.
+    for (int cl : {8, 4, 2, 1, -1, -2}) {
+      SCOPED_TRACE("cluster limit " + std::to_string(cl) + " (-1: unstaged, -2: one per SM)");
+      DecodeRouterLayout lay;
+      lay.max_cluster = cl > 0 ? cl : 0;
+      lay.stage_mlp = cl != -1;
+      lay.one_per_sm = cl == -2;
       decode_router(rd, probs, choice, gate, xd, ldx, dwd, dbd, c.state ? sd : nullptr, scd, nwd,
-                    eps, f1wd, f1bd, f2wd, f2bd, owd, bald, M, D, R, E1, nullptr, cl);
+                    eps, f1wd, f1bd, f2wd, f2bd, owd, bald, M, D, R, E1, nullptr, lay);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(test_util::download(rd, size_t(M * R)), r_h);
       EXPECT_EQ(test_util::download(probs, size_t(M * E1)), p_h);

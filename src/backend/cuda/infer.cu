@@ -1622,36 +1622,48 @@ struct RouterLaunch {
   int64_t R = -1, E1 = -1;
   int device = -1, max_cs = -1;
   int cs = 1;
+  bool stage_mlp = true, one_per_sm = false;  // the layout asked for (DecodeRouterLayout)
   size_t smem = 0;
   bool stage = true;  // the MLP weights go through shared memory
 };
 
 template <bool kVecX>
-RouterLaunch router_launch(int64_t R, int64_t E1, int max_cs) {
+RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay) {
+  const int max_cs = lay.max_cluster > 0 ? lay.max_cluster : 16;
   static RouterLaunch cached;
   int dev = 0;
   ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
-  if (cached.R == R && cached.E1 == E1 && cached.device == dev && cached.max_cs == max_cs)
+  if (cached.R == R && cached.E1 == E1 && cached.device == dev && cached.max_cs == max_cs &&
+      cached.stage_mlp == lay.stage_mlp && cached.one_per_sm == lay.one_per_sm)
     return cached;
   RouterLaunch L;
   L.R = R, L.E1 = E1, L.device = dev, L.max_cs = max_cs;
-  int major = 0, max_smem = 0;
+  L.stage_mlp = lay.stage_mlp, L.one_per_sm = lay.one_per_sm;
+  int major = 0, max_smem = 0, sm_smem = 0;
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  auto smem_for = [&](int cs) {
-    return size_t(router_smem_floats(R, E1, (R + cs - 1) / cs, true)) * sizeof(float);
+  ZAYA_CUDA_CHECK(
+      cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  // one_per_sm: more than half an SM's shared memory, so no two blocks of the cluster share one
+  // (when the device allows a block that much).
+  const size_t spread =
+      size_t(sm_smem / 2 + 1024) <= size_t(max_smem) ? size_t(sm_smem / 2 + 1024) : size_t(0);
+  auto smem_for = [&](int cs, bool stage) {
+    const size_t b =
+        size_t(router_smem_floats(R, E1, stage ? (R + cs - 1) / cs : R, stage)) * sizeof(float);
+    return lay.one_per_sm ? std::max(b, spread) : b;
   };
   const auto kernel = decode_router_kernel<kVecX>;
   L.cs = 1;
-  L.smem = smem_for(1);
-  L.stage = L.smem <= size_t(max_smem);
-  if (!L.stage) L.smem = size_t(router_smem_floats(R, E1, R, false)) * sizeof(float);
+  L.smem = smem_for(1, lay.stage_mlp);
+  L.stage = lay.stage_mlp && L.smem <= size_t(max_smem);
+  if (!L.stage) L.smem = smem_for(1, false);
   if (major >= 9) {
     ZAYA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     for (int cs : {16, 8, 4, 2}) {
       if (cs > max_cs) continue;
-      const size_t smem = smem_for(cs);
+      const size_t smem = smem_for(cs, lay.stage_mlp);
       if (smem > size_t(max_smem)) continue;
       ZAYA_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -1666,7 +1678,7 @@ RouterLaunch router_launch(int64_t R, int64_t E1, int max_cs) {
       cfg.numAttrs = 1;
       int n = 0;
       if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n >= 1) {
-        L.cs = cs, L.smem = smem, L.stage = true;
+        L.cs = cs, L.smem = smem, L.stage = lay.stage_mlp;
         break;
       }
       (void)cudaGetLastError();  // an unsupported size is not an error of the step
@@ -1685,8 +1697,8 @@ void launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, bool vec_w, int max_cs, cudaStream_t st) {
-  const RouterLaunch L = router_launch<kVecX>(R, E1, max_cs);
+                   int64_t E1, bool vec_w, const DecodeRouterLayout& lay, cudaStream_t st) {
+  const RouterLaunch L = router_launch<kVecX>(R, E1, lay);
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[2];
   unsigned n = 0;
@@ -1720,23 +1732,35 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st, int max_cluster) {
+                   int64_t E1, cudaStream_t st, const DecodeRouterLayout& lay) {
   check(M >= 1 && D > 0 && R > 0 && E1 > 0 && ldx >= D, "decode_router: bad sizes");
-  check(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
-            max_cluster == 8 || max_cluster == 16,
+  const int mc = lay.max_cluster;
+  check(mc == 0 || mc == 1 || mc == 2 || mc == 4 || mc == 8 || mc == 16,
         "decode_router: the cluster size limit must be 1, 2, 4, 8 or 16 (0: 16)");
-  const int max_cs = max_cluster > 0 ? max_cluster : 16;
   const bool vec_x = D % 8 == 0 && ldx % 8 == 0 && aligned16(x_MD) && aligned16(down_w_RD);
   const bool vec_w = R % 4 == 0 && aligned16(fc1_w) && aligned16(fc2_w) && aligned16(out_w);
   if (vec_x)
     launch_router<true>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
                         scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M,
-                        D, R, E1, vec_w, max_cs, st);
+                        D, R, E1, vec_w, lay, st);
   else
     launch_router<false>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R,
                          state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
-                         balancing_E1, M, D, R, E1, vec_w, max_cs, st);
+                         balancing_E1, M, D, R, E1, vec_w, lay, st);
   ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
+                   const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
+                   const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
+                   const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
+                   const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
+                   int64_t E1, cudaStream_t st, int max_cluster) {
+  DecodeRouterLayout lay;
+  lay.max_cluster = max_cluster;
+  decode_router(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
+                scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R,
+                E1, st, lay);
 }
 
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st) {

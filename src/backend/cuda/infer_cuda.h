@@ -32,6 +32,11 @@ struct DecodeTuning {
   // The largest thread-block cluster of the router launch (1, 2, 4, 8 or 16); 0: the largest the
   // device schedules. Results do not depend on it.
   int router_cluster = 0;
+  // The router's MLP rows staged in shared memory (true) or read where they are, and its shared
+  // memory padded so that every block of its cluster has an SM to itself. Results do not depend
+  // on either.
+  bool router_stage = true;
+  bool router_one_per_sm = false;
   // The post-attention and post-MLP residual norms in the last block of the o projection and of
   // the expert combine (true), or as launches of their own (false, the default: 0.669 against
   // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.

@@ -157,6 +157,18 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, cudaStream_t st, int max_cluster = 0);
+// How the router is laid out on the device; timing only, the results do not depend on it.
+struct DecodeRouterLayout {
+  int max_cluster = 0;      // as above
+  bool stage_mlp = true;    // fc1/fc2 rows and the class rows copied into shared memory first
+  bool one_per_sm = false;  // shared memory padded so that no two blocks of a cluster share an SM
+};
+void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
+                   const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
+                   const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
+                   const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
+                   const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
+                   int64_t E1, cudaStream_t st, const DecodeRouterLayout& layout);
 // len_B[b] += n for every sequence.
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);
 

@@ -88,6 +88,10 @@ struct GemmResult {
   // row took it from such a file.
   std::string algo_config;
   bool algo_reused = false;
+  // The same algorithm as cuBLASLt describes it (cublasLtMatmulAlgoConfigGetAttribute: "id",
+  // "tile", "stages", "splitk", "reduction", "swizzle", "custom", "inner_shape", "cluster_shape";
+  // the enum values of cublasLt.h), to compare with the kernel another library runs.
+  std::vector<std::pair<std::string, int64_t>> algo_fields;
   // How the timed launches were issued: "direct" (one cuBLASLt call each) or "cuda-graph" (each a
   // replay of a graph holding that call; --cuda-graph), as tools/bench_peer.py labels its rows.
   std::string launch = "direct";

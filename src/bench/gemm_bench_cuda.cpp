@@ -57,6 +57,30 @@ namespace zaya::bench {
 
 namespace {
 
+// The configuration of a cuBLASLt algorithm, attribute by attribute (each read at its own width;
+// an attribute the library cannot report is left out).
+std::vector<std::pair<std::string, int64_t>> algo_fields(const cublasLtMatmulAlgo_t& algo) {
+  std::vector<std::pair<std::string, int64_t>> f;
+  auto get = [&](const char* name, cublasLtMatmulAlgoConfigAttributes_t attr, auto zero) {
+    auto v = zero;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v, sizeof(v), &written) ==
+            CUBLAS_STATUS_SUCCESS &&
+        written == sizeof(v))
+      f.emplace_back(name, int64_t(v));
+  };
+  get("id", CUBLASLT_ALGO_CONFIG_ID, int32_t(0));
+  get("tile", CUBLASLT_ALGO_CONFIG_TILE_ID, uint32_t(0));
+  get("stages", CUBLASLT_ALGO_CONFIG_STAGES_ID, uint32_t(0));
+  get("splitk", CUBLASLT_ALGO_CONFIG_SPLITK_NUM, int32_t(0));
+  get("reduction", CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, uint32_t(0));
+  get("swizzle", CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, uint32_t(0));
+  get("custom", CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, uint32_t(0));
+  get("inner_shape", CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, uint16_t(0));
+  get("cluster_shape", CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, uint16_t(0));
+  return f;
+}
+
 float fp8_e4m3_to_f32(uint8_t v) {
   const int s = v >> 7, e = (v >> 3) & 0xf, m = v & 7;
   float r;
@@ -468,6 +492,7 @@ std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt) {
         r.algo = chosen;
         r.candidates = int(p.algos.size());
         r.algo_config = hex_encode(&p.algos[size_t(chosen)].algo, sizeof(cublasLtMatmulAlgo_t));
+        r.algo_fields = algo_fields(p.algos[size_t(chosen)].algo);
         r.algo_reused = reused;
         check(launch, r);
         out.push_back(r);

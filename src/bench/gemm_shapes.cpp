@@ -256,6 +256,11 @@ std::string gemm_results_json(const std::vector<GemmResult>& rs, const DeviceInf
       row["algo_config"] = r.algo_config;
       row["algo_reused"] = r.algo_reused;
     }
+    if (!r.algo_fields.empty()) {
+      nlohmann::json f = nlohmann::json::object();
+      for (const auto& [name, v] : r.algo_fields) f[name] = v;
+      row["algo_fields"] = f;
+    }
     if (r.gpu.t_end > 0) {
       row["t_start"] = r.gpu.t_start;
       row["t_end"] = r.gpu.t_end;

@@ -358,6 +358,7 @@ TEST(GemmReport, KeptAlgorithmsRoundTripThroughTheJson) {
   rs[1].algo_config = hex_encode(algo_a, sizeof(algo_a));
   rs[2].algo_config = "0102";
   rs[2].algo_reused = true;
+  rs[2].algo_fields = {{"id", 66}, {"tile", 20}, {"cluster_shape", 14}};
   rs[2].launch = "cuda-graph";
   GemmResult cublas = rs[1];
   cublas.method = "cublas";  // only the autotuned rows' algorithms are kept
@@ -378,7 +379,10 @@ TEST(GemmReport, KeptAlgorithmsRoundTripThroughTheJson) {
   const auto j = nlohmann::json::parse(std::ifstream(good));
   EXPECT_FALSE(j["results"][0].contains("algo_config"));
   EXPECT_EQ(j["results"][2]["algo_reused"], true);
-  EXPECT_EQ(j["results"][0]["launch"], "direct");  // every row says how it was launched
+  EXPECT_EQ(j["results"][2]["algo_fields"],
+            nlohmann::json({{"id", 66}, {"tile", 20}, {"cluster_shape", 14}}));
+  EXPECT_FALSE(j["results"][1].contains("algo_fields"));  // none known: no empty object
+  EXPECT_EQ(j["results"][0]["launch"], "direct");         // every row says how it was launched
   EXPECT_EQ(j["results"][2]["launch"], "cuda-graph");
   const auto algos = load_gemm_algos(good);
   ASSERT_EQ(algos.size(), 2u);

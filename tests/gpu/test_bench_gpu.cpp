@@ -125,6 +125,9 @@ TEST(BenchGpu, WideAlgorithmSearchAddsVerifiedCandidates) {
   EXPECT_TRUE(again[0].algo_reused);
   EXPECT_EQ(again[0].candidates, 1);
   EXPECT_EQ(again[0].algo_config, wide[0].algo_config);
+  EXPECT_EQ(again[0].algo_fields, wide[0].algo_fields);  // the same algorithm, described alike
+  ASSERT_FALSE(wide[0].algo_fields.empty());
+  EXPECT_EQ(wide[0].algo_fields[0].first, "id");
   EXPECT_EQ(again[0].wrong, 0);
   o.fixed_algos[gemm_algo_key("bf16", o.shapes[0])] = "00ff";
   const auto rejected = run_gemm_bench(o);

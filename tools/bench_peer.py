@@ -30,7 +30,12 @@ Memory: torch's device copy (dst.copy_(src)) and plain cudaMemcpyAsync device-to
 ctypes, both counted as 2N bytes (read + write) like zaya, timed as `zaya bench mem` times its
 device tests (3 warm-up calls, then 20 calls each between CUDA events, median).
 
+With --kernel-names each GEMM row also records the names of the CUDA kernels one call launches
+(torch.profiler, after the row's timing), to set beside the algorithm zaya kept for the shape
+(its algo_fields).
+
 Usage: bench_peer.py --gemm-json gemm.json --out peer.json [--rounds 2] [--skip-mem]
+                     [--kernel-names]
 Compare with tools/bench_peer_compare.py.
 """
 import argparse
@@ -277,7 +282,28 @@ def capture_graphs(fn, sets):
         return None
 
 
-def gemm_peer(rows, timer):
+def kernel_names(fn):
+    """The names of the CUDA kernels one call fn(0) launches, in order (torch.profiler), so that a
+    row can be compared with the cuBLASLt algorithm zaya kept (its algo_fields); an error text in a
+    one-element list when the profiler cannot say."""
+    import torch
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        fn(0)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(0)
+            torch.cuda.synchronize()
+        names = []
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.name not in names:
+                names.append(e.name)
+        return names
+    except Exception as e:  # diagnostic only: never fails the measurement
+        return [f"(profiler: {str(e)[:160]})"]
+
+
+def gemm_peer(rows, timer, with_kernels=False):
     import torch
     out = []
     l2 = l2_bytes()
@@ -337,6 +363,8 @@ def gemm_peer(rows, timer):
                              "dtype": dt, "time_us": us, "tflops": gflop / (us * 1e-6) / 1e3,
                              "sets": sets, "iters": iters, "warm": warm, "launch": launch},
                             **timer.window))
+            if with_kernels:  # after the timing, which it must not disturb
+                out[-1]["kernels"] = kernel_names(fn)
         except Exception as e:  # a shape torch cannot run is reported, not fatal
             out.append({"name": r["name"], "m": m, "n": n, "k": k, "groups": g, "dtype": dt,
                         "error": str(e)[:200]})
@@ -416,6 +444,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="measure the GEMM list this many times")
     ap.add_argument("--skip-mem", action="store_true", help="GEMMs only")
     ap.add_argument("--no-nvml", action="store_true", help="do not sample the clock")
+    ap.add_argument("--kernel-names", action="store_true",
+                    help="also record each GEMM row's CUDA kernel names (torch.profiler)")
     ap.add_argument("--mem-iters", type=int, default=20, help="as `zaya bench mem -n`")
     ap.add_argument("--mem-warmup", type=int, default=3, help="as `zaya bench mem -w`")
     ap.add_argument("--mem-max", default=str(4 << 30), help="largest copy in bytes")
@@ -454,7 +484,8 @@ def main():
         timer = Timer(policy, nvml)
         result["sleep_cycles_per_us"] = timer.cycles_per_us
         result["t_start"] = time.time()
-        rounds = [gemm_peer(doc["results"], timer) for _ in range(max(1, a.rounds))]
+        rounds = [gemm_peer(doc["results"], timer, a.kernel_names)
+                  for _ in range(max(1, a.rounds))]
         result["t_end"] = time.time()
         result["gemm_rounds"] = rounds
         # "gemm": the best round per shape (highest TFLOP/s), for readers of the old layout.

@@ -22,7 +22,9 @@
 #             on a multi-GPU machine also the 1-GPU pair.
 #   compare   tools/bench_peer_compare.py: zaya/peer ratios paired round by round (target median
 #             >= 0.98) with each side's clock, previously failing shapes, knee, copies, all-reduce.
-#   focus     the GEMM shapes below target again, in FOCUS_ROUNDS (4) more interleaved rounds.
+#   focus     the GEMM shapes below target again, in FOCUS_ROUNDS (4) more interleaved rounds,
+#             then which kernel each side runs for them (zaya's kept algorithm, the peer's kernel
+#             names from torch.profiler).
 # Everything lands in $OUT/bench_h200.tgz (JSON, CSV, SVG, logs, profile) plus $OUT/summary.txt.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -201,4 +203,25 @@ if [ "$frounds" -gt 0 ] && [ -s "$misses" ]; then
   echo -e "\n# ==== focus rounds (the shapes above, again) ====" >>"$summary"
   python3 tools/bench_peer_compare.py --gemm "${fz[@]}" --peer ${fp[@]+"${fp[@]}"} \
     >>"$summary" 2>&1
+  # Which kernel each side runs for these shapes: zaya's kept cuBLASLt algorithm (algo_fields,
+  # enum values of cublasLt.h) beside the kernel names one peer call launches (torch.profiler).
+  if run peer_kernels python3 tools/bench_peer.py --gemm-json "$W/gemm_f0.json" --rounds 1 \
+    --skip-mem --no-nvml --kernel-names --out "$W/peer_kernels.json"; then
+    echo -e "\n## kernels of the focus shapes (zaya: kept cuBLASLt algorithm; peer: kernel names)" \
+      >>"$summary"
+    python3 - "$W/gemm_f0.json" "$W/peer_kernels.json" >>"$summary" 2>&1 <<'PY'
+import json, sys
+z = json.load(open(sys.argv[1]))["results"]
+p = json.load(open(sys.argv[2])).get("gemm", [])
+for r in z:
+    if r.get("method") not in ("lt", "lt-batched"):
+        continue
+    key = (r["m"], r["n"], r["k"], r["groups"], r["dtype"])
+    peer = [q for q in p if (q["m"], q["n"], q["k"], q["groups"], q["dtype"]) == key]
+    fields = " ".join(f"{k}={v}" for k, v in r.get("algo_fields", {}).items())
+    names = "; ".join(peer[0].get("kernels", [])) if peer else "(no peer row)"
+    print(f"{r['dtype']:5s} {r['m']}x{r['n']}x{r['k']}x{r['groups']}: zaya {fields}")
+    print(f"      peer {names}")
+PY
+  fi
 fi

@@ -20,6 +20,13 @@ echo "$out" | grep -q -- "--router-clusters" || fail "message does not name --ro
 out="$("$zaya" bench infer --layers 1 --router-spread 2 2>&1)"
 [ $? -ne 0 ] || fail "--router-spread 2 accepted"
 echo "$out" | grep -q -- "--router-spread" || fail "message does not name --router-spread: $out"
+if "$zaya" version | grep -q "cuda: yes" && ! "$zaya" version | grep -q "decode trace"; then
+  # A build without -DZAYA_DECODE_TRACE=ON (the default, as in CI) refuses --trace up front, naming
+  # the option to configure.
+  out="$("$zaya" bench infer --layers 1 --trace 2>&1)"
+  [ $? -ne 0 ] || fail "--trace accepted by a build without decode tracing"
+  echo "$out" | grep -q -- "-DZAYA_DECODE_TRACE=ON" || fail "--trace message: $out"
+fi
 if ! "$zaya" version | grep -q "cuda: yes"; then
   echo "PASS (argument checks; --write-config needs the CUDA build)"
   exit 0

@@ -319,6 +319,9 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
   t.fuse_norms = !t.fuse_norms;
   EXPECT_EQ(decode_bits(dir, true, t), base) << "residual norms fused or alone (not the default)";
   t = DecodeTuning{};
+  t.attn_stage_combine = true;
+  EXPECT_EQ(decode_bits(dir, true, t), base) << "attention partials staged for the combine";
+  t = DecodeTuning{};
   t.router_stage = false;
   EXPECT_EQ(decode_bits(dir, true, t), base) << "router MLP rows read where they are";
   t = DecodeTuning{};
@@ -771,6 +774,10 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto o_h = test_util::download_bf16(o, n_out);
       EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "relaunch, 4 passes in flight";
+      decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 1,
+                       true);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "partials staged for the combine";
       expect_bf16_ulp("o", o_h, ref_d, slack);
     }
   }

@@ -13,6 +13,7 @@
 #include <initializer_list>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/infer_kernels.h"
 #include "backend/cuda/kernel_utils.cuh"
@@ -107,6 +108,15 @@ __device__ __forceinline__ void pdl_begin(DecodeTraceEvent ev) {
   trace_mark(t, ev);
 }
 
+// 16-byte global → shared copies that complete in the background (cp.async, L2 only), and the wait
+// for all of this thread's copies.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
@@ -652,7 +662,8 @@ template <int D, int kPipe>
 __global__ void __launch_bounds__(kAttnThreads)
     decode_attn_kernel(bf16* o, float* part_o, float* part_ml, unsigned* counters, const bf16* q,
                        const bf16* kcache, const bf16* vcache, const int32_t* len, int64_t cap,
-                       int64_t window, int Hq, int Hkv, int ch, int nchunks, int flag_at) {
+                       int64_t window, int Hq, int Hkv, int ch, int nchunks, int flag_at,
+                       int stage_chunks) {
   constexpr int PER = D / 8;     // key values per lane in the score pass
   constexpr int PV = D / kWarp;  // value dims per lane in the P·V pass
   extern __shared__ __align__(16) float sh[];
@@ -812,7 +823,21 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int c_lo = int(lo / ch), c_hi = int(pos / ch);
   float* wts = sh;                 // [G, nchunks]
   float* lsum = sh + G * nchunks;  // [G]
-  constexpr int kMlPerLane = 8;    // (max, sum) pairs a lane holds in registers
+  // stage_chunks > 0: the visible chunks' partial rows, when that many fit, copied into shared
+  // memory (after wts and lsum, 16-byte aligned) with cp.async now, so that their round trip runs
+  // beside the (max, sum) pass below instead of after it; the sums are the same either way.
+  float* staged = sh + ((G * (nchunks + 1) + 3) / 4) * 4;  // [chunk - c_lo][G][D]
+  const bool stage = stage_chunks > 0 && c_hi - c_lo + 1 <= stage_chunks;
+  if (stage) {
+    const int n4 = G * D / 4;  // 16-byte pieces per chunk (all G heads)
+    for (int i = threadIdx.x; i < (c_hi - c_lo + 1) * n4; i += kAttnThreads) {
+      const int cc = i / n4, t = i % n4 / (D / 4), q4 = i % (D / 4);
+      cp_async16(
+          staged + (int64_t(cc) * G + t) * D + 4 * q4,
+          part_o + ((int64_t(m) * Hq + int64_t(g) * G + t) * nchunks + c_lo + cc) * D + 4 * q4);
+    }
+  }
+  constexpr int kMlPerLane = 8;  // (max, sum) pairs a lane holds in registers
   for (int t = warp; t < G; t += kAttnWarps) {
     const float* ml = part_ml + 2 * ((int64_t(m) * Hq + int64_t(g) * G + t) * nchunks);
     float mx = -INFINITY, l = 0.f;
@@ -851,19 +876,30 @@ __global__ void __launch_bounds__(kAttnThreads)
     l = warp_sum(l);
     if (lane == 0) lsum[t] = l;
   }
+  if (stage) cp_async_wait_all();
   __syncthreads();
   for (int i = threadIdx.x; i < G * D / 4; i += kAttnThreads) {
     const int t = 4 * i / D, e = 4 * i % D;
     const int64_t base = (int64_t(m) * Hq + int64_t(g) * G + t) * nchunks;
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-    // Unrolled so that 16 chunks' loads are in flight at once (the sum order is unchanged): at
-    // ~65 chunks a loop that waits on each L2 round trip in turn costs several microseconds.
+    if (stage) {
+      for (int cc = c_lo; cc <= c_hi; cc++) {
+        const float w = wts[t * nchunks + cc];
+        const float4 p =
+            *reinterpret_cast<const float4*>(staged + (int64_t(cc - c_lo) * G + t) * D + e);
+        a.x = fmaf(p.x, w, a.x), a.y = fmaf(p.y, w, a.y), a.z = fmaf(p.z, w, a.z),
+        a.w = fmaf(p.w, w, a.w);
+      }
+    } else {
+      // Unrolled so that 16 chunks' loads are in flight at once (the sum order is unchanged): at
+      // ~65 chunks a loop that waits on each L2 round trip in turn costs several microseconds.
 #pragma unroll 16
-    for (int cc = c_lo; cc <= c_hi; cc++) {
-      const float w = wts[t * nchunks + cc];
-      const float4 p = __ldcg(reinterpret_cast<const float4*>(part_o + (base + cc) * D + e));
-      a.x = fmaf(p.x, w, a.x), a.y = fmaf(p.y, w, a.y), a.z = fmaf(p.z, w, a.z),
-      a.w = fmaf(p.w, w, a.w);
+      for (int cc = c_lo; cc <= c_hi; cc++) {
+        const float w = wts[t * nchunks + cc];
+        const float4 p = __ldcg(reinterpret_cast<const float4*>(part_o + (base + cc) * D + e));
+        a.x = fmaf(p.x, w, a.x), a.y = fmaf(p.y, w, a.y), a.z = fmaf(p.z, w, a.z),
+        a.w = fmaf(p.w, w, a.w);
+      }
     }
     const float l = lsum[t], r = l > 0.f ? 1.f / l : 0.f;
     bf16* dst = o + (int64_t(m) * Hq + int64_t(g) * G + t) * D + e;
@@ -983,16 +1019,6 @@ __device__ __forceinline__ void cl_wait() {
 __device__ __forceinline__ void cl_sync() {
   cl_arrive();
   cl_wait();
-}
-
-// 16-byte global → shared copies that complete in the background (cp.async, L2 only), and the wait
-// for all of this thread's copies.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = unsigned(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
 // The router of decode rows, one cluster of blocks per row: the down projection
@@ -1252,6 +1278,24 @@ __global__ void advance_kernel(int32_t* len, int32_t n, int64_t B) {
 void check(bool ok, const char* what) {
   if (!ok)
     ::zaya::detail::platform_fail("CUDA", "decode kernel arguments", __FILE__, __LINE__, what);
+}
+
+// Opts `kernel` into `bytes` of dynamic shared memory on the current device, once per kernel,
+// device and size (the first decode step runs eagerly, so this happens outside graph captures).
+void allow_dynamic_smem(const void* kernel, size_t bytes) {
+  struct Done {
+    const void* kernel;
+    int device;
+    size_t bytes;
+  };
+  static std::vector<Done> done;
+  int dev = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+  for (const Done& d : done)
+    if (d.kernel == kernel && d.device == dev && d.bytes >= bytes) return;
+  ZAYA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  done.push_back({kernel, dev, bytes});
 }
 
 // Programmatic dependent launch: used on devices of compute capability 9.0 and later unless
@@ -1528,6 +1572,7 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
 // (70 blocks) gave 0.695 ms per decode step, 16 (138 blocks) 0.701, 64 0.721, 128 0.792, 256
 // 0.917 (docs/bench/h200-2026-12-03g).
 constexpr int kAttnMaxChunk = 256;
+constexpr int64_t kAttnStageBytes = 96 * 1024;  // staged partial rows of the combine (at most)
 constexpr int kAttnTargetBlocks = 128;
 
 int attn_chunk(int64_t M, int64_t Hkv, int64_t cap) {
@@ -1550,7 +1595,8 @@ size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_
 
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
-                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe) {
+                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
+                      bool stage_combine) {
   const int64_t G = Hq / Hkv;
   check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
             (d == 32 || d == 64 || d == 128),
@@ -1564,9 +1610,15 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
   float* part_o = reinterpret_cast<float*>(static_cast<char*>(ws) + attn_counter_bytes(Hq));
   float* part_ml = part_o + M * Hq * nchunks * d;
   // The main pass's arrays, or the combine's weights, whichever is larger; then the flag.
+  // stage_combine: room for the partial rows of up to `stage` chunks (at most kAttnStageBytes), so
+  // that a combine over that many visible chunks stages them in one round.
+  const int64_t stage =
+      stage_combine ? std::min<int64_t>(nchunks, kAttnStageBytes / (G * d * int64_t(sizeof(float))))
+                    : 0;
+  const int64_t combine =
+      stage > 0 ? (G * (nchunks + 1) + 3) / 4 * 4 + stage * G * d : G * (nchunks + 1);
   const size_t smem =
-      size_t(std::max<int64_t>(G * d + G * ch + kAttnWarps * G * d, G * (nchunks + 1)) + 1) *
-      sizeof(float);
+      size_t(std::max<int64_t>(G * d + G * ch + kAttnWarps * G * d, combine) + 1) * sizeof(float);
   const int flag_at = int(smem / sizeof(float)) - 1;
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
   const auto kernel = pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4>
@@ -1575,8 +1627,9 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
                                 : (d == 128  ? decode_attn_kernel<128, 1>
                                    : d == 64 ? decode_attn_kernel<64, 1>
                                              : decode_attn_kernel<32, 1>);
+  if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_k(kernel, grid, dim3(kAttnThreads), smem, st, o_MHd, part_o, part_ml, counters, q_MHd,
-           kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at);
+           kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at, int(stage));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -29,6 +29,9 @@ struct DecodeTuning {
   int attn_chunk = 0;
   // 16-key passes of an attention block whose K rows are loaded together (1 or 4); the same bits.
   int attn_pipe = 1;
+  // The attention's combining block stages the chunk partials in shared memory beside its (max,
+  // sum) pass (decode_attention's stage_combine); the same bits.
+  bool attn_stage_combine = false;
   // The largest thread-block cluster of the router launch (1, 2, 4, 8 or 16); 0: the largest the
   // device schedules. Results do not depend on it.
   int router_cluster = 0;

@@ -122,14 +122,17 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
 // filled once before the first call (the kernel leaves its counters at zero again). o bf16
 // [M,Hq,d]; d 32, 64 or 128; M <= 8. chunk: keys per split block (a multiple of 16 up to 256); 0
 // picks it from the cache capacity (about one block per SM in all). pipe: 16-key passes whose K
-// rows are loaded together (1 or 4); the same scores in the same order either way. len_B is read
+// rows are loaded together (1 or 4); the same scores in the same order either way.
+// stage_combine: the combining block copies the visible chunks' partial rows into shared memory
+// (cp.async, beside its pass over the chunks' max and sum) when they fit in 96 KiB, instead of
+// loading them after that pass; the same sums in the same order. len_B is read
 // before the launch's programmatic-dependency wait: the kernel launched just before this one must
 // not write it (in a decode step only the step's last launch, advance_lengths, does).
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
-                      int pipe = 1);
+                      int pipe = 1, bool stage_combine = false);
 // Decode rows (block per row): h = (a + hb)⊙hs + (h + rb)⊙rs in place (skipped when a is null),
 // then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,

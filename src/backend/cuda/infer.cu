@@ -1613,8 +1613,9 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
   // stage_combine: room for the partial rows of up to `stage` chunks (at most kAttnStageBytes), so
   // that a combine over that many visible chunks stages them in one round.
   const int64_t stage =
-      stage_combine ? std::min<int64_t>(nchunks, kAttnStageBytes / (G * d * int64_t(sizeof(float))))
-                    : 0;
+      stage_combine && aligned16(part_o)
+          ? std::min<int64_t>(nchunks, kAttnStageBytes / (G * d * int64_t(sizeof(float))))
+          : 0;
   const int64_t combine =
       stage > 0 ? (G * (nchunks + 1) + 3) / 4 * 4 + stage * G * d : G * (nchunks + 1);
   const size_t smem =

@@ -16,7 +16,8 @@
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
 #    (extra arguments in $INFER_ARGS, default "--attn-stage 0,1 --router-stage 1,0 --router-spread
 #    0,1 --ablate": the attention and router variants and the step without each op class), then
-#    the whole 40-layer ZAYA1-base at batch 1 (SKIP_FULL_INFER=1 skips it). DECODE_TRACE=ON builds
+#    the whole 40-layer ZAYA1-base at batch 1 (SKIP_FULL_INFER=1 skips it) and its transformers
+#    peer (tools/bench_infer_peer.py; SKIP_INFER_PEER=1 skips it). DECODE_TRACE=ON builds
 #    with -DZAYA_DECODE_TRACE=ON and traces both decode runs kernel by kernel (--trace; what the
 #    trace costs the step is itself to be measured: tools/device/decode_ab.sh).
 # Each stage has a timeout derived from what is left of the budget; a failing stage does not stop
@@ -37,7 +38,7 @@ note() { echo "$*" | tee -a "$summary"; }
 finish() {
   cp "$summary" "$OUT/summary.txt" 2>/dev/null
   for f in bench_train.json bench_train_peer.json bench_infer.json bench_infer_full.json \
-    hardware_profile.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
+    bench_infer_peer_full.json hardware_profile.json; do [ -f "$W/$f" ] && cp "$W/$f" "$OUT/"; done
   [ -f "$W/gpu_tests.log" ] && cp "$W/gpu_tests.log" "$OUT/"
   tar -C "$(dirname "$W")" --exclude=tinydata --exclude='*.safetensors' --exclude='*.bin' \
     -czf "$OUT/logs.tgz" gpu_all 2>/dev/null
@@ -195,6 +196,16 @@ if [ -x "$Z" ] && [ -z "${SKIP_FULL_INFER:-}" ]; then
   stage bench_infer_full 180 "$Z" bench infer --preset zaya1-base --prompt 1024 --decode 32 \
     $trace_arg --json "$W/bench_infer_full.json"
   sed 's/^/    /' "$W/bench_infer_full.log" | tail -32 | tee -a "$summary"
+  # Its peer (transformers' ZayaForCausalLM, random bf16 weights, the same shape; a cached forward
+  # loop per step and generate()), last; SKIP_INFER_PEER=1 skips it.
+  if [ -z "${SKIP_INFER_PEER:-}" ] &&
+    "$Z" bench infer --preset zaya1-base --prompt 1024 --decode 32 \
+      --write-config "$W/zaya1_base_config.json" >/dev/null 2>&1; then
+    stage bench_infer_peer_full 240 python3 tools/bench_infer_peer.py \
+      --config "$W/zaya1_base_config.json" --batch 1 --prompt 1024 --decode 32 \
+      --json "$W/bench_infer_peer_full.json"
+    sed 's/^/    /' "$W/bench_infer_peer_full.log" | tail -12 | tee -a "$summary"
+  fi
 fi
 
 # ---- comparison ----

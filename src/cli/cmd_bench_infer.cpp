@@ -38,8 +38,8 @@ struct BenchInferArgs {
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
-  std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, router_stage,
-      router_spread;
+  std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
+      router_stage, router_spread;
   uint64_t seed = 1234;
 };
 
@@ -137,20 +137,20 @@ int run(const BenchInferArgs& a) {
     }
   }
   // Decode variants (--attn-chunks x --attn-pipes x --attn-stage x --router-clusters x
-  // --router-stage x --router-spread x --fuse-norms): the same prompt and steps, the graph captured
-  // again for each.
+  // --router-stage x --router-spread x --fuse-norms x --fold-qkv-norm; the norm fused and folded
+  // at once is no variant): the same prompt and steps, the graph captured again for each.
   nlohmann::json variants = nlohmann::json::array();
   if (!a.attn_chunks.empty() || !a.attn_pipes.empty() || !a.attn_stage.empty() ||
       !a.router_clusters.empty() || !a.router_stage.empty() || !a.router_spread.empty() ||
-      !a.fuse_norms.empty()) {
+      !a.fuse_norms.empty() || !a.fold_qkv_norm.empty()) {
     const cuda::DecodeTuning dflt;
     auto or_default = [](const std::vector<int>& v, int d) {
       return v.empty() ? std::vector<int>{d} : v;
     };
     std::printf("# decode variants (same prompt and steps; graph captured again for each):\n");
-    std::printf("  %-10s %-9s %-10s %-14s %-12s %-13s %-10s %10s %9s\n", "attn_chunk", "attn_pipe",
-                "attn_stage", "router_cluster", "router_stage", "router_spread", "fuse_norms",
-                "ms/step", "roofline");
+    std::printf("  %-10s %-9s %-10s %-14s %-12s %-13s %-10s %-13s %10s %9s\n", "attn_chunk",
+                "attn_pipe", "attn_stage", "router_cluster", "router_stage", "router_spread",
+                "fuse_norms", "fold_qkv_norm", "ms/step", "roofline");
     auto label = [](int v) { return v ? std::to_string(v) : std::string("auto"); };
     std::vector<cuda::DecodeTuning> ts;
     for (int ch : or_default(a.attn_chunks, dflt.attn_chunk))
@@ -159,27 +159,30 @@ int run(const BenchInferArgs& a) {
           for (int cl : or_default(a.router_clusters, dflt.router_cluster))
             for (int rs : or_default(a.router_stage, dflt.router_stage ? 1 : 0))
               for (int rp : or_default(a.router_spread, dflt.router_one_per_sm ? 1 : 0))
-                for (int fn : or_default(a.fuse_norms, dflt.fuse_norms ? 1 : 0)) {
-                  cuda::DecodeTuning t;
-                  t.attn_chunk = ch;
-                  t.attn_pipe = pp;
-                  t.attn_stage_combine = as != 0;
-                  t.router_cluster = cl;
-                  t.router_stage = rs != 0;
-                  t.router_one_per_sm = rp != 0;
-                  t.fuse_norms = fn != 0;
-                  ts.push_back(t);
-                }
+                for (int fn : or_default(a.fuse_norms, dflt.fuse_norms ? 1 : 0))
+                  for (int fq : or_default(a.fold_qkv_norm, dflt.fold_qkv_norm ? 1 : 0)) {
+                    if (fn && fq) continue;  // one or the other
+                    cuda::DecodeTuning t;
+                    t.attn_chunk = ch;
+                    t.attn_pipe = pp;
+                    t.attn_stage_combine = as != 0;
+                    t.router_cluster = cl;
+                    t.router_stage = rs != 0;
+                    t.router_one_per_sm = rp != 0;
+                    t.fuse_norms = fn != 0;
+                    t.fold_qkv_norm = fq != 0;
+                    ts.push_back(t);
+                  }
     auto yes = [](bool v) { return v ? "yes" : "no"; };
     for (const cuda::DecodeTuning& t : ts) {
       inf.set_decode_tuning(t);
       double vb = 0;
       const double vs = time_decode(vb);
       const double frac = vb / (a.copy_gbs * 1e9) / vs;
-      std::printf("  %-10s %-9d %-10s %-14s %-12s %-13s %-10s %10.4f %9.3f\n",
+      std::printf("  %-10s %-9d %-10s %-14s %-12s %-13s %-10s %-13s %10.4f %9.3f\n",
                   label(t.attn_chunk).c_str(), t.attn_pipe, yes(t.attn_stage_combine),
                   label(t.router_cluster).c_str(), yes(t.router_stage), yes(t.router_one_per_sm),
-                  yes(t.fuse_norms), vs * 1e3, frac);
+                  yes(t.fuse_norms), yes(t.fold_qkv_norm), vs * 1e3, frac);
       variants.push_back({{"attn_chunk", t.attn_chunk},
                           {"attn_pipe", t.attn_pipe},
                           {"attn_stage_combine", t.attn_stage_combine},
@@ -187,6 +190,7 @@ int run(const BenchInferArgs& a) {
                           {"router_stage", t.router_stage},
                           {"router_one_per_sm", t.router_one_per_sm},
                           {"fuse_norms", t.fuse_norms},
+                          {"fold_qkv_norm", t.fold_qkv_norm},
                           {"decode_ms_per_step", vs * 1e3},
                           {"roofline_fraction", frac}});
     }
@@ -312,6 +316,11 @@ int bench_infer_cli(int argc, char** argv) {
   app.add_option("--attn-stage", a.attn_stage,
                  "also time decode with the attention combine staging the chunk partials in "
                  "shared memory beside its (max, sum) pass (1), or loading them after it (0)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({0, 1}));
+  app.add_option("--fold-qkv-norm", a.fold_qkv_norm,
+                 "also time decode with the post-MLP residual norm computed by the next layer's "
+                 "q|k|v GEMV (1) or by a launch of its own (0)")
       ->delimiter(',')
       ->check(CLI::IsMember({0, 1}));
   app.add_option("--fuse-norms", a.fuse_norms,

@@ -319,6 +319,9 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
   t.fuse_norms = !t.fuse_norms;
   EXPECT_EQ(decode_bits(dir, true, t), base) << "residual norms fused or alone (not the default)";
   t = DecodeTuning{};
+  t.fold_qkv_norm = true;
+  EXPECT_EQ(decode_bits(dir, true, t), base) << "post-MLP norm folded into the q|k|v GEMV";
+  t = DecodeTuning{};
   t.attn_stage_combine = true;
   EXPECT_EQ(decode_bits(dir, true, t), base) << "attention partials staged for the combine";
   t = DecodeTuning{};
@@ -351,6 +354,9 @@ TEST_P(CudaInfer, BadInputIsRefused) {
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
   t.router_cluster = 0;
   t.attn_pipe = 2;
+  EXPECT_THROW(inf.set_decode_tuning(t), Error);
+  t.attn_pipe = 1;
+  t.fuse_norms = t.fold_qkv_norm = true;  // one or the other
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
 }
 
@@ -913,6 +919,52 @@ TEST(CudaDecodeKernels, FusedResidualNormsEqualTheSeparateLaunches) {
     EXPECT_EQ(test_util::download(ctr, size_t(2 * kGemvMaxRows)),
               std::vector<unsigned>(size_t(2 * kGemvMaxRows), 0u))
         << "counters back at zero";
+  }
+}
+
+// The post-MLP residual norm folded into the q|k|v GEMV (DecodeNormIn): every block computing
+// the norm itself gives the bits of decode_residual_norm followed by the plain GEMV — the GEMV's
+// output and the new residual rows (h_out; h_in untouched).
+TEST(CudaDecodeKernels, FoldedResidualNormEqualsTheSeparateLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 g(67);
+  struct Case {
+    int64_t M, D, O;
+  };
+  for (const Case& c :
+       std::vector<Case>{{1, 2048, 1280}, {3, 64, 40}, {8, 256, 200}, {2, 4096, 96}}) {
+    const int64_t M = c.M, D = c.D, O = c.O;
+    SCOPED_TRACE("M " + std::to_string(M) + " D " + std::to_string(D));
+    const float eps = 1e-5f, wd = 1.f / std::sqrt(float(D));
+    const auto h0 = test_util::random_uniform(g, size_t(M * D), -2.f, 2.f);
+    const auto a0 = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
+    const auto W = test_util::random_uniform(g, size_t(O * D), -wd, wd, true);
+    std::vector<std::vector<float>> vecs;
+    for (int i = 0; i < 5; i++)
+      vecs.push_back(
+          test_util::random_uniform(g, size_t(D), i % 2 ? -0.1f : 0.5f, i % 2 ? 0.1f : 1.5f));
+    test_util::DeviceArena ar;
+    const bf16 *ad = ar.up_bf16(a0), *Wd = ar.up_bf16(W);
+    const float *hs = ar.up(vecs[0]), *hb = ar.up(vecs[1]), *rs = ar.up(vecs[2]),
+                *rb = ar.up(vecs[3]), *w = ar.up(vecs[4]);
+    float *h_ref = ar.up(h0), *h_in = ar.up(h0), *h_out = ar.alloc<float>(size_t(M * D));
+    bf16* x_ref = ar.alloc<bf16>(size_t(M * D));
+    bf16 *y_ref = ar.alloc<bf16>(size_t(M * O)), *y = ar.alloc<bf16>(size_t(M * O));
+    ASSERT_TRUE(ad && Wd && hs && hb && rs && rb && w && h_ref && h_in && h_out && x_ref && y_ref &&
+                y);
+    decode_residual_norm(h_ref, x_ref, ad, hs, hb, rs, rb, w, eps, M, D, nullptr);
+    gemv_bf16(nullptr, y_ref, O, x_ref, D, Wd, D, nullptr, M, O, D, nullptr);
+    const DecodeNormIn n{h_in, h_out, ad, hs, hb, rs, rb, w, eps, nullptr};
+    ASSERT_TRUE(decode_norm_in_supported(n, M, D));
+    DecodeNormIn aliased = n;
+    aliased.h_out = h_in;
+    EXPECT_FALSE(decode_norm_in_supported(aliased, M, D)) << "h_out must not alias h_in";
+    gemv_bf16_norm_in(y, O, Wd, D, M, O, D, n, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(test_util::download_bf16(y, size_t(M * O)),
+              test_util::download_bf16(y_ref, size_t(M * O)));
+    EXPECT_EQ(test_util::download(h_out, size_t(M * D)), test_util::download(h_ref, size_t(M * D)));
+    EXPECT_EQ(test_util::download(h_in, size_t(M * D)), h0) << "h_in untouched";
   }
 }
 

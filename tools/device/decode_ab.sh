@@ -7,8 +7,8 @@
 # 2. times `zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64` with each
 #    binary, alternating, ROUNDS (2) times each: what compiling the trace in costs the step;
 # 3. with the traced binary: the same run with --trace (the graph step kernel by kernel) and the
-#    decode variants of $VARIANTS (default "--attn-stage 0,1 --router-stage 1,0 --router-spread
-#    0,1").
+#    decode variants of $VARIANTS (default "--attn-stage 0,1 --fold-qkv-norm 0,1 --router-stage 1,0
+#    --router-spread 0,1").
 # Results in $OUT (default ./decode_ab_out): summary.txt and every log.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -44,7 +44,7 @@ for ((r = 0; r < ${ROUNDS:-2}; r++)); do
   done
 done
 # shellcheck disable=SC2086
-build-ab-trace/zaya "${args[@]}" --trace ${VARIANTS---attn-stage 0,1 --router-stage 1,0 --router-spread 0,1} \
+build-ab-trace/zaya "${args[@]}" --trace ${VARIANTS---attn-stage 0,1 --fold-qkv-norm 0,1 --router-stage 1,0 --router-spread 0,1} \
   >"$OUT/infer_trace.log" 2>&1
 note "traced run and variants: exit $?"
 sed -n '/# decode variants/,$p' "$OUT/infer_trace.log" | tee -a "$summary"

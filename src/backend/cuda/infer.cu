@@ -218,6 +218,66 @@ __device__ __forceinline__ float norm_rstd(float ss_total, int64_t D, float eps)
 // D <= 4096).
 constexpr int kRowVec = 4;
 
+// The residual norm n (DecodeNormIn) computed by the block of the launch that reads it (the q|k|v
+// GEMV with DecodeTuning::fold_qkv_norm). Before the
+// launch's wait, norm_in_stage copies the norm's five vectors (weights) into shared memory pv
+// ([5][D] floats: hs, hb, rs, rb, w) with cp.async; after it, norm_in_row computes row m in the
+// vector layout and with the arithmetic of decode_residual_norm_kernel (the same bits): x into xs
+// (shared memory, [D] bf16), and when `store` the row of h_out (and of x_out, if set) stored too.
+// The row's inputs are read in one round trip. Every thread of the block (kRowThreads) must call
+// both; norm_in_row waits for the block's cp.async copies and ends with a barrier.
+constexpr int kNormInVecs = 5;
+
+__device__ __forceinline__ void norm_in_stage(const DecodeNormIn& n, int64_t D, float* pv) {
+  for (int64_t i = int64_t(threadIdx.x) * 4; i < kNormInVecs * D; i += int64_t(blockDim.x) * 4) {
+    const int64_t r = i / D;
+    const float* v = r == 0 ? n.hs : r == 1 ? n.hb : r == 2 ? n.rs : r == 3 ? n.rb : n.norm_w;
+    cp_async16(pv + i, v + i % D);
+  }
+}
+
+__device__ void norm_in_row(const DecodeNormIn& n, int64_t m, int64_t D, const float* pv, bf16* xs,
+                            bool store, float* red) {
+  using kern::load4;
+  float hv[kRowVec][4], av[kRowVec][4];
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    load4(n.h_in + m * D + i, hv[k]), load4(n.a + m * D + i, av[k]);
+  }
+  cp_async_wait_all();
+  __syncthreads();  // every thread's vector copies have landed
+  const float *hs = pv, *hb = pv + D, *rs = pv + 2 * D, *rb = pv + 3 * D, *w = pv + 4 * D;
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    float hsv[4], hbv[4], rsv[4], rbv[4];
+    load4(hs + i, hsv), load4(hb + i, hbv), load4(rs + i, rsv), load4(rb + i, rbv);
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      hv[k][e] = residual_elem(av[k][e], hbv[e], hsv[e], hv[k][e], rbv[e], rsv[e]);
+      ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
+    }
+    if (store) kern::store4(n.h_out + m * D + i, hv[k]);
+  }
+  const float rstd = norm_rstd(block_sum_rows(ss, red), D, n.eps);
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    float wv[4], o[4];
+    load4(w + i, wv);
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[e], hv[k][e]), rstd);
+    kern::store4(xs + i, o);
+    if (store && n.x_out) kern::store4(n.x_out + m * D + i, o);
+  }
+  __syncthreads();
+}
+
 // Arguments of a residual norm fused into the tail of a GEMV or expert launch.
 struct TailNorm {
   float* h;
@@ -306,10 +366,13 @@ __device__ bool last_block_done(unsigned* counter, unsigned blocks) {
 // weight stream overlaps the previous kernel's tail. kTail: the block that finishes last also runs
 // the residual norm of all M rows over y16 (the o projection followed by the post-attention
 // residual + norm, in one launch).
-template <int M, bool kVec, bool kPre, bool kTail>
+// kNormIn: x is the residual norm nin (D = K), computed by every block at its start into shared
+// memory (dynamic: the norm's vectors, then M·K bf16 of x); block 0 stores the new residual rows.
+template <int M, bool kVec, bool kPre, bool kTail, bool kNormIn = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
-                     int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn) {
+                     int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn,
+                     DecodeNormIn nin) {
   static_assert(kVec || !kPre, "the register prologue takes the 16-byte path");
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -317,7 +380,16 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const bf16* w = W + (live ? o : 0) * ldw;
   uint4 wpre[kPreChunks];
   if constexpr (kPre) load_row_pieces(wpre, w, K, lane, live);
+  extern __shared__ __align__(16) float gemv_norm_sh[];  // kNormIn: [5][K] floats, [M][K] bf16
+  if constexpr (kNormIn) norm_in_stage(nin, K, gemv_norm_sh);
   pdl_begin(DecodeTraceEvent::Gemv);
+  if constexpr (kNormIn) {
+    __shared__ float nred[kRowThreads / kWarp];
+    bf16* xs = reinterpret_cast<bf16*>(gemv_norm_sh + kNormInVecs * K);
+    for (int m = 0; m < M; m++)
+      norm_in_row(nin, m, K, gemv_norm_sh, xs + m * K, blockIdx.x == 0, nred);
+    x = xs, ldx = K;
+  }
   if (live) {
     float acc[M];
 #pragma unroll
@@ -1372,7 +1444,7 @@ void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t
   const bool tail = tn.counters != nullptr;
 #define ZAYA_GEMV_LAUNCH(V, P, T)                                                                 \
   launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, 0, st, y32, y16, ldy, x, ldx, W, ldw, bias, \
-           O, K, tn)
+           O, K, tn, DecodeNormIn{})
   if (tail) {
     if (pre)
       ZAYA_GEMV_LAUNCH(true, true, true);
@@ -1389,6 +1461,21 @@ void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t
       ZAYA_GEMV_LAUNCH(false, false, false);
   }
 #undef ZAYA_GEMV_LAUNCH
+}
+
+size_t norm_in_smem(int64_t M, int64_t D) {
+  return size_t(kNormInVecs * D) * sizeof(float) + size_t(M * D) * sizeof(bf16);
+}
+
+template <int M>
+void launch_gemv_bf16_norm_in(bf16* y16, int64_t ldy, const bf16* W, int64_t ldw, int64_t O,
+                              int64_t K, const DecodeNormIn& n, cudaStream_t st) {
+  const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock));
+  const auto kernel = gemv_bf16_kernel<M, true, true, false, true>;
+  const size_t smem = norm_in_smem(M, K);
+  if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  launch_k(kernel, grid, dim3(kRowsPerBlock * kWarp), smem, st, nullptr, y16, ldy, nullptr, K, W,
+           ldw, nullptr, O, K, TailNorm{}, n);
 }
 
 template <int M>
@@ -1488,6 +1575,24 @@ size_t decode_tail_counter_bytes() {
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st) {
   gemv_bf16_any(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, M, O, K, TailNorm{}, st);
+}
+
+bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D) {
+  return M >= 1 && M <= kGemvMaxRows && D % 8 == 0 && D <= 4 * kRowVec * kRowThreads &&
+         norm_in_smem(M, D) <= 144 * 1024 && n.h_in && n.h_out && n.a && n.hs && n.hb && n.rs &&
+         n.rb && n.norm_w && n.h_in != n.h_out &&
+         kern::vec4_ok(D, {n.h_in, n.h_out, n.a, n.hs, n.hb, n.rs, n.rb, n.norm_w, n.x_out});
+}
+
+void gemv_bf16_norm_in(bf16* y_bf16, int64_t ldy, const bf16* W, int64_t ldw, int64_t M, int64_t O,
+                       int64_t K, const DecodeNormIn& n, cudaStream_t st) {
+  check(decode_norm_in_supported(n, M, K) && y_bf16 && O > 0 && ldw >= K && ldy >= O &&
+            ldw % 8 == 0 && aligned16(W),
+        "gemv_bf16_norm_in: needs decode_norm_in_supported(n, M, K) and 16-byte aligned W rows");
+  with_rows(M, [&](auto r) {
+    launch_gemv_bf16_norm_in<decltype(r)::value>(y_bf16, ldy, W, ldw, O, K, n, st);
+  });
+  ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
 void gemv_bf16_residual_norm(bf16* a_MO, const bf16* x, int64_t ldx, const bf16* W, int64_t ldw,

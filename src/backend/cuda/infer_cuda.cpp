@@ -48,6 +48,7 @@ struct CudaInference::Impl {
   size_t arena_bytes = 0;
   Workspace ws;  // scratch for the training-path kernels (sort_by_expert)
   size_t ws_bytes = 0;
+  bool qkv_norm_foldable = false;  // DecodeTuning::fold_qkv_norm can take effect
   std::vector<DevLayer> L;
   bf16* embed = nullptr;
   float *in_s = nullptr, *in_b = nullptr, *final_norm = nullptr;
@@ -55,6 +56,7 @@ struct CudaInference::Impl {
   float *h = nullptr, *rstd = nullptr, *conv = nullptr, *r[2] = {nullptr, nullptr}, *rn = nullptr,
         *t1 = nullptr, *t2 = nullptr, *rlog = nullptr, *probs = nullptr, *gate = nullptr,
         *logits = nullptr, *attn_ws = nullptr;
+  float* h2 = nullptr;  // decode: the residual's other buffer (DecodeTuning::fold_qkv_norm)
   void* argmax_ws = nullptr;
   unsigned* tail_ctr = nullptr;  // the fused residual norms' counters (decode_tail_counter_bytes)
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
@@ -127,6 +129,16 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   ZAYA_CUDA_CHECK(cudaMallocHost(&next_host, size_t(kGemvMaxRows) * sizeof(int32_t)));
   upload(m);
   zero_cache();
+  // The folded norm takes the vector layout for every layer's vectors (else fold_qkv_norm falls
+  // back to the launch of its own).
+  qkv_norm_foldable = true;
+  for (const DevLayer& l : L)
+    for (float* hi : {h, h2})
+      qkv_norm_foldable =
+          qkv_norm_foldable &&
+          decode_norm_in_supported(DecodeNormIn{hi, hi == h ? h2 : h, a, l.pm_hs, l.pm_hb, l.pm_rs,
+                                                l.pm_rb, l.ln_in, 0.f, nullptr},
+                                   opt.max_batch, D);
 }
 
 void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
@@ -140,6 +152,9 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
              t.router_cluster);
   ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 4,
              "cuda inference: attention passes in flight must be 1 or 4, got {}", t.attn_pipe);
+  ZAYA_CHECK(!(t.fuse_norms && t.fold_qkv_norm),
+             "cuda inference: the post-MLP residual norm is either fused into the expert launch "
+             "(fuse_norms) or folded into the next q|k|v GEMV (fold_qkv_norm), not both");
   ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
              "cuda inference: decode skip mask {:#x} names no op class", t.skip);
   opt.decode = t;
@@ -185,6 +200,7 @@ void CudaInference::Impl::plan(Carver& cv) {
   }
   const int64_t N = NP;
   h = cv.take<float>(N * D), rstd = cv.take<float>(N), conv = cv.take<float>(N * C);
+  h2 = cv.take<float>(opt.max_batch * D);
   r[0] = cv.take<float>(N * R), r[1] = cv.take<float>(N * R), rn = cv.take<float>(N * R);
   t1 = cv.take<float>(N * R), t2 = cv.take<float>(N * R);
   rlog = cv.take<float>(N * E1), probs = cv.take<float>(N * E1), gate = cv.take<float>(N);
@@ -376,12 +392,26 @@ void CudaInference::Impl::run_decode_step() {
                        st);
   mark("embedding, norms, residuals");
   const auto on = [&](DecodeOp op) { return (opt.decode.skip & (1u << unsigned(op))) == 0; };
+  // fold_qkv_norm: the post-MLP residual norm of layer li − 1 runs inside layer li's q|k|v GEMV,
+  // which reads the residual from one buffer and writes it to the other (hc: the current one).
+  const bool fold = opt.decode.fold_qkv_norm && qkv_norm_foldable;
+  float* hc = h;
   for (int64_t li = 0; li < NL; li++) {
     DevLayer& l = L[size_t(li)];
     const RopeSettings& rs = c.rope_for_layer(li);
     const int64_t rot = int64_t(double(d) * rs.partial_rotary_factor);
     const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
-    if (on(DecodeOp::Qkv)) gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
+    if (fold && li > 0) {
+      float* hn = hc == h ? h2 : h;
+      const DevLayer& p = L[size_t(li - 1)];
+      if (on(DecodeOp::Qkv))
+        gemv_bf16_norm_in(
+            qkv, LD, l.wqkv, D, M, LD, D,
+            DecodeNormIn{hc, hn, a, p.pm_hs, p.pm_hb, p.pm_rs, p.pm_rb, l.ln_in, eps, nullptr}, st);
+      hc = hn;
+    } else if (on(DecodeOp::Qkv)) {
+      gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
+    }
     mark("qkv, o projections");
     if (on(DecodeOp::CcaConv))
       decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
@@ -400,26 +430,28 @@ void CudaInference::Impl::run_decode_step() {
     // last block of the launch before it (slower under PDL on the H200). Separate counters: the two
     // launches may overlap under PDL only in the prologue, which touches no counter, but keeping
     // them apart costs nothing.
-    DecodeResidualNorm pa{h, x, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, tail_ctr};
+    DecodeResidualNorm pa{hc, x, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, tail_ctr};
     if (on(DecodeOp::OProj)) {
       if (opt.decode.fuse_norms) {
         gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
       } else {
         gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
-        decode_residual_norm(h, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st);
+        decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D,
+                             st);
       }
     }
     mark("o projection + residual norm");
     if (on(DecodeOp::Router)) router(li, M, true);
     mark("router");
     DecodeResidualNorm pm{
-        h, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
+        hc, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
     if (on(DecodeOp::Experts)) {
       decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
                      c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
                      opt.decode.fuse_norms ? &pm : nullptr);
-      if (!opt.decode.fuse_norms)
-        decode_residual_norm(h, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
+      // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
+      if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
+        decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
                              st);
     }
     mark("experts + residual norm");

@@ -44,6 +44,10 @@ struct DecodeTuning {
   // the expert combine (true), or as launches of their own (false, the default: 0.669 against
   // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.
   bool fuse_norms = false;
+  // The post-MLP residual norm computed by every block of the next layer's q|k|v GEMV at its start
+  // instead of by a launch of its own (the last layer's, into the final norm, keeps its launch);
+  // the residual then alternates between two buffers. The same bits; not with fuse_norms.
+  bool fold_qkv_norm = false;
   // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
   // launches the decode step leaves out, so that the step time without them shows what they cost
   // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.

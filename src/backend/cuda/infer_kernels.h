@@ -83,6 +83,27 @@ size_t decode_tail_counter_bytes();
 // K a multiple of 8), x bf16 [M, K] (row stride ldx); y fp32 or bf16 [M, ldy]. fp32 accumulation.
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
+
+// A residual norm computed by the launch that consumes it, at its start (every block of the
+// launch computes the rows it reads; no launch of its own): h_out = (a + hb)⊙hs + (h_in + rb)⊙rs,
+// x = w ⊙ h_out · rstd, the same bits as decode_residual_norm. One block stores h_out (and x_out
+// when set) for later launches, so h_out must not alias h_in (the other blocks still read it).
+// Rows [M, D] fp32 (h) and bf16 (a, x); vectors [D] fp32. decode_norm_in_supported: D a multiple of
+// 8 up to 4096, 16-byte aligned pointers, and the five vectors plus M·D bf16 within 144 KiB of
+// shared memory.
+struct DecodeNormIn {
+  const float* h_in = nullptr;
+  float* h_out = nullptr;
+  const bf16* a = nullptr;
+  const float *hs = nullptr, *hb = nullptr, *rs = nullptr, *rb = nullptr, *norm_w = nullptr;
+  float eps = 0.f;
+  bf16* x_out = nullptr;
+};
+bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D);
+// y = gemv_bf16 of x = the norm n (D = K) into a bf16 [M, O] (the q|k|v projection with the
+// post-MLP residual norm of the layer before).
+void gemv_bf16_norm_in(bf16* y_bf16, int64_t ldy, const bf16* W, int64_t ldw, int64_t M, int64_t O,
+                       int64_t K, const DecodeNormIn& n, cudaStream_t st);
 // a[m,o] = bf16(Σ_k x[m,k] W[o,k]) (gemv_bf16 into a bf16 [M, O]), then the residual norm rn over
 // a with D = O, in one launch (the o projection and the post-attention residual + norm).
 void gemv_bf16_residual_norm(bf16* a_MO, const bf16* x, int64_t ldx, const bf16* W, int64_t ldw,

@@ -175,24 +175,34 @@ int run(const BenchInferArgs& a) {
                   }
     auto yes = [](bool v) { return v ? "yes" : "no"; };
     for (const cuda::DecodeTuning& t : ts) {
-      inf.set_decode_tuning(t);
-      double vb = 0;
-      const double vs = time_decode(vb);
-      const double frac = vb / (a.copy_gbs * 1e9) / vs;
-      std::printf("  %-10s %-9d %-10s %-14s %-12s %-13s %-10s %-13s %10.4f %9.3f\n",
-                  label(t.attn_chunk).c_str(), t.attn_pipe, yes(t.attn_stage_combine),
-                  label(t.router_cluster).c_str(), yes(t.router_stage), yes(t.router_one_per_sm),
-                  yes(t.fuse_norms), yes(t.fold_qkv_norm), vs * 1e3, frac);
-      variants.push_back({{"attn_chunk", t.attn_chunk},
-                          {"attn_pipe", t.attn_pipe},
-                          {"attn_stage_combine", t.attn_stage_combine},
-                          {"router_cluster", t.router_cluster},
-                          {"router_stage", t.router_stage},
-                          {"router_one_per_sm", t.router_one_per_sm},
-                          {"fuse_norms", t.fuse_norms},
-                          {"fold_qkv_norm", t.fold_qkv_norm},
-                          {"decode_ms_per_step", vs * 1e3},
-                          {"roofline_fraction", frac}});
+      nlohmann::json row = {{"attn_chunk", t.attn_chunk},
+                            {"attn_pipe", t.attn_pipe},
+                            {"attn_stage_combine", t.attn_stage_combine},
+                            {"router_cluster", t.router_cluster},
+                            {"router_stage", t.router_stage},
+                            {"router_one_per_sm", t.router_one_per_sm},
+                            {"fuse_norms", t.fuse_norms},
+                            {"fold_qkv_norm", t.fold_qkv_norm}};
+      std::printf("  %-10s %-9d %-10s %-14s %-12s %-13s %-10s %-13s ", label(t.attn_chunk).c_str(),
+                  t.attn_pipe, yes(t.attn_stage_combine), label(t.router_cluster).c_str(),
+                  yes(t.router_stage), yes(t.router_one_per_sm), yes(t.fuse_norms),
+                  yes(t.fold_qkv_norm));
+      // A variant the device refuses (a launch configuration it cannot schedule) is reported and
+      // skipped, so that the others are still timed.
+      try {
+        inf.set_decode_tuning(t);
+        double vb = 0;
+        const double vs = time_decode(vb);
+        const double frac = vb / (a.copy_gbs * 1e9) / vs;
+        std::printf("%10.4f %9.3f\n", vs * 1e3, frac);
+        row["decode_ms_per_step"] = vs * 1e3;
+        row["roofline_fraction"] = frac;
+      } catch (const std::exception& e) {
+        std::printf("failed: %s\n", e.what());
+        row["error"] = e.what();
+      }
+      std::fflush(stdout);
+      variants.push_back(row);
     }
     inf.set_decode_tuning(cuda::DecodeTuning{});
   }

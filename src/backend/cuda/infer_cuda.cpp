@@ -475,7 +475,15 @@ void CudaInference::Impl::decode_launch() {
     if (graph_exec) cudaGraphExecDestroy(graph_exec), graph_exec = nullptr;
     if (graph) cudaGraphDestroy(graph), graph = nullptr;
     ZAYA_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    run_decode_step();
+    try {
+      run_decode_step();
+    } catch (...) {  // leave the stream usable: end the capture, drop what it holds
+      cudaGraph_t partial = nullptr;
+      cudaStreamEndCapture(st, &partial);
+      if (partial) cudaGraphDestroy(partial);
+      (void)cudaGetLastError();
+      throw;
+    }
     ZAYA_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
     ZAYA_CUDA_CHECK(cudaGraphInstantiate(&graph_exec, graph, 0));
     graph_batch = B;

@@ -314,6 +314,10 @@ int bench_infer_cli(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--no-graphs", a.no_graphs, "launch decode kernels one by one (no CUDA graph)");
   app.add_flag("--profile", a.profile, "also time one eager decode step by op class");
+  // A decode choice timed off (0), on (1) or both (0,1).
+  auto on_off = [&app](const char* name, std::vector<int>& v, const std::string& help) {
+    app.add_option(name, v, help)->delimiter(',')->check(CLI::IsMember({0, 1}));
+  };
   app.add_option("--attn-chunks", a.attn_chunks,
                  "also time decode with these attention keys per chunk (multiples of 16 up to "
                  "256; 0: automatic)")
@@ -323,31 +327,21 @@ int bench_infer_cli(int argc, char** argv) {
                  "also time decode with these attention passes in flight (1, 4)")
       ->delimiter(',')
       ->check(CLI::IsMember({1, 4}));
-  app.add_option("--attn-stage", a.attn_stage,
-                 "also time decode with the attention combine staging the chunk partials in "
-                 "shared memory beside its (max, sum) pass (1), or loading them after it (0)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({0, 1}));
-  app.add_option("--fold-qkv-norm", a.fold_qkv_norm,
-                 "also time decode with the post-MLP residual norm computed by the next layer's "
-                 "q|k|v GEMV (1) or by a launch of its own (0)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({0, 1}));
-  app.add_option("--fuse-norms", a.fuse_norms,
-                 "also time decode with the residual norms fused into the o projection and the "
-                 "expert combine (1) and as launches of their own (0)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({0, 1}));
-  app.add_option("--router-stage", a.router_stage,
-                 "also time decode with the router's MLP rows staged in shared memory (1) or read "
-                 "where they are (0)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({0, 1}));
-  app.add_option("--router-spread", a.router_spread,
-                 "also time decode with the router's shared memory padded so that each block of "
-                 "its cluster has an SM to itself (1), or not (0)")
-      ->delimiter(',')
-      ->check(CLI::IsMember({0, 1}));
+  on_off("--attn-stage", a.attn_stage,
+         "also time decode with the attention combine staging the chunk partials in "
+         "shared memory beside its (max, sum) pass (1), or loading them after it (0)");
+  on_off("--fold-qkv-norm", a.fold_qkv_norm,
+         "also time decode with the post-MLP residual norm computed by the next layer's "
+         "q|k|v GEMV (1) or by a launch of its own (0)");
+  on_off("--fuse-norms", a.fuse_norms,
+         "also time decode with the residual norms fused into the o projection and the "
+         "expert combine (1) and as launches of their own (0)");
+  on_off("--router-stage", a.router_stage,
+         "also time decode with the router's MLP rows staged in shared memory (1) or read "
+         "where they are (0)");
+  on_off("--router-spread", a.router_spread,
+         "also time decode with the router's shared memory padded so that each block of "
+         "its cluster has an SM to itself (1), or not (0)");
   app.add_option("--router-clusters", a.router_clusters,
                  "also time decode with these router cluster size limits (1, 2, 4, 8, 16; 0: "
                  "automatic)")

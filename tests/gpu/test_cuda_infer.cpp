@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -300,36 +301,30 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
     }
 }
 
-// The decode choices that keep every operation and its order (DecodeTuning: router cluster size,
-// attention passes in flight, residual norms fused or launched alone) give the same bits.
+// The decode choices that keep every operation and its order (DecodeTuning: router cluster size and
+// layout, attention passes in flight and combine staging, residual norms fused, folded or launched
+// alone) give the same bits.
 TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
   const auto base = decode_bits(dir, true);
-  DecodeTuning t;
-  t.router_cluster = 4;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "router clusters of 4";
-  t = DecodeTuning{};
-  t.router_cluster = 1;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "no router cluster";
-  t = DecodeTuning{};
-  t.attn_pipe = 4;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "4 attention passes in flight";
-  t = DecodeTuning{};
-  t.fuse_norms = !t.fuse_norms;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "residual norms fused or alone (not the default)";
-  t = DecodeTuning{};
-  t.fold_qkv_norm = true;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "post-MLP norm folded into the q|k|v GEMV";
-  t = DecodeTuning{};
-  t.attn_stage_combine = true;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "attention partials staged for the combine";
-  t = DecodeTuning{};
-  t.router_stage = false;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "router MLP rows read where they are";
-  t = DecodeTuning{};
-  t.router_one_per_sm = true;
-  EXPECT_EQ(decode_bits(dir, true, t), base) << "router blocks one per SM";
+  const std::vector<std::pair<const char*, std::function<void(DecodeTuning&)>>> choices = {
+      {"router clusters of 4", [](DecodeTuning& t) { t.router_cluster = 4; }},
+      {"no router cluster", [](DecodeTuning& t) { t.router_cluster = 1; }},
+      {"4 attention passes in flight", [](DecodeTuning& t) { t.attn_pipe = 4; }},
+      {"residual norms fused or alone (not the default)",
+       [](DecodeTuning& t) { t.fuse_norms = !t.fuse_norms; }},
+      {"post-MLP norm folded into the q|k|v GEMV", [](DecodeTuning& t) { t.fold_qkv_norm = true; }},
+      {"attention partials staged for the combine",
+       [](DecodeTuning& t) { t.attn_stage_combine = true; }},
+      {"router MLP rows read where they are", [](DecodeTuning& t) { t.router_stage = false; }},
+      {"router blocks one per SM", [](DecodeTuning& t) { t.router_one_per_sm = true; }},
+  };
+  for (const auto& [what, set] : choices) {
+    DecodeTuning t;
+    set(t);
+    EXPECT_EQ(decode_bits(dir, true, t), base) << what;
+  }
 }
 
 TEST_P(CudaInfer, BadInputIsRefused) {

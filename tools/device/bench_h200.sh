@@ -204,24 +204,12 @@ if [ "$frounds" -gt 0 ] && [ -s "$misses" ]; then
   python3 tools/bench_peer_compare.py --gemm "${fz[@]}" --peer ${fp[@]+"${fp[@]}"} \
     >>"$summary" 2>&1
   # Which kernel each side runs for these shapes: zaya's kept cuBLASLt algorithm (algo_fields,
-  # enum values of cublasLt.h) beside the kernel names one peer call launches (torch.profiler).
+  # named from this toolkit's cublasLt.h) beside the kernel one peer call launches (torch.profiler),
+  # with a verdict per shape (tools/gemm_kernels.py).
   if run peer_kernels python3 tools/bench_peer.py --gemm-json "$W/gemm_f0.json" --rounds 1 \
     --skip-mem --no-nvml --kernel-names --out "$W/peer_kernels.json"; then
     echo -e "\n## kernels of the focus shapes (zaya: kept cuBLASLt algorithm; peer: kernel names)" \
       >>"$summary"
-    python3 - "$W/gemm_f0.json" "$W/peer_kernels.json" >>"$summary" 2>&1 <<'PY'
-import json, sys
-z = json.load(open(sys.argv[1]))["results"]
-p = json.load(open(sys.argv[2])).get("gemm", [])
-for r in z:
-    if r.get("method") not in ("lt", "lt-batched"):
-        continue
-    key = (r["m"], r["n"], r["k"], r["groups"], r["dtype"])
-    peer = [q for q in p if (q["m"], q["n"], q["k"], q["groups"], q["dtype"]) == key]
-    fields = " ".join(f"{k}={v}" for k, v in r.get("algo_fields", {}).items())
-    names = "; ".join(peer[0].get("kernels", [])) if peer else "(no peer row)"
-    print(f"{r['dtype']:5s} {r['m']}x{r['n']}x{r['k']}x{r['groups']}: zaya {fields}")
-    print(f"      peer {names}")
-PY
+    python3 tools/gemm_kernels.py "$W/gemm_f0.json" "$W/peer_kernels.json" >>"$summary" 2>&1
   fi
 fi

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -39,7 +40,7 @@ struct BenchInferArgs {
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
-      router_stage, router_spread;
+      router_stage, router_spread, norm_early;
   uint64_t seed = 1234;
 };
 
@@ -136,57 +137,73 @@ int run(const BenchInferArgs& a) {
       prof[name] = ms;
     }
   }
-  // Decode variants (--attn-chunks x --attn-pipes x --attn-stage x --router-clusters x
-  // --router-stage x --router-spread x --fuse-norms x --fold-qkv-norm; the norm fused and folded
-  // at once is no variant): the same prompt and steps, the graph captured again for each.
+  // Decode variants: every combination of the values given to the variant options (an option not
+  // given keeps the default's value; the norm fused and folded at once is no variant), the same
+  // prompt and steps, the graph captured again for each.
+  struct Axis {
+    const char* key;                 // JSON field and column header
+    const std::vector<int>* values;  // the option's values (empty: the default's only)
+    int dflt;                        // the default tuning's value
+    void (*apply)(cuda::DecodeTuning&, int);
+    bool count;  // printed as a number (0: auto) rather than yes/no
+  };
+  const cuda::DecodeTuning dflt;
+  const std::vector<Axis> axes = {
+      {"attn_chunk", &a.attn_chunks, dflt.attn_chunk,
+       [](cuda::DecodeTuning& t, int v) { t.attn_chunk = v; }, true},
+      {"attn_pipe", &a.attn_pipes, dflt.attn_pipe,
+       [](cuda::DecodeTuning& t, int v) { t.attn_pipe = v; }, true},
+      {"attn_stage_combine", &a.attn_stage, dflt.attn_stage_combine,
+       [](cuda::DecodeTuning& t, int v) { t.attn_stage_combine = v != 0; }, false},
+      {"router_cluster", &a.router_clusters, dflt.router_cluster,
+       [](cuda::DecodeTuning& t, int v) { t.router_cluster = v; }, true},
+      {"router_stage", &a.router_stage, dflt.router_stage,
+       [](cuda::DecodeTuning& t, int v) { t.router_stage = v != 0; }, false},
+      {"router_one_per_sm", &a.router_spread, dflt.router_one_per_sm,
+       [](cuda::DecodeTuning& t, int v) { t.router_one_per_sm = v != 0; }, false},
+      {"fuse_norms", &a.fuse_norms, dflt.fuse_norms,
+       [](cuda::DecodeTuning& t, int v) { t.fuse_norms = v != 0; }, false},
+      {"fold_qkv_norm", &a.fold_qkv_norm, dflt.fold_qkv_norm,
+       [](cuda::DecodeTuning& t, int v) { t.fold_qkv_norm = v != 0; }, false},
+      {"norm_early_trigger", &a.norm_early, dflt.norm_early_trigger,
+       [](cuda::DecodeTuning& t, int v) { t.norm_early_trigger = v != 0; }, false},
+  };
   nlohmann::json variants = nlohmann::json::array();
-  if (!a.attn_chunks.empty() || !a.attn_pipes.empty() || !a.attn_stage.empty() ||
-      !a.router_clusters.empty() || !a.router_stage.empty() || !a.router_spread.empty() ||
-      !a.fuse_norms.empty() || !a.fold_qkv_norm.empty()) {
-    const cuda::DecodeTuning dflt;
-    auto or_default = [](const std::vector<int>& v, int d) {
-      return v.empty() ? std::vector<int>{d} : v;
-    };
-    std::printf("# decode variants (same prompt and steps; graph captured again for each):\n");
-    std::printf("  %-10s %-9s %-10s %-14s %-12s %-13s %-10s %-13s %10s %9s\n", "attn_chunk",
-                "attn_pipe", "attn_stage", "router_cluster", "router_stage", "router_spread",
-                "fuse_norms", "fold_qkv_norm", "ms/step", "roofline");
-    auto label = [](int v) { return v ? std::to_string(v) : std::string("auto"); };
-    std::vector<cuda::DecodeTuning> ts;
-    for (int ch : or_default(a.attn_chunks, dflt.attn_chunk))
-      for (int pp : or_default(a.attn_pipes, dflt.attn_pipe))
-        for (int as : or_default(a.attn_stage, dflt.attn_stage_combine ? 1 : 0))
-          for (int cl : or_default(a.router_clusters, dflt.router_cluster))
-            for (int rs : or_default(a.router_stage, dflt.router_stage ? 1 : 0))
-              for (int rp : or_default(a.router_spread, dflt.router_one_per_sm ? 1 : 0))
-                for (int fn : or_default(a.fuse_norms, dflt.fuse_norms ? 1 : 0))
-                  for (int fq : or_default(a.fold_qkv_norm, dflt.fold_qkv_norm ? 1 : 0)) {
-                    if (fn && fq) continue;  // one or the other
-                    cuda::DecodeTuning t;
-                    t.attn_chunk = ch;
-                    t.attn_pipe = pp;
-                    t.attn_stage_combine = as != 0;
-                    t.router_cluster = cl;
-                    t.router_stage = rs != 0;
-                    t.router_one_per_sm = rp != 0;
-                    t.fuse_norms = fn != 0;
-                    t.fold_qkv_norm = fq != 0;
-                    ts.push_back(t);
-                  }
-    auto yes = [](bool v) { return v ? "yes" : "no"; };
-    for (const cuda::DecodeTuning& t : ts) {
-      nlohmann::json row = {{"attn_chunk", t.attn_chunk},
-                            {"attn_pipe", t.attn_pipe},
-                            {"attn_stage_combine", t.attn_stage_combine},
-                            {"router_cluster", t.router_cluster},
-                            {"router_stage", t.router_stage},
-                            {"router_one_per_sm", t.router_one_per_sm},
-                            {"fuse_norms", t.fuse_norms},
-                            {"fold_qkv_norm", t.fold_qkv_norm}};
-      std::printf("  %-10s %-9d %-10s %-14s %-12s %-13s %-10s %-13s ", label(t.attn_chunk).c_str(),
-                  t.attn_pipe, yes(t.attn_stage_combine), label(t.router_cluster).c_str(),
-                  yes(t.router_stage), yes(t.router_one_per_sm), yes(t.fuse_norms),
-                  yes(t.fold_qkv_norm));
+  if (std::any_of(axes.begin(), axes.end(), [](const Axis& x) { return !x.values->empty(); })) {
+    std::printf("# decode variants (same prompt and steps; graph captured again for each):\n ");
+    for (const Axis& x : axes) std::printf(" %s", x.key);
+    std::printf("  ms/step  roofline\n");
+    // The combinations in the order of nested loops over the axes (the last one innermost).
+    std::vector<std::vector<int>> vals;
+    for (const Axis& x : axes)
+      vals.push_back(x.values->empty() ? std::vector<int>{x.dflt} : *x.values);
+    std::vector<std::vector<int>> combos{{}};
+    for (const auto& v : vals) {
+      std::vector<std::vector<int>> next;
+      for (const auto& c : combos)
+        for (int x : v) {
+          next.push_back(c);
+          next.back().push_back(x);
+        }
+      combos = std::move(next);
+    }
+    for (const std::vector<int>& c : combos) {
+      cuda::DecodeTuning t;
+      for (size_t i = 0; i < axes.size(); i++) axes[i].apply(t, c[i]);
+      if (t.fuse_norms && t.fold_qkv_norm) continue;  // one or the other
+      nlohmann::json row = nlohmann::json::object();
+      std::printf(" ");
+      for (size_t i = 0; i < axes.size(); i++) {
+        const int w = int(std::strlen(axes[i].key));
+        if (axes[i].count) {
+          row[axes[i].key] = c[i];
+          std::printf(" %*s", w, c[i] ? std::to_string(c[i]).c_str() : "auto");
+        } else {
+          row[axes[i].key] = c[i] != 0;
+          std::printf(" %*s", w, c[i] ? "yes" : "no");
+        }
+      }
+      std::printf(" ");
       // A variant the device refuses (a launch configuration it cannot schedule) is reported and
       // skipped, so that the others are still timed.
       try {
@@ -194,7 +211,7 @@ int run(const BenchInferArgs& a) {
         double vb = 0;
         const double vs = time_decode(vb);
         const double frac = vb / (a.copy_gbs * 1e9) / vs;
-        std::printf("%10.4f %9.3f\n", vs * 1e3, frac);
+        std::printf("%8.4f %9.3f\n", vs * 1e3, frac);
         row["decode_ms_per_step"] = vs * 1e3;
         row["roofline_fraction"] = frac;
       } catch (const std::exception& e) {
@@ -336,6 +353,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--fuse-norms", a.fuse_norms,
          "also time decode with the residual norms fused into the o projection and the "
          "expert combine (1) and as launches of their own (0)");
+  on_off("--norm-early", a.norm_early,
+         "also time decode with the residual norm launches letting their successor start "
+         "before they wait on their own predecessor (1), or after (0)");
   on_off("--router-stage", a.router_stage,
          "also time decode with the router's MLP rows staged in shared memory (1) or read "
          "where they are (0)");

@@ -303,7 +303,7 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
 
 // The decode choices that keep every operation and its order (DecodeTuning: router cluster size and
 // layout, attention passes in flight and combine staging, residual norms fused, folded or launched
-// alone) give the same bits.
+// alone, their early trigger) give the same bits.
 TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
@@ -319,6 +319,8 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.attn_stage_combine = true; }},
       {"router MLP rows read where they are", [](DecodeTuning& t) { t.router_stage = false; }},
       {"router blocks one per SM", [](DecodeTuning& t) { t.router_one_per_sm = true; }},
+      {"residual norms trigger their successor before their wait",
+       [](DecodeTuning& t) { t.norm_early_trigger = true; }},
   };
   for (const auto& [what, set] : choices) {
     DecodeTuning t;

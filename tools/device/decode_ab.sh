@@ -1,14 +1,16 @@
 #!/bin/bash
-# Decode A/B in one device call (about 3 minutes), for the lead to run on the H200 from the
-# repository root (carry .debs with the call):
-#     bash tools/device/decode_ab.sh
-# 1. builds `zaya` twice: the default configuration and one with -DZAYA_DECODE_TRACE=ON (two build
-#    folders, sm_90a, Ninja);
-# 2. times `zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64` with each
-#    binary, alternating, ROUNDS (2) times each: what compiling the trace in costs the step;
-# 3. with the traced binary: the same run with --trace (the graph step kernel by kernel) and the
-#    decode variants of $VARIANTS (default "--attn-stage 0,1 --fold-qkv-norm 0,1 --router-stage 1,0
-#    --router-spread 0,1").
+# Decode A/B in one device call (3–6 minutes), for the lead to run on the H200 from the repository
+# root (carry .debs, and the base tree if one is named, with the call):
+#     BASE=path/to/other/tree bash tools/device/decode_ab.sh
+# 1. builds `zaya` from this tree ("new": default configuration, sm_90a, Ninja; with the GPU tests
+#    when TESTS=1, which then run: `ctest -L gpu`), from $BASE if set ("base": another source tree,
+#    e.g. a `git archive` of the commit before the change), and with -DZAYA_DECODE_TRACE=ON when
+#    TRACE=1 ("trace");
+# 2. times `zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64` with the new
+#    and base binaries, alternating, ROUNDS (3) times each: the change's effect on the step, with
+#    the GPU's drift shared by both sides;
+# 3. with the new binary: the decode variants of $VARIANTS (default "--norm-early 0,1") and the
+#    ablation; with the trace binary: the same run with --trace (the graph step kernel by kernel).
 # Results in $OUT (default ./decode_ab_out): summary.txt and every log.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -17,34 +19,54 @@ OUT="${OUT:-$root/decode_ab_out}"
 mkdir -p "$OUT"
 summary="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
-note "# decode_ab on $(hostname) at $(date -u +%FT%TZ), commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+note "# decode_ab on $(hostname) at $(date -u +%FT%TZ), commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)${BASE:+, base $(cat "$BASE/COMMIT" 2>/dev/null || echo "$BASE")}"
 if compgen -G ".debs/*.deb" >/dev/null; then
   # shellcheck source=tools/device/deps.sh
   source tools/device/deps.sh
 fi
-build() {  # build DIR TRACE(ON|OFF)
-  local t0=$SECONDS
-  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZAYA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=OFF -DZAYA_TESTS=OFF -DZAYA_DECODE_TRACE="$2" \
-    >"$OUT/configure_$2.log" 2>&1 &&
-    ninja -C "$1" -j16 zaya >"$OUT/build_$2.log" 2>&1
+build() {  # build NAME SOURCE TRACE(ON|OFF) TESTS(ON|OFF)
+  local t0=$SECONDS targets=zaya
+  [ "$4" = ON ] && targets="zaya zaya_gpu_tests"
+  # shellcheck disable=SC2086
+  cmake -S "$2" -B "$root/build-ab-$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZAYA_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=OFF -DZAYA_TESTS="$4" -DZAYA_DECODE_TRACE="$3" \
+    >"$OUT/configure_$1.log" 2>&1 &&
+    ninja -C "$root/build-ab-$1" -j16 $targets >"$OUT/build_$1.log" 2>&1
   local rc=$?
-  note "build (decode trace $2): exit $rc in $((SECONDS - t0)) s"
+  note "build $1 (decode trace $3, tests $4): exit $rc in $((SECONDS - t0)) s"
   return $rc
 }
-build build-ab-plain OFF || exit 1
-build build-ab-trace ON || exit 1
+tests=OFF
+[ "${TESTS:-0}" = 1 ] && tests=ON
+build new . OFF "$tests" || exit 1
+sides=(new)
+if [ -n "${BASE:-}" ]; then
+  build base "$BASE" OFF OFF && sides=(base new)
+fi
+[ "${TRACE:-0}" = 1 ] && build trace . ON OFF
+if [ "$tests" = ON ]; then
+  t0=$SECONDS
+  ctest --test-dir build-ab-new -L gpu --output-on-failure --timeout 120 >"$OUT/gpu_tests.log" 2>&1
+  note "gpu tests: exit $? in $((SECONDS - t0)) s; $(grep -E "tests passed|tests failed" "$OUT/gpu_tests.log")"
+  grep -E "^\s+[0-9]+ - .*Failed|\*\*\*Failed" "$OUT/gpu_tests.log" | head -20 | tee -a "$summary"
+fi
 args=(bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64)
 step_ms() { grep "decode ms/step" "$1" | awk '{print $3}'; }
-for ((r = 0; r < ${ROUNDS:-2}; r++)); do
-  for v in plain trace; do
+for ((r = 0; r < ${ROUNDS:-3}; r++)); do
+  for v in "${sides[@]}"; do
     log="$OUT/infer_${v}_$r.log"
     "build-ab-$v/zaya" "${args[@]}" >"$log" 2>&1
-    note "round $r, $v build: exit $? decode ms/step $(step_ms "$log")"
+    note "round $r, $v: exit $? decode ms/step $(step_ms "$log")"
   done
 done
 # shellcheck disable=SC2086
-build-ab-trace/zaya "${args[@]}" --trace ${VARIANTS---attn-stage 0,1 --fold-qkv-norm 0,1 --router-stage 1,0 --router-spread 0,1} \
-  >"$OUT/infer_trace.log" 2>&1
-note "traced run and variants: exit $?"
-sed -n '/# decode variants/,$p' "$OUT/infer_trace.log" | tee -a "$summary"
+build-ab-new/zaya "${args[@]}" ${VARIANTS---norm-early 0,1} --ablate --json "$OUT/bench_infer_new.json" \
+  >"$OUT/infer_variants.log" 2>&1
+note "variants and ablation: exit $?"
+sed -n '/# decode variants/,$p' "$OUT/infer_variants.log" | tee -a "$summary"
+if [ -x build-ab-trace/zaya ]; then
+  build-ab-trace/zaya "${args[@]}" --trace >"$OUT/infer_trace.log" 2>&1
+  note "traced run: exit $?"
+  sed -n '/# decode trace/,$p' "$OUT/infer_trace.log" | tee -a "$summary"
+fi
+note "total: $SECONDS s"

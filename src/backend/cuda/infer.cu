@@ -50,9 +50,11 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
 // kernel may start while the previous kernel of the stream is still running, as soon as every
 // block of that kernel has executed pdl_trigger() (or exited). Each kernel here therefore
 //   1. before pdl_wait() reads nothing but weights (uploaded once at construction, never written
-//      by a kernel) and writes nothing but its own registers and shared memory; one exception,
-//      the sequence lengths in decode_attention: only a step's last launch writes them, and by
-//      rule 3 that launch completed before the previous kernel could start;
+//      by a kernel) and writes nothing but its own registers and shared memory; the exceptions
+//      are values whose writer is at least two launches back, which by rule 3 completed before
+//      the previous kernel could start: the sequence lengths in decode_attention (only a step's
+//      last launch writes them), the router's choice and gate in the expert-down kernel, and the
+//      previous layer's router state (EDA) in the router;
 //   2. has every thread call pdl_wait() (griddepcontrol.wait: returns once the previous kernel
 //      has completed and its memory is visible) before its first read of an activation, cache,
 //      counter or length, and before its first global store or atomic;
@@ -105,6 +107,17 @@ __device__ __forceinline__ void pdl_begin(DecodeTraceEvent ev) {
   unsigned long long* const t = trace_ptr();
   pdl_wait();
   pdl_trigger();
+  trace_mark(t, ev);
+}
+// The early form, for a launch whose successor's prologue reads nothing that a running kernel
+// writes (weights only, or values of launches that completed long before): the trigger before
+// the wait lets that prologue start while this launch's predecessor still runs, so two launches
+// may be in their prologues at once. The successor's own wait still returns only after this
+// launch completed, which in turn waited for its predecessor: rule 2 holds for it unchanged.
+__device__ __forceinline__ void pdl_begin_early(DecodeTraceEvent ev) {
+  unsigned long long* const t = trace_ptr();
+  pdl_trigger();
+  pdl_wait();
   trace_mark(t, ev);
 }
 
@@ -988,7 +1001,7 @@ template <bool kVec>
 __global__ void __launch_bounds__(kRowThreads)
     decode_residual_norm_kernel(float* h, bf16* y, const bf16* a, const float* hs, const float* hb,
                                 const float* rs, const float* rb, const float* w, float eps,
-                                int64_t D) {
+                                int64_t D, bool early) {
   __shared__ float red[kRowThreads / kWarp];
   const int64_t m = blockIdx.x;
   float* hr = h + m * D;
@@ -1005,7 +1018,7 @@ __global__ void __launch_bounds__(kRowThreads)
       if (a)
         load4(hs + i, hsv[k]), load4(hb + i, hbv[k]), load4(rs + i, rsv[k]), load4(rb + i, rbv[k]);
     }
-    pdl_begin(DecodeTraceEvent::Norm);
+    early ? pdl_begin_early(DecodeTraceEvent::Norm) : pdl_begin(DecodeTraceEvent::Norm);
 #pragma unroll
     for (int k = 0; k < kRowVec; k++) {
       const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
@@ -1036,7 +1049,7 @@ __global__ void __launch_bounds__(kRowThreads)
       kern::store4(y + m * D + i, o);
     }
   } else {
-    pdl_begin(DecodeTraceEvent::Norm);
+    early ? pdl_begin_early(DecodeTraceEvent::Norm) : pdl_begin(DecodeTraceEvent::Norm);
     for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
       const float v =
           a ? residual_elem(__bfloat162float(a[m * D + i]), hb[i], hs[i], hr[i], rb[i], rs[i])
@@ -1176,9 +1189,21 @@ __global__ void __launch_bounds__(kRouterThreads)
     if (q == 0)
       for (int i = threadIdx.x; i < E1 * R; i += kRouterThreads) wo[i] = out_w[i];
   }
-  // This block's rows of the down projection towards L2 (128-byte lines), also before pdl_wait;
-  // x, the EDA state and every output come after it.
-  for (int o = o0 + warp; o < o1; o += kRouterWarps)
+  // The warp's first pair of down-projection rows (o0 + warp and o0 + warp + kRouterWarps) into
+  // registers before pdl_wait, with their EDA state: the previous layer's router output, final
+  // since that router completed many launches ago (see the PDL rules above). Later pairs, when a
+  // block has more rows than that, only towards L2 (128-byte lines). x and every output come after
+  // the wait.
+  const int oa = o0 + warp, ob0 = oa + kRouterWarps;
+  uint4 pa0[kPreChunks], pb0[kPreChunks];
+  float st_a0 = 0.f, st_b0 = 0.f;
+  if constexpr (kVecX) {
+    load_row_pieces(pa0, Wd + int64_t(oa < o1 ? oa : o0) * D, D, lane, oa < o1);
+    load_row_pieces(pb0, Wd + int64_t(ob0 < o1 ? ob0 : o0) * D, D, lane, ob0 < o1);
+  }
+  if (state && oa < o1) st_a0 = state[m * R + oa];
+  if (state && ob0 < o1) st_b0 = state[m * R + ob0];
+  for (int o = o0 + warp + (kVecX ? 2 * kRouterWarps : 0); o < o1; o += kRouterWarps)
     for (int64_t k = int64_t(lane) * 64; k < D; k += kWarp * 64)
       prefetch_l2(Wd + int64_t(o) * D + k);
   // The small vectors (weights) into shared memory.
@@ -1211,15 +1236,21 @@ __global__ void __launch_bounds__(kRouterThreads)
     const bf16* wa = Wd + int64_t(o) * D;
     const bf16* wb = Wd + int64_t(has_b ? ob : o) * D;
     // The rows' EDA state (the previous layer's router output) loaded with the weights, not after
-    // the sums.
-    const float st_a = state ? state[m * R + o] : 0.f;
-    const float st_b = state && has_b ? state[m * R + ob] : 0.f;
+    // the sums; the first pair's, with its weights, before the wait.
+    const bool first = o == oa;
+    const float st_a = first ? st_a0 : state ? state[m * R + o] : 0.f;
+    const float st_b = first ? st_b0 : state && has_b ? state[m * R + ob] : 0.f;
     if constexpr (kVecX) {
-      uint4 pa[kPreChunks], pb[kPreChunks];
-      load_row_pieces(pa, wa, D, lane);
-      load_row_pieces(pb, wb, D, lane, has_b);
-      gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane);
-      if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane);
+      if (first) {
+        gemv_bf16_row_pre<1>(acc, pa0, x + m * ldx, ldx, wa, D, lane);
+        if (has_b) gemv_bf16_row_pre<1>(accb, pb0, x + m * ldx, ldx, wb, D, lane);
+      } else {
+        uint4 pa[kPreChunks], pb[kPreChunks];
+        load_row_pieces(pa, wa, D, lane);
+        load_row_pieces(pb, wb, D, lane, has_b);
+        gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane);
+        if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane);
+      }
     } else {
       gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane);
       if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane);
@@ -1741,11 +1772,12 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
 
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
-                          const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st) {
+                          const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st,
+                          bool early_trigger) {
   const bool vec = residual_norm_vec(D, {h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D});
   launch_k(vec ? decode_residual_norm_kernel<true> : decode_residual_norm_kernel<false>,
            dim3(unsigned(M)), dim3(kRowThreads), 0, st, h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
-           norm_w_D, eps, D);
+           norm_w_D, eps, D, early_trigger);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -436,8 +436,8 @@ void CudaInference::Impl::run_decode_step() {
         gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
       } else {
         gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
-        decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D,
-                             st);
+        decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st,
+                             opt.decode.norm_early_trigger);
       }
     }
     mark("o projection + residual norm");
@@ -452,7 +452,7 @@ void CudaInference::Impl::run_decode_step() {
       // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
       if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
         decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
-                             st);
+                             st, opt.decode.norm_early_trigger);
     }
     mark("experts + residual norm");
   }

@@ -40,7 +40,7 @@ struct BenchInferArgs {
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
-      router_stage, router_spread, norm_early;
+      router_stage, router_spread, norm_early, oproj_early;
   uint64_t seed = 1234;
 };
 
@@ -167,6 +167,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.fold_qkv_norm = v != 0; }, false},
       {"norm_early_trigger", &a.norm_early, dflt.norm_early_trigger,
        [](cuda::DecodeTuning& t, int v) { t.norm_early_trigger = v != 0; }, false},
+      {"oproj_early_trigger", &a.oproj_early, dflt.oproj_early_trigger,
+       [](cuda::DecodeTuning& t, int v) { t.oproj_early_trigger = v != 0; }, false},
   };
   nlohmann::json variants = nlohmann::json::array();
   if (std::any_of(axes.begin(), axes.end(), [](const Axis& x) { return !x.values->empty(); })) {
@@ -356,6 +358,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--norm-early", a.norm_early,
          "also time decode with the residual norm launches letting their successor start "
          "before they wait on their own predecessor (1), or after (0)");
+  on_off("--oproj-early", a.oproj_early,
+         "also time decode with the o projection letting its successor start before it waits "
+         "on its own predecessor (1), or after (0)");
   on_off("--router-stage", a.router_stage,
          "also time decode with the router's MLP rows staged in shared memory (1) or read "
          "where they are (0)");

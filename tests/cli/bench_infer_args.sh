@@ -1,7 +1,7 @@
 #!/bin/bash
 # `zaya bench infer` argument checks that need no GPU: bad --attn-chunks, --router-clusters,
-# --router-spread and --norm-early values are refused with a message naming the option, and
-# --write-config writes the benchmarked shape's config.json.
+# --router-spread, --norm-early and --oproj-early values are refused with a message naming the
+# option, and --write-config writes the benchmarked shape's config.json.
 # Usage: bash bench_infer_args.sh <zaya-binary> <source-dir>
 set -u
 zaya="$1"
@@ -21,6 +21,7 @@ refused "--attn-chunks" --attn-chunks 512
 refused "--router-clusters" --router-clusters 0,3
 refused "--router-spread" --router-spread 2
 refused "--norm-early" --norm-early 0,2
+refused "--oproj-early" --oproj-early 3
 if "$zaya" version | grep -q "cuda: yes" && ! "$zaya" version | grep -q "decode trace"; then
   # A build without -DZAYA_DECODE_TRACE=ON (the default, as in CI) refuses --trace up front, naming
   # the option to configure.
@@ -30,7 +31,7 @@ if ! "$zaya" version | grep -q "cuda: yes"; then
   echo "PASS (argument checks; --write-config needs the CUDA build)"
   exit 0
 fi
-"$zaya" bench infer --preset zaya1-base --layers 2 --attn-chunks 0,64 --attn-pipes 1,4 --router-clusters 0,8 --fuse-norms 1,0 --router-stage 1,0 --router-spread 0,1 --attn-stage 0,1 --fold-qkv-norm 0,1 --norm-early 0,1 --ablate \
+"$zaya" bench infer --preset zaya1-base --layers 2 --attn-chunks 0,64 --attn-pipes 1,4 --router-clusters 0,8 --fuse-norms 1,0 --router-stage 1,0 --router-spread 0,1 --attn-stage 0,1 --fold-qkv-norm 0,1 --norm-early 0,1 --oproj-early 0,1 --ablate \
   --write-config "$tmp/cfg.json" >/dev/null || fail "--write-config exited non-zero"
 python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert c['num_hidden_layers']==2, c" \
   "$tmp/cfg.json" || fail "config.json does not hold the 2-layer shape"

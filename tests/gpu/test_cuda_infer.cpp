@@ -319,8 +319,12 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.attn_stage_combine = true; }},
       {"router MLP rows read where they are", [](DecodeTuning& t) { t.router_stage = false; }},
       {"router blocks one per SM", [](DecodeTuning& t) { t.router_one_per_sm = true; }},
-      {"residual norms trigger their successor before their wait",
-       [](DecodeTuning& t) { t.norm_early_trigger = true; }},
+      {"residual norms trigger their successor before or after their wait (not the default)",
+       [](DecodeTuning& t) { t.norm_early_trigger = !t.norm_early_trigger; }},
+      {"o projection triggers its successor before or after its wait (not the default)",
+       [](DecodeTuning& t) { t.oproj_early_trigger = !t.oproj_early_trigger; }},
+      {"no early triggers",
+       [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
   };
   for (const auto& [what, set] : choices) {
     DecodeTuning t;

@@ -53,14 +53,15 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
 //      by a kernel) and writes nothing but its own registers and shared memory; the exceptions
 //      are values whose writer is at least two launches back, which by rule 3 completed before
 //      the previous kernel could start: the sequence lengths in decode_attention (only a step's
-//      last launch writes them), the router's choice and gate in the expert-down kernel, and the
-//      previous layer's router state (EDA) in the router;
+//      last launch writes them) and the router's choice and gate in the expert-down kernel;
 //   2. has every thread call pdl_wait() (griddepcontrol.wait: returns once the previous kernel
 //      has completed and its memory is visible) before its first read of an activation, cache,
 //      counter or length, and before its first global store or atomic;
 //   3. calls pdl_trigger() right after pdl_wait(), so at most one kernel runs ahead in its
 //      prologue (the next kernel can only start once this one's blocks have all passed their
-//      wait, i.e. once the kernel before this one has completed).
+//      wait, i.e. once the kernel before this one has completed) — except the launches made
+//      with an early trigger (pdl_begin_early, DecodeTuning::early_trigger), whose successors'
+//      prologues read weights only: those trigger before they wait.
 // Completion is transitive: the kernel before has itself waited for the one before it before it
 // could complete, so after pdl_wait() every earlier kernel of the stream has completed. Rule 1
 // keeps the prologue free of read-after-write and write-after-read hazards with kernels still
@@ -385,7 +386,7 @@ template <int M, bool kVec, bool kPre, bool kTail, bool kNormIn = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                      int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn,
-                     DecodeNormIn nin) {
+                     DecodeNormIn nin, bool early) {
   static_assert(kVec || !kPre, "the register prologue takes the 16-byte path");
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -395,7 +396,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   if constexpr (kPre) load_row_pieces(wpre, w, K, lane, live);
   extern __shared__ __align__(16) float gemv_norm_sh[];  // kNormIn: [5][K] floats, [M][K] bf16
   if constexpr (kNormIn) norm_in_stage(nin, K, gemv_norm_sh);
-  pdl_begin(DecodeTraceEvent::Gemv);
+  early ? pdl_begin_early(DecodeTraceEvent::Gemv) : pdl_begin(DecodeTraceEvent::Gemv);
   if constexpr (kNormIn) {
     __shared__ float nred[kRowThreads / kWarp];
     bf16* xs = reinterpret_cast<bf16*>(gemv_norm_sh + kNormInVecs * K);
@@ -1189,21 +1190,9 @@ __global__ void __launch_bounds__(kRouterThreads)
     if (q == 0)
       for (int i = threadIdx.x; i < E1 * R; i += kRouterThreads) wo[i] = out_w[i];
   }
-  // The warp's first pair of down-projection rows (o0 + warp and o0 + warp + kRouterWarps) into
-  // registers before pdl_wait, with their EDA state: the previous layer's router output, final
-  // since that router completed many launches ago (see the PDL rules above). Later pairs, when a
-  // block has more rows than that, only towards L2 (128-byte lines). x and every output come after
-  // the wait.
-  const int oa = o0 + warp, ob0 = oa + kRouterWarps;
-  uint4 pa0[kPreChunks], pb0[kPreChunks];
-  float st_a0 = 0.f, st_b0 = 0.f;
-  if constexpr (kVecX) {
-    load_row_pieces(pa0, Wd + int64_t(oa < o1 ? oa : o0) * D, D, lane, oa < o1);
-    load_row_pieces(pb0, Wd + int64_t(ob0 < o1 ? ob0 : o0) * D, D, lane, ob0 < o1);
-  }
-  if (state && oa < o1) st_a0 = state[m * R + oa];
-  if (state && ob0 < o1) st_b0 = state[m * R + ob0];
-  for (int o = o0 + warp + (kVecX ? 2 * kRouterWarps : 0); o < o1; o += kRouterWarps)
+  // This block's rows of the down projection towards L2 (128-byte lines), also before pdl_wait;
+  // x, the EDA state and every output come after it.
+  for (int o = o0 + warp; o < o1; o += kRouterWarps)
     for (int64_t k = int64_t(lane) * 64; k < D; k += kWarp * 64)
       prefetch_l2(Wd + int64_t(o) * D + k);
   // The small vectors (weights) into shared memory.
@@ -1236,21 +1225,15 @@ __global__ void __launch_bounds__(kRouterThreads)
     const bf16* wa = Wd + int64_t(o) * D;
     const bf16* wb = Wd + int64_t(has_b ? ob : o) * D;
     // The rows' EDA state (the previous layer's router output) loaded with the weights, not after
-    // the sums; the first pair's, with its weights, before the wait.
-    const bool first = o == oa;
-    const float st_a = first ? st_a0 : state ? state[m * R + o] : 0.f;
-    const float st_b = first ? st_b0 : state && has_b ? state[m * R + ob] : 0.f;
+    // the sums.
+    const float st_a = state ? state[m * R + o] : 0.f;
+    const float st_b = state && has_b ? state[m * R + ob] : 0.f;
     if constexpr (kVecX) {
-      if (first) {
-        gemv_bf16_row_pre<1>(acc, pa0, x + m * ldx, ldx, wa, D, lane);
-        if (has_b) gemv_bf16_row_pre<1>(accb, pb0, x + m * ldx, ldx, wb, D, lane);
-      } else {
-        uint4 pa[kPreChunks], pb[kPreChunks];
-        load_row_pieces(pa, wa, D, lane);
-        load_row_pieces(pb, wb, D, lane, has_b);
-        gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane);
-        if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane);
-      }
+      uint4 pa[kPreChunks], pb[kPreChunks];
+      load_row_pieces(pa, wa, D, lane);
+      load_row_pieces(pb, wb, D, lane, has_b);
+      gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane);
+      if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane);
     } else {
       gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane);
       if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane);
@@ -1467,7 +1450,7 @@ constexpr int64_t kPreMaxRows = 16384;
 template <int M>
 void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                       int64_t ldw, const float* bias, int64_t O, int64_t K, const TailNorm& tn,
-                      cudaStream_t st) {
+                      cudaStream_t st, bool early) {
   const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock));
   const dim3 block(kRowsPerBlock * kWarp);
   const bool vec = K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && aligned16(x) && aligned16(W);
@@ -1475,7 +1458,7 @@ void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t
   const bool tail = tn.counters != nullptr;
 #define ZAYA_GEMV_LAUNCH(V, P, T)                                                                 \
   launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, 0, st, y32, y16, ldy, x, ldx, W, ldw, bias, \
-           O, K, tn, DecodeNormIn{})
+           O, K, tn, DecodeNormIn{}, early)
   if (tail) {
     if (pre)
       ZAYA_GEMV_LAUNCH(true, true, true);
@@ -1506,7 +1489,7 @@ void launch_gemv_bf16_norm_in(bf16* y16, int64_t ldy, const bf16* W, int64_t ldw
   const size_t smem = norm_in_smem(M, K);
   if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_k(kernel, grid, dim3(kRowsPerBlock * kWarp), smem, st, nullptr, y16, ldy, nullptr, K, W,
-           ldw, nullptr, O, K, TailNorm{}, n);
+           ldw, nullptr, O, K, TailNorm{}, n, false);
 }
 
 template <int M>
@@ -1540,11 +1523,12 @@ void with_rows(int64_t M, F&& f) {
 
 void gemv_bf16_any(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx,
                    const bf16* W, int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K,
-                   const TailNorm& tn, cudaStream_t st) {
+                   const TailNorm& tn, cudaStream_t st, bool early = false) {
   check(M >= 1 && M <= kGemvMaxRows && O > 0 && K > 0 && ldw >= K && ldx >= K && ldy >= O,
         "gemv_bf16: need 1 <= M <= 8, O, K > 0, ldw, ldx >= K, ldy >= O");
   with_rows(M, [&](auto n) {
-    launch_gemv_bf16<decltype(n)::value>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, tn, st);
+    launch_gemv_bf16<decltype(n)::value>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, tn, st,
+                                         early);
   });
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
@@ -1604,8 +1588,9 @@ size_t decode_tail_counter_bytes() {
 }
 
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
-               int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st) {
-  gemv_bf16_any(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, M, O, K, TailNorm{}, st);
+               int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st,
+               bool early_trigger) {
+  gemv_bf16_any(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, M, O, K, TailNorm{}, st, early_trigger);
 }
 
 bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D) {

@@ -435,7 +435,8 @@ void CudaInference::Impl::run_decode_step() {
       if (opt.decode.fuse_norms) {
         gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
       } else {
-        gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st);
+        gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st,
+                  opt.decode.oproj_early_trigger);
         decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st,
                              opt.decode.norm_early_trigger);
       }

@@ -48,12 +48,15 @@ struct DecodeTuning {
   // instead of by a launch of its own (the last layer's, into the final norm, keeps its launch);
   // the residual then alternates between two buffers. The same bits; not with fuse_norms.
   bool fold_qkv_norm = false;
-  // The residual-norm launches let their successor (the router; the next q|k|v GEMV or the final
-  // norm) start before they wait on their own predecessor, not after: the successor's prologue
-  // (its weights, the router's cluster start and staging) then overlaps two launches instead of
-  // one. Only these launches do it: their successors' prologues read nothing a running kernel
-  // writes (decode_residual_norm). The same bits.
-  bool norm_early_trigger = false;
+  // Early triggers: the residual-norm launches (norm_early_trigger) and the o projection
+  // (oproj_early_trigger) let their successor (the router; the next q|k|v GEMV or the LM head;
+  // the post-attention norm) start before they wait on their own predecessor, not after, so the
+  // successor's prologue (its weights; the router's cluster start and staging) overlaps two
+  // launches instead of one — with both, the router starts during the attention. Only these
+  // launches do it: their successors' prologues read weights only (the o projection only when
+  // its norm is a launch of its own, i.e. without fuse_norms). The same bits.
+  bool norm_early_trigger = true;
+  bool oproj_early_trigger = true;
   // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
   // launches the decode step leaves out, so that the step time without them shows what they cost
   // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.

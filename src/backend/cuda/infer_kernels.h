@@ -81,8 +81,11 @@ size_t decode_tail_counter_bytes();
 
 // y[m,o] = Σ_k x[m,k] W[o,k] (+ bias[o]) for m < M <= kGemvMaxRows. W bf16 [O, ldw] (ldw >= K,
 // K a multiple of 8), x bf16 [M, K] (row stride ldx); y fp32 or bf16 [M, ldy]. fp32 accumulation.
+// early_trigger: as decode_residual_norm's (only for a next launch whose prologue reads weights
+// only).
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
-               int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
+               int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st,
+               bool early_trigger = false);
 
 // A residual norm computed by the launch that consumes it, at its start (every block of the
 // launch computes the rows it reads; no launch of its own): h_out = (a + hb)⊙hs + (h_in + rb)⊙rs,

@@ -386,7 +386,7 @@ template <int M, bool kVec, bool kPre, bool kTail, bool kNormIn = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                      int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn,
-                     DecodeNormIn nin, bool early) {
+                     DecodeNormIn nin, bool early, bool stage_x) {
   static_assert(kVec || !kPre, "the register prologue takes the 16-byte path");
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -403,6 +403,16 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     for (int m = 0; m < M; m++)
       norm_in_row(nin, m, K, gemv_norm_sh, xs + m * K, blockIdx.x == 0, nred);
     x = xs, ldx = K;
+  } else if constexpr (kVec) {
+    if (stage_x) {  // the M input rows into shared memory once (16-byte pieces), then read there
+      bf16* xs = reinterpret_cast<bf16*>(gemv_norm_sh);
+      const int64_t n8 = K / 8;
+      for (int64_t i = threadIdx.x; i < M * n8; i += blockDim.x)
+        reinterpret_cast<uint4*>(xs + (i / n8) * K)[i % n8] =
+            reinterpret_cast<const uint4*>(x + (i / n8) * ldx)[i % n8];
+      __syncthreads();
+      x = xs, ldx = K;
+    }
   }
   if (live) {
     float acc[M];
@@ -1002,9 +1012,14 @@ template <bool kVec>
 __global__ void __launch_bounds__(kRowThreads)
     decode_residual_norm_kernel(float* h, bf16* y, const bf16* a, const float* hs, const float* hb,
                                 const float* rs, const float* rb, const float* w, float eps,
-                                int64_t D, bool early) {
+                                int64_t D, bool early, const char* pf, int64_t pf_lines) {
   __shared__ float red[kRowThreads / kWarp];
   const int64_t m = blockIdx.x;
+  // A weight range of a later launch (the router's down projection) towards L2, in the prologue:
+  // 128-byte lines spread over the block (and over the rows' blocks).
+  for (int64_t i = int64_t(m) * kRowThreads + threadIdx.x; i < pf_lines;
+       i += int64_t(gridDim.x) * kRowThreads)
+    prefetch_l2(pf + i * 128);
   float* hr = h + m * D;
   float ss = 0.f;
   if constexpr (kVec) {
@@ -1450,15 +1465,18 @@ constexpr int64_t kPreMaxRows = 16384;
 template <int M>
 void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                       int64_t ldw, const float* bias, int64_t O, int64_t K, const TailNorm& tn,
-                      cudaStream_t st, bool early) {
+                      cudaStream_t st, bool early, bool stage_x) {
   const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock));
   const dim3 block(kRowsPerBlock * kWarp);
   const bool vec = K % 8 == 0 && ldx % 8 == 0 && ldw % 8 == 0 && aligned16(x) && aligned16(W);
+  // Staged input rows only where they fit the default 48 KB of dynamic shared memory.
+  const size_t xs_bytes = size_t(M) * size_t(K) * sizeof(bf16);
+  const bool stage = stage_x && vec && xs_bytes <= 48 * 1024;
   const bool pre = vec && O <= kPreMaxRows;
   const bool tail = tn.counters != nullptr;
 #define ZAYA_GEMV_LAUNCH(V, P, T)                                                                 \
-  launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, 0, st, y32, y16, ldy, x, ldx, W, ldw, bias, \
-           O, K, tn, DecodeNormIn{}, early)
+  launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, stage ? xs_bytes : 0, st, y32, y16, ldy, x, \
+           ldx, W, ldw, bias, O, K, tn, DecodeNormIn{}, early, stage)
   if (tail) {
     if (pre)
       ZAYA_GEMV_LAUNCH(true, true, true);
@@ -1489,7 +1507,7 @@ void launch_gemv_bf16_norm_in(bf16* y16, int64_t ldy, const bf16* W, int64_t ldw
   const size_t smem = norm_in_smem(M, K);
   if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_k(kernel, grid, dim3(kRowsPerBlock * kWarp), smem, st, nullptr, y16, ldy, nullptr, K, W,
-           ldw, nullptr, O, K, TailNorm{}, n, false);
+           ldw, nullptr, O, K, TailNorm{}, n, false, false);
 }
 
 template <int M>
@@ -1523,12 +1541,12 @@ void with_rows(int64_t M, F&& f) {
 
 void gemv_bf16_any(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx,
                    const bf16* W, int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K,
-                   const TailNorm& tn, cudaStream_t st, bool early = false) {
+                   const TailNorm& tn, cudaStream_t st, bool early = false, bool stage_x = false) {
   check(M >= 1 && M <= kGemvMaxRows && O > 0 && K > 0 && ldw >= K && ldx >= K && ldy >= O,
         "gemv_bf16: need 1 <= M <= 8, O, K > 0, ldw, ldx >= K, ldy >= O");
   with_rows(M, [&](auto n) {
     launch_gemv_bf16<decltype(n)::value>(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, O, K, tn, st,
-                                         early);
+                                         early, stage_x);
   });
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
@@ -1589,8 +1607,9 @@ size_t decode_tail_counter_bytes() {
 
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st,
-               bool early_trigger) {
-  gemv_bf16_any(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, M, O, K, TailNorm{}, st, early_trigger);
+               bool early_trigger, bool stage_x) {
+  gemv_bf16_any(y_f32, y_bf16, ldy, x, ldx, W, ldw, bias, M, O, K, TailNorm{}, st, early_trigger,
+                stage_x);
 }
 
 bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D) {
@@ -1758,11 +1777,12 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st,
-                          bool early_trigger) {
+                          bool early_trigger, const void* l2_prefetch, size_t l2_bytes) {
   const bool vec = residual_norm_vec(D, {h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D});
   launch_k(vec ? decode_residual_norm_kernel<true> : decode_residual_norm_kernel<false>,
            dim3(unsigned(M)), dim3(kRowThreads), 0, st, h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
-           norm_w_D, eps, D, early_trigger);
+           norm_w_D, eps, D, early_trigger, static_cast<const char*>(l2_prefetch),
+           l2_prefetch ? int64_t((l2_bytes + 127) / 128) : int64_t(0));
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

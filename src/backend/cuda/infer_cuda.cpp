@@ -410,7 +410,8 @@ void CudaInference::Impl::run_decode_step() {
             DecodeNormIn{hc, hn, a, p.pm_hs, p.pm_hb, p.pm_rs, p.pm_rb, l.ln_in, eps, nullptr}, st);
       hc = hn;
     } else if (on(DecodeOp::Qkv)) {
-      gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st);
+      gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st, false,
+                opt.decode.gemv_stage_x);
     }
     mark("qkv, o projections");
     if (on(DecodeOp::CcaConv))
@@ -436,9 +437,11 @@ void CudaInference::Impl::run_decode_step() {
         gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
       } else {
         gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st,
-                  opt.decode.oproj_early_trigger);
+                  opt.decode.oproj_early_trigger, opt.decode.gemv_stage_x);
+        const bool pf = opt.decode.router_l2_early && on(DecodeOp::Router);
         decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st,
-                             opt.decode.norm_early_trigger);
+                             opt.decode.norm_early_trigger, pf ? l.r_down : nullptr,
+                             pf ? size_t(R * D) * sizeof(bf16) : 0);
       }
     }
     mark("o projection + residual norm");

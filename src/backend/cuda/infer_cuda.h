@@ -60,6 +60,14 @@ struct DecodeTuning {
   // norm and the router start beside it) — so the norms' early trigger is the default.
   bool norm_early_trigger = true;
   bool oproj_early_trigger = false;
+  // The post-attention norm launch hints the router's down-projection weights (R×D bf16) towards
+  // L2 in its prologue, so the router's first stage finds them there however late its cluster
+  // starts. The same bits.
+  bool router_l2_early = false;
+  // The q|k|v and o GEMVs copy their input rows (M×K bf16) into shared memory once per block
+  // after the wait, instead of every warp reading them from global memory (eight warps of a block
+  // requesting the same lines at once). The same bits.
+  bool gemv_stage_x = false;
   // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
   // launches the decode step leaves out, so that the step time without them shows what they cost
   // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.

@@ -40,7 +40,7 @@ struct BenchInferArgs {
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
-      router_stage, router_spread, norm_early, oproj_early, router_l2_early, gemv_stage_x;
+      router_stage, router_spread, norm_early, oproj_early, gemv_stage_x;
   uint64_t seed = 1234;
 };
 
@@ -169,8 +169,6 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.norm_early_trigger = v != 0; }, false},
       {"oproj_early_trigger", &a.oproj_early, dflt.oproj_early_trigger,
        [](cuda::DecodeTuning& t, int v) { t.oproj_early_trigger = v != 0; }, false},
-      {"router_l2_early", &a.router_l2_early, dflt.router_l2_early,
-       [](cuda::DecodeTuning& t, int v) { t.router_l2_early = v != 0; }, false},
       {"gemv_stage_x", &a.gemv_stage_x, dflt.gemv_stage_x,
        [](cuda::DecodeTuning& t, int v) { t.gemv_stage_x = v != 0; }, false},
   };
@@ -365,9 +363,6 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--oproj-early", a.oproj_early,
          "also time decode with the o projection letting its successor start before it waits "
          "on its own predecessor (1), or after (0)");
-  on_off("--router-l2-early", a.router_l2_early,
-         "also time decode with the router's down-projection weights hinted towards L2 by the "
-         "post-attention norm launch (1), or only by the router itself (0)");
   on_off("--gemv-stage-x", a.gemv_stage_x,
          "also time decode with the q|k|v and o GEMVs copying their input rows into shared "
          "memory once per block (1), or every warp reading them from global memory (0)");

@@ -325,8 +325,6 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.oproj_early_trigger = !t.oproj_early_trigger; }},
       {"no early triggers",
        [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
-      {"router weights hinted to L2 by the norm",
-       [](DecodeTuning& t) { t.router_l2_early = true; }},
       {"GEMV inputs staged in shared memory", [](DecodeTuning& t) { t.gemv_stage_x = true; }},
   };
   for (const auto& [what, set] : choices) {

@@ -1012,14 +1012,9 @@ template <bool kVec>
 __global__ void __launch_bounds__(kRowThreads)
     decode_residual_norm_kernel(float* h, bf16* y, const bf16* a, const float* hs, const float* hb,
                                 const float* rs, const float* rb, const float* w, float eps,
-                                int64_t D, bool early, const char* pf, int64_t pf_lines) {
+                                int64_t D, bool early) {
   __shared__ float red[kRowThreads / kWarp];
   const int64_t m = blockIdx.x;
-  // A weight range of a later launch (the router's down projection) towards L2, in the prologue:
-  // 128-byte lines spread over the block (and over the rows' blocks).
-  for (int64_t i = int64_t(m) * kRowThreads + threadIdx.x; i < pf_lines;
-       i += int64_t(gridDim.x) * kRowThreads)
-    prefetch_l2(pf + i * 128);
   float* hr = h + m * D;
   float ss = 0.f;
   if constexpr (kVec) {
@@ -1777,12 +1772,11 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st,
-                          bool early_trigger, const void* l2_prefetch, size_t l2_bytes) {
+                          bool early_trigger) {
   const bool vec = residual_norm_vec(D, {h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D});
   launch_k(vec ? decode_residual_norm_kernel<true> : decode_residual_norm_kernel<false>,
            dim3(unsigned(M)), dim3(kRowThreads), 0, st, h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
-           norm_w_D, eps, D, early_trigger, static_cast<const char*>(l2_prefetch),
-           l2_prefetch ? int64_t((l2_bytes + 127) / 128) : int64_t(0));
+           norm_w_D, eps, D, early_trigger);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -438,10 +438,8 @@ void CudaInference::Impl::run_decode_step() {
       } else {
         gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st,
                   opt.decode.oproj_early_trigger, opt.decode.gemv_stage_x);
-        const bool pf = opt.decode.router_l2_early && on(DecodeOp::Router);
         decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st,
-                             opt.decode.norm_early_trigger, pf ? l.r_down : nullptr,
-                             pf ? size_t(R * D) * sizeof(bf16) : 0);
+                             opt.decode.norm_early_trigger);
       }
     }
     mark("o projection + residual norm");

@@ -162,14 +162,11 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
 // then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
 // early_trigger: under programmatic dependent launch the next launch may start its prologue before
 // this one waits on its own predecessor (DecodeTuning::norm_early_trigger); only for a next launch
-// whose prologue reads nothing a running kernel writes. l2_prefetch: l2_bytes of weights (a later
-// launch's, never written by a kernel) hinted towards L2 in the prologue. The same bits either
-// way.
+// whose prologue reads nothing a running kernel writes. The same bits either way.
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st,
-                          bool early_trigger = false, const void* l2_prefetch = nullptr,
-                          size_t l2_bytes = 0);
+                          bool early_trigger = false);
 // Copies S new k and v rows per sequence (bf16 [B,S,Hkv,d]) into the cache at offset `past`
 // (prefill: the host knows the position; a plain launch).
 void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,

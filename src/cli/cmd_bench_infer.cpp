@@ -40,7 +40,7 @@ struct BenchInferArgs {
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
-      router_stage, router_spread, norm_early, oproj_early, gemv_stage_x;
+      router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster;
   uint64_t seed = 1234;
 };
 
@@ -155,6 +155,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.attn_pipe = v; }, true},
       {"attn_stage_combine", &a.attn_stage, dflt.attn_stage_combine,
        [](cuda::DecodeTuning& t, int v) { t.attn_stage_combine = v != 0; }, false},
+      {"attn_cluster", &a.attn_cluster, dflt.attn_cluster,
+       [](cuda::DecodeTuning& t, int v) { t.attn_cluster = v != 0; }, false},
       {"router_cluster", &a.router_clusters, dflt.router_cluster,
        [](cuda::DecodeTuning& t, int v) { t.router_cluster = v; }, true},
       {"router_stage", &a.router_stage, dflt.router_stage,
@@ -351,6 +353,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--attn-stage", a.attn_stage,
          "also time decode with the attention combine staging the chunk partials in "
          "shared memory beside its (max, sum) pass (1), or loading them after it (0)");
+  on_off("--attn-cluster", a.attn_cluster,
+         "also time decode with the attention as one thread-block cluster per kv head, combined "
+         "in shared memory (1), or split over chunks combined through global memory (0)");
   on_off("--fold-qkv-norm", a.fold_qkv_norm,
          "also time decode with the post-MLP residual norm computed by the next layer's "
          "q|k|v GEMV (1) or by a launch of its own (0)");

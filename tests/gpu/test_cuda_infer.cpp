@@ -125,6 +125,36 @@ TEST_P(CudaInfer, PrefillAndDecodeStepsMatchTheCpuCache) {
   EXPECT_EQ(inf.length(), S + steps);
 }
 
+// The decode step with the attention's cluster form (DecodeTuning::attn_cluster, not the split
+// form's bits) against the CPU cache, as above.
+TEST_P(CudaInfer, ClusterAttentionDecodeMatchesTheCpuCache) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = parity_fixture(GetParam());
+  ZayaModel m = ZayaModel::load(dir);
+  const auto prompt = parity_prompt(dir);
+  const int64_t S = int64_t(prompt.size()), steps = 12, V = m.cfg.vocab_size;
+  CudaInferOptions o;
+  o.max_context = S + steps + 4;
+  o.decode.attn_cluster = true;
+  CudaInference inf(m, o);
+  inf.reset(1);
+  InferenceCache cache = m.new_cache(1, S + steps + 4);
+  Tensor ref = m.forward(prompt, 1, S, true, &cache);
+  inf.prefill(prompt, S, true);
+  Tensor refs = Tensor::empty({steps, V}, DType::F32), gots = Tensor::empty({steps, V}, DType::F32);
+  for (int64_t i = 0; i < steps; i++) {
+    const float* last = ref.f32() + (ref.numel() / V - 1) * V;
+    const int32_t tok = int32_t(std::max_element(last, last + V) - last);
+    ref = m.forward({tok}, 1, 1, false, &cache);
+    Tensor got = inf.decode({tok});
+    std::copy_n(ref.f32(), V, refs.f32() + i * V);
+    std::copy_n(got.f32(), V, gots.f32() + i * V);
+  }
+  RowErrors dec = row_errors(gots, refs, V);
+  EXPECT_LE(dec.median(), kTol) << "decode: median step error";
+  EXPECT_LE(dec.fraction_over(kTol), 0.25) << "decode: steps off by more than " << kTol;
+}
+
 // The GPU's two paths against each other: one batched prefill vs the same prompt fed one token at
 // a time through the decode path (GEMVs, split-context attention, device-side positions).
 TEST_P(CudaInfer, PrefillEqualsTokenByTokenDecode) {
@@ -788,6 +818,16 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
       EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "partials staged for the combine";
       expect_bf16_ulp("o", o_h, ref_d, slack);
     }
+    // The cluster form (its own chunks, combined in shared memory): against the reference, and
+    // the same bits when launched again.
+    decode_attention(o, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, 0, 1, false,
+                     true);
+    decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, 0, 1, false,
+                     true);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto oc = test_util::download_bf16(o, n_out);
+    EXPECT_EQ(oc, test_util::download_bf16(o2, n_out)) << "cluster form, relaunch";
+    expect_bf16_ulp("o (cluster form)", oc, ref_d, slack);
   }
 }
 

@@ -718,6 +718,49 @@ __global__ void __launch_bounds__(kQkvThreads)
   }
 }
 
+// Thread-block clusters (sm_90): this block's rank, the cluster's size, a peer block's shared
+// memory, and the split cluster barrier (arrive has release, wait acquire semantics, so
+// shared-memory writes before an arrive, local or remote, are visible after the matching wait).
+// Compiled for an older target (the PTX fallback), a cluster is one block and the launcher asks for
+// no clusters.
+__device__ __forceinline__ unsigned cl_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().block_rank();
+#else
+  return 0;
+#endif
+}
+__device__ __forceinline__ unsigned cl_size() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().num_blocks();
+#else
+  return 1;
+#endif
+}
+__device__ __forceinline__ float* cl_map(float* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cg::this_cluster().map_shared_rank(p, int(rank));
+#else
+  return p;
+#endif
+}
+__device__ __forceinline__ void cl_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::this_cluster().barrier_arrive();
+#endif
+}
+__device__ __forceinline__ void cl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::this_cluster().barrier_wait();
+#else
+  __syncthreads();
+#endif
+}
+__device__ __forceinline__ void cl_sync() {
+  cl_arrive();
+  cl_wait();
+}
+
 // Split-context attention, one launch: block (chunk, kv head g, sequence m) handles `ch` keys of
 // the cache for the G query heads of g and writes unnormalised partial outputs with their max and
 // sum; the last block of (g, m) to finish (a counter per (m, g), reset by that block) combines the
@@ -754,23 +797,32 @@ __device__ __forceinline__ void load_bf16_vals(float (&f)[PER], const bf16* p) {
   }
 }
 
-template <int D, int kPipe>
-__global__ void __launch_bounds__(kAttnThreads)
+template <int D, int kPipe, int kW, bool kCluster>
+__global__ void __launch_bounds__(kW* kWarp)
     decode_attn_kernel(bf16* o, float* part_o, float* part_ml, unsigned* counters, const bf16* q,
                        const bf16* kcache, const bf16* vcache, const int32_t* len, int64_t cap,
                        int64_t window, int Hq, int Hkv, int ch, int nchunks, int flag_at,
-                       int stage_chunks) {
+                       int stage_chunks, int cbuf_at) {
   constexpr int PER = D / 8;     // key values per lane in the score pass
   constexpr int PV = D / kWarp;  // value dims per lane in the P·V pass
+  constexpr int kThreads = kW * kWarp;
+  constexpr int kKeysPerPass = kW * 4;
   extern __shared__ __align__(16) float sh[];
   const int c = blockIdx.x, g = blockIdx.y, m = blockIdx.z;
+  // kCluster: the chunks of (g, m) are one thread-block cluster (chunk c = block rank c), and each
+  // block writes its partials straight into the shared memory of rank 0 (cml: [G][nchunks] (max,
+  // sum) pairs, cpart: [G][nchunks][D]; the same offset cbuf_at in every block), which combines
+  // them after one cluster barrier — no global partials, fence or counter.
+  if constexpr (kCluster) cl_arrive();  // paired with the wait before the first remote write
+  float* const cml = sh + cbuf_at;
+  float* const cpart = cml + 2 * (Hq / Hkv) * nchunks;
   {
     // Before pdl_wait: this chunk's K and V rows of kv head g towards L2 (a hint, issued for the
     // whole chunk since len is not read yet). Earlier tokens' rows are final; the newest one, which
     // the predecessor writes, is read after the wait through L2, where the write lands.
     constexpr int kLines = D * int(sizeof(bf16)) / 128;  // 128-byte lines per key row
     const int64_t row = int64_t(Hkv) * D;
-    for (int i = threadIdx.x; i < 2 * ch * (kLines > 0 ? kLines : 1); i += kAttnThreads) {
+    for (int i = threadIdx.x; i < 2 * ch * (kLines > 0 ? kLines : 1); i += kThreads) {
       const int per = kLines > 0 ? kLines : 1;
       const int64_t key = int64_t(c) * ch + i / (2 * per);
       if (key >= cap) break;
@@ -784,6 +836,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   // wait.
   const int64_t pos = __ldcg(len + m);     // the new token (already in the cache) is at pos
   pdl_begin(DecodeTraceEvent::Attention);  // q and the cache come from earlier kernels
+  if constexpr (kCluster) cl_wait();       // every block of the cluster has started
   const int G = Hq / Hkv;
   const int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
   const int64_t k0 = int64_t(c) * ch;
@@ -811,7 +864,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     auto load_k = [&](int j0) {
 #pragma unroll
       for (int p = 0; p < kPipe; p++) {
-        const int j = j0 + p * kAttnKeysPerPass + warp * 4 + grp;
+        const int j = j0 + p * kKeysPerPass + warp * 4 + grp;
         const int64_t at = int64_t(j < n ? j : 0) * row + sub * PER;
         load_bf16_vals<PER>(kf[p], kbase + at);
         prefetch_l2(vbase + at);  // the P·V pass reads this row next
@@ -822,17 +875,17 @@ __global__ void __launch_bounds__(kAttnThreads)
     float vpre[kVPre][PV];
 #pragma unroll
     for (int i = 0; i < kVPre; i++) {
-      const int j = warp + i * kAttnWarps;
+      const int j = warp + i * kW;
       if (j < n) load_bf16_vals<PV>(vpre[i], vbase + int64_t(j) * row + lane * PV);
     }
-    for (int i = threadIdx.x; i < G * D; i += kAttnThreads)
+    for (int i = threadIdx.x; i < G * D; i += kThreads)
       qs[i] = __bfloat162float(q[(int64_t(m) * Hq + int64_t(g) * G) * D + i]) * scale;
     __syncthreads();
-    for (int j0 = 0; j0 < n; j0 += kPipe * kAttnKeysPerPass) {
+    for (int j0 = 0; j0 < n; j0 += kPipe * kKeysPerPass) {
       if (j0 > 0) load_k(j0);
 #pragma unroll
       for (int p = 0; p < kPipe; p++) {
-        const int j = j0 + p * kAttnKeysPerPass + warp * 4 + grp;
+        const int j = j0 + p * kKeysPerPass + warp * 4 + grp;
 #pragma unroll
         for (int t = 0; t < kAttnMaxG; t++) {
           if (t >= G) break;
@@ -849,7 +902,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
     __syncthreads();
     // Per head: max and sum over the chunk (one warp per head), probabilities in place.
-    for (int t = warp; t < G; t += kAttnWarps) {
+    for (int t = warp; t < G; t += kW) {
       float mx = -INFINITY;
       for (int j = lane; j < n; j += kWarp) mx = fmaxf(mx, sc[t * ch + j]);
       mx = warp_max(mx);
@@ -861,8 +914,13 @@ __global__ void __launch_bounds__(kAttnThreads)
       }
       sum = warp_sum(sum);
       if (lane == 0) {
-        part_ml[2 * (slot + int64_t(t) * nchunks)] = mx;
-        part_ml[2 * (slot + int64_t(t) * nchunks) + 1] = sum;
+        if constexpr (kCluster) {
+          float* r = cl_map(cml, 0) + 2 * (t * nchunks + c);
+          r[0] = mx, r[1] = sum;
+        } else {
+          part_ml[2 * (slot + int64_t(t) * nchunks)] = mx;
+          part_ml[2 * (slot + int64_t(t) * nchunks) + 1] = sum;
+        }
       }
     }
     __syncthreads();
@@ -884,9 +942,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     };
 #pragma unroll
     for (int i = 0; i < kVPre; i++)
-      if (warp + i * kAttnWarps < n) pv_key(warp + i * kAttnWarps, vpre[i]);
+      if (warp + i * kW < n) pv_key(warp + i * kW, vpre[i]);
 #pragma unroll 4  // a warp's next 4 keys: their V loads in flight together
-    for (int j = warp + kVPre * kAttnWarps; j < n; j += kAttnWarps) {
+    for (int j = warp + kVPre * kW; j < n; j += kW) {
       float vf[PV];
       load_bf16_vals<PV>(vf, vbase + int64_t(j) * row + lane * PV);
       pv_key(j, vf);
@@ -898,22 +956,38 @@ __global__ void __launch_bounds__(kAttnThreads)
       for (int e = 0; e < PV; e++) po[(warp * G + t) * D + lane * PV + e] = acc[t][e];
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < G * D; i += kAttnThreads) {
+    float* const dst = kCluster ? cl_map(cpart, 0) + int64_t(c) * D : nullptr;
+    for (int i = threadIdx.x; i < G * D; i += kThreads) {
       float s = 0.f;
-      for (int w = 0; w < kAttnWarps; w++) s += po[w * G * D + i];
+      for (int w = 0; w < kW; w++) s += po[w * G * D + i];
       const int t = i / D, e = i % D;
-      part_o[(slot + int64_t(t) * nchunks) * D + e] = s;
+      if constexpr (kCluster)
+        dst[int64_t(t) * nchunks * D + e] = s;
+      else
+        part_o[(slot + int64_t(t) * nchunks) * D + e] = s;
     }
   }
-  // Every block of (g, m) counts itself; the last one combines.
-  __threadfence();
-  __syncthreads();
-  unsigned* counter = counters + int64_t(m) * Hkv + g;
-  if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == unsigned(gridDim.x) - 1u;
-  __syncthreads();
-  if (*flag == 0u) return;
-  __threadfence();
-  if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (or graph replay)
+  if constexpr (kCluster) {
+    // Every partial is in rank 0's shared memory once the barrier completes (release/acquire);
+    // rank 0 combines, the others are done (nothing reads their shared memory).
+    cl_sync();
+    if (c != 0) return;
+  } else {
+    // Every block of (g, m) counts itself; the last one combines.
+    __threadfence();
+    __syncthreads();
+    unsigned* counter = counters + int64_t(m) * Hkv + g;
+    if (threadIdx.x == 0) *flag = atomicAdd(counter, 1u) == unsigned(gridDim.x) - 1u;
+    __syncthreads();
+    if (*flag == 0u) return;
+    __threadfence();
+    if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (or graph replay)
+  }
+  // The partials: global (loaded through L2, where the other blocks' stores landed) or, for the
+  // cluster, this block's shared memory.
+  auto ld_ml = [&](const float2* p) { return kCluster ? *p : __ldcg(p); };
+  auto ld_m1 = [&](const float* p) { return kCluster ? *p : __ldcg(p); };
+  auto ld_o4 = [&](const float4* p) { return kCluster ? *p : __ldcg(p); };
   // Combine the chunks holding visible keys: per head, the weights exp(max_c − max) of the chunks
   // and the total (one warp per head, fixed lane order), then each output in chunk order.
   const int c_lo = int(lo / ch), c_hi = int(pos / ch);
@@ -926,7 +1000,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   const bool stage = stage_chunks > 0 && c_hi - c_lo + 1 <= stage_chunks;
   if (stage) {
     const int n4 = G * D / 4;  // 16-byte pieces per chunk (all G heads)
-    for (int i = threadIdx.x; i < (c_hi - c_lo + 1) * n4; i += kAttnThreads) {
+    for (int i = threadIdx.x; i < (c_hi - c_lo + 1) * n4; i += kThreads) {
       const int cc = i / n4, t = i % n4 / (D / 4), q4 = i % (D / 4);
       cp_async16(
           staged + (int64_t(cc) * G + t) * D + 4 * q4,
@@ -934,8 +1008,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
   }
   constexpr int kMlPerLane = 8;  // (max, sum) pairs a lane holds in registers
-  for (int t = warp; t < G; t += kAttnWarps) {
-    const float* ml = part_ml + 2 * ((int64_t(m) * Hq + int64_t(g) * G + t) * nchunks);
+  for (int t = warp; t < G; t += kW) {
+    const float* ml = kCluster ? cml + 2 * int64_t(t) * nchunks
+                               : part_ml + 2 * ((int64_t(m) * Hq + int64_t(g) * G + t) * nchunks);
     float mx = -INFINITY, l = 0.f;
     if (c_hi - c_lo < kWarp * kMlPerLane) {
       // Each lane's (max, sum) pairs loaded once, all in flight together (8-byte loads: ml is
@@ -944,7 +1019,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
       for (int q = 0; q < kMlPerLane; q++) {
         const int cc = c_lo + lane + q * kWarp;
-        pr[q] = cc <= c_hi ? __ldcg(reinterpret_cast<const float2*>(ml) + cc)
+        pr[q] = cc <= c_hi ? ld_ml(reinterpret_cast<const float2*>(ml) + cc)
                            : make_float2(-INFINITY, 0.f);
       }
 #pragma unroll
@@ -960,11 +1035,11 @@ __global__ void __launch_bounds__(kAttnThreads)
         l += pr[q].y * w;
       }
     } else {
-      for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) mx = fmaxf(mx, __ldcg(ml + 2 * cc));
+      for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) mx = fmaxf(mx, ld_m1(ml + 2 * cc));
       mx = warp_max(mx);
       for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) {
-        const float lc = __ldcg(ml + 2 * cc + 1);
-        const float w = lc > 0.f ? expf(__ldcg(ml + 2 * cc) - mx) : 0.f;
+        const float lc = ld_m1(ml + 2 * cc + 1);
+        const float w = lc > 0.f ? expf(ld_m1(ml + 2 * cc) - mx) : 0.f;
         wts[t * nchunks + cc] = w;
         l += lc * w;
       }
@@ -974,9 +1049,10 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
   if (stage) cp_async_wait_all();
   __syncthreads();
-  for (int i = threadIdx.x; i < G * D / 4; i += kAttnThreads) {
+  for (int i = threadIdx.x; i < G * D / 4; i += kThreads) {
     const int t = 4 * i / D, e = 4 * i % D;
     const int64_t base = (int64_t(m) * Hq + int64_t(g) * G + t) * nchunks;
+    const float* const parts = kCluster ? cpart + int64_t(t) * nchunks * D : part_o + base * D;
     float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
     if (stage) {
       for (int cc = c_lo; cc <= c_hi; cc++) {
@@ -992,7 +1068,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll 16
       for (int cc = c_lo; cc <= c_hi; cc++) {
         const float w = wts[t * nchunks + cc];
-        const float4 p = __ldcg(reinterpret_cast<const float4*>(part_o + (base + cc) * D + e));
+        const float4 p = ld_o4(reinterpret_cast<const float4*>(parts + int64_t(cc) * D + e));
         a.x = fmaf(p.x, w, a.x), a.y = fmaf(p.y, w, a.y), a.z = fmaf(p.z, w, a.z),
         a.w = fmaf(p.w, w, a.w);
       }
@@ -1072,49 +1148,6 @@ __global__ void __launch_bounds__(kRowThreads)
     for (int64_t i = threadIdx.x; i < D; i += kRowThreads)
       y[m * D + i] = __float2bfloat16(__fmul_rn(__fmul_rn(w[i], hr[i]), rstd));
   }
-}
-
-// Thread-block clusters (sm_90): this block's rank, the cluster's size, a peer block's shared
-// memory, and the split cluster barrier (arrive has release, wait acquire semantics, so
-// shared-memory writes before an arrive, local or remote, are visible after the matching wait).
-// Compiled for an older target (the PTX fallback), a cluster is one block and the launcher asks for
-// no clusters.
-__device__ __forceinline__ unsigned cl_rank() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cg::this_cluster().block_rank();
-#else
-  return 0;
-#endif
-}
-__device__ __forceinline__ unsigned cl_size() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cg::this_cluster().num_blocks();
-#else
-  return 1;
-#endif
-}
-__device__ __forceinline__ float* cl_map(float* p, unsigned rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return cg::this_cluster().map_shared_rank(p, int(rank));
-#else
-  return p;
-#endif
-}
-__device__ __forceinline__ void cl_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::this_cluster().barrier_arrive();
-#endif
-}
-__device__ __forceinline__ void cl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cg::this_cluster().barrier_wait();
-#else
-  __syncthreads();
-#endif
-}
-__device__ __forceinline__ void cl_sync() {
-  cl_arrive();
-  cl_wait();
 }
 
 // The router of decode rows, one cluster of blocks per row: the down projection
@@ -1728,14 +1761,123 @@ size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_
   return attn_counter_bytes(Hq) + size_t(M * Hq * nchunks * (d + 2)) * sizeof(float);
 }
 
+// The cluster form of decode_attention (DecodeTuning::attn_cluster): 16 warps per block, the
+// chunks of each (kv head, sequence) one thread-block cluster of up to 16 blocks (every key in one
+// chunk per block), combined in rank 0's shared memory. Returns false (nothing launched) where
+// the device cannot schedule it or the chunks would exceed kAttnClusterMaxChunk keys.
+constexpr int kAttnClusterWarps = 16;
+constexpr int kAttnClusterMaxChunk = 1024;
+
+// The cluster size, chunk and shared-memory layout the device takes for (D, G, cap), found once
+// (the cluster-size query and the attribute calls cost host time on every eager step otherwise).
+struct AttnClusterPlan {
+  int device = -1, d = 0;
+  int64_t G = 0, cap = 0;
+  int cs = 0;  // 0: the cluster form does not fit this device
+  int64_t ch = 0, cbuf_at = 0, floats = 0;
+};
+
+template <int D>
+bool launch_attn_cluster(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
+                         const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
+                         int64_t Hkv, cudaStream_t st) {
+  const int64_t G = Hq / Hkv;
+  const auto kernel = decode_attn_kernel<D, 2, kAttnClusterWarps, true>;
+  static AttnClusterPlan plan;
+  int dev = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+  if (plan.device != dev || plan.d != D || plan.G != G || plan.cap != cap) {
+    AttnClusterPlan p;
+    p.device = dev, p.d = D, p.G = G, p.cap = cap;
+    int major = 0, max_smem = 0;
+    ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    ZAYA_CUDA_CHECK(
+        cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if (major >= 9)
+      ZAYA_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    for (int cs : {16, 8}) {
+      if (major < 9) break;
+      const int64_t ch = ((cap + cs - 1) / cs + 15) / 16 * 16;
+      if (ch > kAttnClusterMaxChunk) break;
+      // [qs G·D | scores G·ch | per-warp outputs W·G·D] (the combine's weights G·(cs + 1) reuse
+      // the start), then the cluster's partials at cbuf_at: (max, sum) [G][cs], outputs
+      // [G][cs][D], then the (unused) flag.
+      const int64_t main =
+          std::max<int64_t>(G * D + G * ch + kAttnClusterWarps * G * D, G * (cs + 1));
+      const int64_t cbuf_at = (main + 3) / 4 * 4;
+      const int64_t floats = cbuf_at + 2 * G * cs + G * cs * D + 1;
+      const size_t smem = size_t(floats) * sizeof(float);
+      if (smem > size_t(max_smem)) continue;
+      ZAYA_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      cudaLaunchConfig_t cfg = {};
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeClusterDimension;
+      at[0].val.clusterDim.x = unsigned(cs), at[0].val.clusterDim.y = 1;
+      at[0].val.clusterDim.z = 1;
+      cfg.gridDim = dim3(unsigned(cs), 1, 1);
+      cfg.blockDim = dim3(kAttnClusterWarps * kWarp, 1, 1);
+      cfg.dynamicSmemBytes = smem;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n >= 1) {
+        p.cs = cs, p.ch = ch, p.cbuf_at = cbuf_at, p.floats = floats;
+        break;
+      }
+      (void)cudaGetLastError();  // an unsupported size is not an error of the step
+    }
+    plan = p;
+  }
+  if (plan.cs == 0) return false;
+  const size_t smem = size_t(plan.floats) * sizeof(float);
+  ZAYA_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = unsigned(plan.cs), at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  unsigned n = 1;
+  if (pdl_active()) {  // the kernel follows the pdl_wait rules (weights and len only before it)
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    n = 2;
+  }
+  cfg.gridDim = dim3(unsigned(plan.cs), unsigned(Hkv), unsigned(M));
+  cfg.blockDim = dim3(kAttnClusterWarps * kWarp, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = at;
+  cfg.numAttrs = n;
+  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(
+      &cfg, kernel, o_MHd, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
+      static_cast<unsigned*>(nullptr), q_MHd, kcache, vcache, len_B, cap, window, int(Hq), int(Hkv),
+      int(plan.ch), plan.cs, int(plan.floats - 1), 0, int(plan.cbuf_at)));
+  return true;
+}
+
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
-                      bool stage_combine) {
+                      bool stage_combine, bool cluster) {
   const int64_t G = Hq / Hkv;
   check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
             (d == 32 || d == 64 || d == 128),
         "decode_attention: needs M <= 8, Hq/Hkv <= 8 and a head dim of 32, 64 or 128");
+  if (cluster && chunk == 0) {
+    const bool done = d == 128  ? launch_attn_cluster<128>(o_MHd, q_MHd, kcache, vcache, len_B, cap,
+                                                          window, M, Hq, Hkv, st)
+                      : d == 64 ? launch_attn_cluster<64>(o_MHd, q_MHd, kcache, vcache, len_B, cap,
+                                                          window, M, Hq, Hkv, st)
+                                : launch_attn_cluster<32>(o_MHd, q_MHd, kcache, vcache, len_B, cap,
+                                                          window, M, Hq, Hkv, st);
+    if (done) {
+      ZAYA_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   check(chunk == 0 || (chunk % kAttnKeysPerPass == 0 && chunk <= kAttnMaxChunk),
         "decode_attention: keys per chunk must be a multiple of 16 up to 256 (0: automatic)");
   check(pipe == 1 || pipe == 4, "decode_attention: passes in flight must be 1 or 4");
@@ -1757,15 +1899,16 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
       size_t(std::max<int64_t>(G * d + G * ch + kAttnWarps * G * d, combine) + 1) * sizeof(float);
   const int flag_at = int(smem / sizeof(float)) - 1;
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
-  const auto kernel = pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4>
-                                   : d == 64 ? decode_attn_kernel<64, 4>
-                                             : decode_attn_kernel<32, 4>)
-                                : (d == 128  ? decode_attn_kernel<128, 1>
-                                   : d == 64 ? decode_attn_kernel<64, 1>
-                                             : decode_attn_kernel<32, 1>);
+  const auto kernel = pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4, kAttnWarps, false>
+                                   : d == 64 ? decode_attn_kernel<64, 4, kAttnWarps, false>
+                                             : decode_attn_kernel<32, 4, kAttnWarps, false>)
+                                : (d == 128  ? decode_attn_kernel<128, 1, kAttnWarps, false>
+                                   : d == 64 ? decode_attn_kernel<64, 1, kAttnWarps, false>
+                                             : decode_attn_kernel<32, 1, kAttnWarps, false>);
   if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_k(kernel, grid, dim3(kAttnThreads), smem, st, o_MHd, part_o, part_ml, counters, q_MHd,
-           kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at, int(stage));
+           kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at, int(stage),
+           0);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -32,6 +32,11 @@ struct DecodeTuning {
   // The attention's combining block stages the chunk partials in shared memory beside its (max,
   // sum) pass (decode_attention's stage_combine); the same bits.
   bool attn_stage_combine = false;
+  // The attention as one thread-block cluster per (sequence, kv head): up to 16 blocks of 16
+  // warps, each taking one chunk of the cache in one round of loads, combined in the first block's
+  // shared memory (decode_attention's cluster form; only with attn_chunk 0). Not the split form's
+  // bits (other chunk sizes); checked against the CPU reference.
+  bool attn_cluster = false;
   // The largest thread-block cluster of the router launch (1, 2, 4, 8 or 16); 0: the largest the
   // device schedules. Results do not depend on it.
   int router_cluster = 0;

@@ -150,14 +150,19 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
 // rows are loaded together (1 or 4); the same scores in the same order either way.
 // stage_combine: the combining block copies the visible chunks' partial rows into shared memory
 // (cp.async, beside its pass over the chunks' max and sum) when they fit in 96 KiB, instead of
-// loading them after that pass; the same sums in the same order. len_B is read
+// loading them after that pass; the same sums in the same order. cluster (with chunk 0): the
+// chunks of each (sequence, kv head) as one thread-block cluster of up to 16 blocks of 16 warps,
+// every visible key in one pass round per block, the partials combined in the shared memory of
+// the cluster's first block (no workspace traffic, fence or counter); the same formulas, other
+// chunk sizes, so not the split form's bits; falls back to the split form where the device cannot
+// schedule it or a chunk would exceed 1,024 keys. len_B is read
 // before the launch's programmatic-dependency wait: the kernel launched just before this one must
 // not write it (in a decode step only the step's last launch, advance_lengths, does).
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
-                      int pipe = 1, bool stage_combine = false);
+                      int pipe = 1, bool stage_combine = false, bool cluster = false);
 // Decode rows (block per row): h = (a + hb)⊙hs + (h + rb)⊙rs in place (skipped when a is null),
 // then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
 // early_trigger: under programmatic dependent launch the next launch may start its prologue before

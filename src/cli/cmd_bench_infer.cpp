@@ -273,9 +273,9 @@ int run(const BenchInferArgs& a) {
     const auto sum =
         bench::summarize_decode_trace(stamps, names, unsigned(cuda::DecodeTraceEvent::Advance));
     std::printf(
-        "# decode trace: %lld steps, %.1f us from one step's last stamp to the next (host sync "
-        "between steps included; untimed steps %.1f us): time from a kernel passing its wait to "
-        "the next stamp\n",
+        "# decode trace: %lld steps, %.1f us from one step's last stamp to the next (the gap "
+        "between graph replays included; untimed steps %.1f us): time from a kernel passing its "
+        "wait to the next stamp\n",
         (long long)sum.steps, sum.step_us, decode_s * 1e6);
     std::printf("  %-16s %-16s %9s %9s %10s %7s\n", "from", "to", "per step", "mean us", "us/step",
                 "share");

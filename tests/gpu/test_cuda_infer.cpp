@@ -206,6 +206,47 @@ TEST_P(CudaInfer, GreedyGenerationAgreesWhereTheReferenceIsDecided) {
   }
 }
 
+// Greedy steps enqueued back to back (decode_greedy over n steps, one wait) give the tokens of the
+// same steps taken one call at a time; generate_cuda, which takes them in groups, stops at a stop
+// token inside a group and hands out nothing after it.
+TEST_P(CudaInfer, GroupedGreedyStepsEqualSingleStepsAndStopInsideAGroup) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = parity_fixture(GetParam());
+  ZayaModel m = ZayaModel::load(dir);
+  const auto prompt = parity_prompt(dir);
+  const int64_t S = int64_t(prompt.size()), n = 13;
+  CudaInferOptions o;
+  o.max_context = S + n + 2;
+  CudaInference inf(m, o);
+  inf.reset(1);
+  inf.prefill(prompt, S);
+  const auto grouped = inf.decode_greedy({prompt[0]}, n);
+  ASSERT_EQ(int64_t(grouped.size()), n);
+  EXPECT_EQ(inf.length(), S + n);
+  inf.reset(1);
+  inf.prefill(prompt, S);
+  std::vector<int32_t> single;
+  int32_t tok = prompt[0];
+  for (int64_t i = 0; i < n; i++) single.push_back(tok = inf.decode_greedy({tok}, 1)[0]);
+  EXPECT_EQ(grouped, single);
+
+  SamplingOptions opt;
+  opt.greedy = true;
+  const auto all = generate_cuda(inf, prompt, n, opt);
+  ASSERT_EQ(int64_t(all.size()), n);
+  // A stop token whose first occurrence is inside the first group of 8 (not its first token).
+  size_t at = 1;
+  while (at + 1 < all.size() &&
+         std::find(all.begin(), all.begin() + long(at), all[at]) != all.begin() + long(at))
+    at++;
+  std::vector<int32_t> streamed;
+  const auto stopped =
+      generate_cuda(inf, prompt, n, opt, all[at], [&](int32_t t) { streamed.push_back(t); });
+  const std::vector<int32_t> want(all.begin(), all.begin() + long(at) + 1);
+  EXPECT_EQ(stopped, want) << "stop token " << all[at] << " at " << at;
+  EXPECT_EQ(streamed, want);
+}
+
 TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());

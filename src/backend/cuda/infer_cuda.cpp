@@ -63,8 +63,8 @@ struct CudaInference::Impl {
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
           *bad = nullptr, *len = nullptr, *next_ids = nullptr;
+  int32_t* tok_hist = nullptr;  // [max_context][max_batch]: greedy tokens of one decode_greedy call
   int32_t* counts_host = nullptr;  // pinned
-  int32_t* next_host = nullptr;    // pinned
   int64_t logits_rows = 0;         // rows the logits buffer holds
   int64_t B = 1, length = 0;
   cudaGraph_t graph = nullptr;
@@ -126,7 +126,6 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   Carver cv(arena);
   plan(cv);
   ZAYA_CUDA_CHECK(cudaMallocHost(&counts_host, size_t(E1) * sizeof(int32_t)));
-  ZAYA_CUDA_CHECK(cudaMallocHost(&next_host, size_t(kGemvMaxRows) * sizeof(int32_t)));
   upload(m);
   zero_cache();
   // The folded norm takes the vector layout for every layer's vectors (else fold_qkv_norm falls
@@ -167,7 +166,6 @@ CudaInference::Impl::~Impl() {
   if (graph_exec) cudaGraphExecDestroy(graph_exec);
   if (graph) cudaGraphDestroy(graph);
   if (counts_host) cudaFreeHost(counts_host);
-  if (next_host) cudaFreeHost(next_host);
   if (arena) cudaFree(arena);
   if (st) cudaStreamDestroy(st);
 }
@@ -211,6 +209,7 @@ void CudaInference::Impl::plan(Carver& cv) {
   ids = cv.take<int32_t>(N), choice = cv.take<int32_t>(N), perm = cv.take<int32_t>(N);
   counts = cv.take<int32_t>(E1), offsets = cv.take<int32_t>(E1 + 1), bad = cv.take<int32_t>(1);
   len = cv.take<int32_t>(MB), next_ids = cv.take<int32_t>(MB);
+  tok_hist = cv.take<int32_t>(MB * cap);
   // Logits: the last position of each sequence always; every position when it fits 256 MiB.
   logits_rows = std::max<int64_t>(MB, std::min<int64_t>(N, (int64_t(256) << 20) / (4 * V)));
   logits = cv.take<float>(logits_rows * V);
@@ -606,21 +605,24 @@ std::vector<int32_t> CudaInference::decode_greedy(const std::vector<int32_t>& fi
              "cuda decode: {} + {} tokens exceed the cache capacity of {}", s.length, n,
              s.opt.max_context);
   check_ids(first, s.V);
-  std::vector<int32_t> out;
-  out.reserve(size_t(n * s.B));
+  std::vector<int32_t> out(size_t(n * s.B));
+  if (n == 0) return out;
   ZAYA_CUDA_CHECK(
       cudaMemcpyAsync(s.ids, first.data(), first.size() * 4, cudaMemcpyHostToDevice, s.st));
+  // The steps are enqueued back to back: each step's argmax becomes the next step's input on the
+  // device and is kept in tok_hist, and the host waits once, at the end — not after every step,
+  // which left the GPU idle for a host round trip and the next graph launch per token.
   for (int64_t i = 0; i < n; i++) {
     s.decode_launch();
     s.length += 1;
-    // The step's argmax becomes the next step's input, on the device.
     ZAYA_CUDA_CHECK(
         cudaMemcpyAsync(s.ids, s.next_ids, size_t(s.B) * 4, cudaMemcpyDeviceToDevice, s.st));
-    ZAYA_CUDA_CHECK(
-        cudaMemcpyAsync(s.next_host, s.next_ids, size_t(s.B) * 4, cudaMemcpyDeviceToHost, s.st));
-    ZAYA_CUDA_CHECK(cudaStreamSynchronize(s.st));
-    out.insert(out.end(), s.next_host, s.next_host + s.B);
+    ZAYA_CUDA_CHECK(cudaMemcpyAsync(s.tok_hist + i * s.B, s.next_ids, size_t(s.B) * 4,
+                                    cudaMemcpyDeviceToDevice, s.st));
   }
+  ZAYA_CUDA_CHECK(
+      cudaMemcpyAsync(out.data(), s.tok_hist, out.size() * 4, cudaMemcpyDeviceToHost, s.st));
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(s.st));
   return out;
 }
 
@@ -640,7 +642,7 @@ std::vector<std::pair<unsigned, uint64_t>> CudaInference::trace_decode(
     ZAYA_CUDA_CHECK(cudaMemset(buf, 0, (cap + 1) * sizeof(unsigned long long)));
     ZAYA_CUDA_CHECK(cudaDeviceSynchronize());  // the constant changes under no running kernel
     set_decode_trace(buf, cap);
-    out = decode_greedy(first, n);  // synchronises at every step
+    out = decode_greedy(first, n);
     set_decode_trace(nullptr, 0);
     ZAYA_CUDA_CHECK(cudaMemcpy(host.data(), buf, host.size() * sizeof(unsigned long long),
                                cudaMemcpyDeviceToHost));
@@ -712,12 +714,22 @@ std::vector<int32_t> generate_cuda(CudaInference& inf, const std::vector<int32_t
   Rng rng(opt.seed);
   Tensor logits = inf.prefill(prompt, int64_t(prompt.size()));
   int32_t tok = sample_token(logits.f32(), V, opt, rng);
+  // Greedy tokens are decoded kGreedyAhead steps at a time on the device (decode_greedy enqueues
+  // them back to back and waits once) and handed out one by one; a stop token inside a group
+  // leaves the steps after it decoded but unused.
+  constexpr int64_t kGreedyAhead = 8;
+  std::vector<int32_t> ahead;  // decoded, not yet handed out, last first
   for (int64_t i = 0;; i++) {
     out.push_back(tok);
     if (on_token) on_token(tok);
     if (tok == stop_id || i + 1 == max_new) break;
     if (opt.greedy || opt.temperature <= 0.0f) {
-      tok = inf.decode_greedy({tok}, 1)[0];
+      if (ahead.empty()) {
+        const auto got = inf.decode_greedy({tok}, std::min(kGreedyAhead, max_new - 1 - i));
+        ahead.assign(got.rbegin(), got.rend());
+      }
+      tok = ahead.back();
+      ahead.pop_back();
     } else {
       logits = inf.decode({tok});
       tok = sample_token(logits.f32(), V, opt, rng);

@@ -119,7 +119,8 @@ class CudaInference {
   // One decode step with one token per sequence; returns the logits [B,1,V] on the host.
   Tensor decode(const std::vector<int32_t>& ids);
   // n greedy decode steps entirely on the device (the argmax of each step feeds the next), starting
-  // from one token per sequence; returns the n new tokens per sequence, [n][B] flattened.
+  // from one token per sequence; returns the n new tokens per sequence, [n][B] flattened. The steps
+  // are enqueued back to back and the host waits once, at the end.
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& first, int64_t n);
 
   // decode_greedy with the decode trace on (set_decode_trace): returns the stamps, (event id, ns)
@@ -146,7 +147,8 @@ class CudaInference {
 };
 
 // zaya::generate on the GPU: prefill the prompt, then decode with sampling on the host (or, when
-// opt.greedy, on the device). Same sampling rules and seed semantics as zaya::generate.
+// opt.greedy, on the device, up to 8 steps enqueued at a time: a stop token leaves at most 7 steps
+// decoded past it, unused). Same sampling rules and seed semantics as zaya::generate.
 std::vector<int32_t> generate_cuda(CudaInference& inf, const std::vector<int32_t>& prompt,
                                    int64_t max_new, const SamplingOptions& opt,
                                    int32_t stop_id = -1,

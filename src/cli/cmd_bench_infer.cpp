@@ -139,7 +139,8 @@ int run(const BenchInferArgs& a) {
   }
   // Decode variants: every combination of the values given to the variant options (an option not
   // given keeps the default's value; the norm fused and folded at once is no variant), the same
-  // prompt and steps, the graph captured again for each.
+  // prompt and steps, the graph captured again for each. The table shows the options given; the
+  // JSON rows hold every choice.
   struct Axis {
     const char* key;                 // JSON field and column header
     const std::vector<int>* values;  // the option's values (empty: the default's only)
@@ -177,7 +178,8 @@ int run(const BenchInferArgs& a) {
   nlohmann::json variants = nlohmann::json::array();
   if (std::any_of(axes.begin(), axes.end(), [](const Axis& x) { return !x.values->empty(); })) {
     std::printf("# decode variants (same prompt and steps; graph captured again for each):\n ");
-    for (const Axis& x : axes) std::printf(" %s", x.key);
+    for (const Axis& x : axes)
+      if (!x.values->empty()) std::printf(" %s", x.key);
     std::printf("  ms/step  roofline\n");
     // The combinations in the order of nested loops over the axes (the last one innermost).
     std::vector<std::vector<int>> vals;
@@ -201,12 +203,13 @@ int run(const BenchInferArgs& a) {
       std::printf(" ");
       for (size_t i = 0; i < axes.size(); i++) {
         const int w = int(std::strlen(axes[i].key));
+        const bool shown = !axes[i].values->empty();
         if (axes[i].count) {
           row[axes[i].key] = c[i];
-          std::printf(" %*s", w, c[i] ? std::to_string(c[i]).c_str() : "auto");
+          if (shown) std::printf(" %*s", w, c[i] ? std::to_string(c[i]).c_str() : "auto");
         } else {
           row[axes[i].key] = c[i] != 0;
-          std::printf(" %*s", w, c[i] ? "yes" : "no");
+          if (shown) std::printf(" %*s", w, c[i] ? "yes" : "no");
         }
       }
       std::printf(" ");

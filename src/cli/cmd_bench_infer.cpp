@@ -40,7 +40,7 @@ struct BenchInferArgs {
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
-      router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster;
+      router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs;
   uint64_t seed = 1234;
 };
 
@@ -164,6 +164,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.router_stage = v != 0; }, false},
       {"router_one_per_sm", &a.router_spread, dflt.router_one_per_sm,
        [](cuda::DecodeTuning& t, int v) { t.router_one_per_sm = v != 0; }, false},
+      {"router_mlp_regs", &a.router_regs, dflt.router_mlp_regs,
+       [](cuda::DecodeTuning& t, int v) { t.router_mlp_regs = v != 0; }, false},
       {"fuse_norms", &a.fuse_norms, dflt.fuse_norms,
        [](cuda::DecodeTuning& t, int v) { t.fuse_norms = v != 0; }, false},
       {"fold_qkv_norm", &a.fold_qkv_norm, dflt.fold_qkv_norm,
@@ -377,6 +379,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--router-stage", a.router_stage,
          "also time decode with the router's MLP rows staged in shared memory (1) or read "
          "where they are (0)");
+  on_off("--router-regs", a.router_regs,
+         "also time decode with the router's MLP rows loaded into registers before its wait (1) "
+         "or staged in shared memory (0)");
   on_off("--router-spread", a.router_spread,
          "also time decode with the router's shared memory padded so that each block of "
          "its cluster has an SM to itself (1), or not (0)");

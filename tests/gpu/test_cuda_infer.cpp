@@ -390,6 +390,7 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.attn_stage_combine = true; }},
       {"router MLP rows read where they are", [](DecodeTuning& t) { t.router_stage = false; }},
       {"router blocks one per SM", [](DecodeTuning& t) { t.router_one_per_sm = true; }},
+      {"router MLP rows in registers", [](DecodeTuning& t) { t.router_mlp_regs = true; }},
       {"residual norms trigger their successor before or after their wait (not the default)",
        [](DecodeTuning& t) { t.norm_early_trigger = !t.norm_early_trigger; }},
       {"o projection triggers its successor before or after its wait (not the default)",
@@ -631,13 +632,18 @@ TEST(CudaDecodeKernels, RouterMatchesTheHostReferenceAndCpuOps) {
     const auto g_h = test_util::download(gate, size_t(M));
     // Smaller clusters (DecodeTuning::router_cluster) split the rows differently but compute
     // every output the same way: the same bits.
-    // So do the layouts (router_stage, router_one_per_sm): the same arithmetic in the same order.
-    for (int cl : {8, 4, 2, 1, -1, -2}) {
-      SCOPED_TRACE("cluster limit " + std::to_string(cl) + " (-1: unstaged, -2: one per SM)");
+    // So do the layouts (router_stage, router_one_per_sm, router_mlp_regs — which falls back to
+    // shared memory where R or E1 is too large or the cluster too small, E1 = 40 and cluster
+    // limit 8 with R = 256 here): the same arithmetic in the same order.
+    for (int cl : {8, 4, 2, 1, -1, -2, -3, -4}) {
+      SCOPED_TRACE("cluster limit " + std::to_string(cl) +
+                   " (-1: unstaged, -2: one per SM, -3: MLP rows in registers, -4: the same, "
+                   "clusters of at most 8)");
       DecodeRouterLayout lay;
-      lay.max_cluster = cl > 0 ? cl : 0;
+      lay.max_cluster = cl > 0 ? cl : cl == -4 ? 8 : 0;
       lay.stage_mlp = cl != -1;
       lay.one_per_sm = cl == -2;
+      lay.mlp_regs = cl <= -3;
       decode_router(rd, probs, choice, gate, xd, ldx, dwd, dbd, c.state ? sd : nullptr, scd, nwd,
                     eps, f1wd, f1bd, f2wd, f2bd, owd, bald, M, D, R, E1, nullptr, lay);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -1183,7 +1183,14 @@ __host__ __device__ inline int64_t router_smem_floats(int64_t R, int64_t E1, int
   return kRouterWarps + 4 * R + E1p + 4 * rpb + Rp + E1p + (staged ? 2 * rpb * R + E1 * R : 0);
 }
 
-template <bool kVecX>
+// kRegs: the block's fc1/fc2 rows (and, at rank 0, the class rows) are loaded into registers
+// before pdl_wait instead of staged in shared memory — lane l of the warp of row o holds
+// w[o][l + 32·i], the elements its lane-strided dot product reads, in the same order (the same
+// bits); for R a multiple of 32 up to kRouterRegK·32, at most kRouterRegRows rows per warp and
+// E1 ≤ kRouterRegClassRows·kRouterWarps (decode_router checks).
+constexpr int kRouterRegK = 8, kRouterRegRows = 2, kRouterRegClassRows = 3;
+
+template <bool kVecX, bool kRegs>
 __global__ void __launch_bounds__(kRouterThreads)
     decode_router_kernel(float* r, float* probs, int32_t* choice, float* gate, const bf16* x,
                          int64_t ldx, const bf16* Wd, const float* bd, const float* state,
@@ -1218,7 +1225,30 @@ __global__ void __launch_bounds__(kRouterThreads)
   // Prefetch the MLP rows this block needs (they do not depend on x).
   const float* g1 = fc1_w + int64_t(o0) * R;
   const float* g2 = fc2_w + int64_t(o0) * R;
-  if (!stage) {
+  float w1r[kRouterRegRows][kRouterRegK], w2r[kRouterRegRows][kRouterRegK];
+  float wor[kRouterRegClassRows][kRouterRegK];
+  if constexpr (kRegs) {
+#pragma unroll
+    for (int j = 0; j < kRouterRegRows; j++) {
+      const int o = o0 + warp + j * kRouterWarps;
+#pragma unroll
+      for (int i = 0; i < kRouterRegK; i++) {
+        const int k = lane + i * kWarp;
+        const bool ok = o < o1 && k < R;
+        w1r[j][i] = ok ? fc1_w[int64_t(o) * R + k] : 0.f;
+        w2r[j][i] = ok ? fc2_w[int64_t(o) * R + k] : 0.f;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kRouterRegClassRows; j++) {
+      const int o = warp + j * kRouterWarps;
+#pragma unroll
+      for (int i = 0; i < kRouterRegK; i++) {
+        const int k = lane + i * kWarp;
+        wor[j][i] = q == 0 && o < E1 && k < R ? out_w[int64_t(o) * R + k] : 0.f;
+      }
+    }
+  } else if (!stage) {
     // Too large for shared memory (or no cluster): the stages read the weights where they are.
   } else if (vec_w) {
     for (int i = threadIdx.x * 4; i < nw; i += kRouterThreads * 4) {
@@ -1303,31 +1333,73 @@ __global__ void __launch_bounds__(kRouterThreads)
   const float* w1p = stage ? w1 : g1;
   const float* w2p = stage ? w2 : g2;
   const float* wop = stage ? wo : out_w;
-  for (int o = o0 + warp; o < o1; o += kRouterWarps) {
-    const float* w = w1p + int64_t(o - o0) * R;
-    float s = 0.f;
-    for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], rn[k], s);
-    s = kern::gelu_erf(warp_sum(s) + sb1[o - o0]);
-    for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
+  if constexpr (kRegs) {
+#pragma unroll
+    for (int j = 0; j < kRouterRegRows; j++) {
+      const int o = o0 + warp + j * kRouterWarps;
+      if (o >= o1) break;
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < kRouterRegK; i++)
+        if (lane + i * kWarp < R) s = fmaf(w1r[j][i], rn[lane + i * kWarp], s);
+      s = kern::gelu_erf(warp_sum(s) + sb1[o - o0]);
+      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
+    }
+  } else {
+    for (int o = o0 + warp; o < o1; o += kRouterWarps) {
+      const float* w = w1p + int64_t(o - o0) * R;
+      float s = 0.f;
+      for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], rn[k], s);
+      s = kern::gelu_erf(warp_sum(s) + sb1[o - o0]);
+      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
+    }
   }
   cl_sync();
   trace_mark(tr, DecodeTraceEvent::RouterFc1);
-  for (int o = o0 + warp; o < o1; o += kRouterWarps) {
-    const float* w = w2p + int64_t(o - o0) * R;
-    float s = 0.f;
-    for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], h1[k], s);
-    s = kern::gelu_erf(warp_sum(s) + sb2[o - o0]);
-    for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
+  if constexpr (kRegs) {
+#pragma unroll
+    for (int j = 0; j < kRouterRegRows; j++) {
+      const int o = o0 + warp + j * kRouterWarps;
+      if (o >= o1) break;
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < kRouterRegK; i++)
+        if (lane + i * kWarp < R) s = fmaf(w2r[j][i], h1[lane + i * kWarp], s);
+      s = kern::gelu_erf(warp_sum(s) + sb2[o - o0]);
+      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
+    }
+  } else {
+    for (int o = o0 + warp; o < o1; o += kRouterWarps) {
+      const float* w = w2p + int64_t(o - o0) * R;
+      float s = 0.f;
+      for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], h1[k], s);
+      s = kern::gelu_erf(warp_sum(s) + sb2[o - o0]);
+      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
+    }
   }
   cl_sync();  // no remote access after this: the other blocks may exit
   trace_mark(tr, DecodeTraceEvent::RouterFc2);
   if (q != 0) return;
-  for (int o = warp; o < E1; o += kRouterWarps) {
-    const float* w = wop + int64_t(o) * R;
-    float s = 0.f;
-    for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], h2[k], s);
-    s = warp_sum(s);
-    if (lane == 0) lg[o] = s;
+  if constexpr (kRegs) {
+#pragma unroll
+    for (int j = 0; j < kRouterRegClassRows; j++) {
+      const int o = warp + j * kRouterWarps;
+      if (o >= E1) break;
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < kRouterRegK; i++)
+        if (lane + i * kWarp < R) s = fmaf(wor[j][i], h2[lane + i * kWarp], s);
+      s = warp_sum(s);
+      if (lane == 0) lg[o] = s;
+    }
+  } else {
+    for (int o = warp; o < E1; o += kRouterWarps) {
+      const float* w = wop + int64_t(o) * R;
+      float s = 0.f;
+      for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], h2[k], s);
+      s = warp_sum(s);
+      if (lane == 0) lg[o] = s;
+    }
   }
   __syncthreads();
   if (warp == 0)  // softmax and choice: one warp, the training path's rule
@@ -1958,9 +2030,10 @@ struct RouterLaunch {
   bool stage_mlp = true, one_per_sm = false;  // the layout asked for (DecodeRouterLayout)
   size_t smem = 0;
   bool stage = true;  // the MLP weights go through shared memory
+  bool ok = true;     // kRegs: the chosen cluster leaves at most kRouterRegRows rows per warp
 };
 
-template <bool kVecX>
+template <bool kVecX, bool kRegs>
 RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay) {
   const int max_cs = lay.max_cluster > 0 ? lay.max_cluster : 16;
   static RouterLaunch cached;
@@ -1986,17 +2059,19 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay)
         size_t(router_smem_floats(R, E1, stage ? (R + cs - 1) / cs : R, stage)) * sizeof(float);
     return lay.one_per_sm ? std::max(b, spread) : b;
   };
-  const auto kernel = decode_router_kernel<kVecX>;
+  const auto kernel = decode_router_kernel<kVecX, kRegs>;
+  const bool stage_mlp = lay.stage_mlp && !kRegs;  // registers instead of shared memory
+  const int64_t reg_rows = int64_t(kRouterRegRows) * kRouterWarps;
   L.cs = 1;
-  L.smem = smem_for(1, lay.stage_mlp);
-  L.stage = lay.stage_mlp && L.smem <= size_t(max_smem);
+  L.smem = smem_for(1, stage_mlp);
+  L.stage = stage_mlp && L.smem <= size_t(max_smem);
   if (!L.stage) L.smem = smem_for(1, false);
   if (major >= 9) {
     ZAYA_CUDA_CHECK(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     for (int cs : {16, 8, 4, 2}) {
-      if (cs > max_cs) continue;
-      const size_t smem = smem_for(cs, lay.stage_mlp);
+      if (cs > max_cs || (kRegs && (R + cs - 1) / cs > reg_rows)) continue;
+      const size_t smem = smem_for(cs, stage_mlp);
       if (smem > size_t(max_smem)) continue;
       ZAYA_CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -2011,27 +2086,30 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay)
       cfg.numAttrs = 1;
       int n = 0;
       if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) == cudaSuccess && n >= 1) {
-        L.cs = cs, L.smem = smem, L.stage = lay.stage_mlp;
+        L.cs = cs, L.smem = smem, L.stage = stage_mlp;
         break;
       }
       (void)cudaGetLastError();  // an unsupported size is not an error of the step
     }
   }
   check(L.smem <= size_t(max_smem), "decode_router: router width too large for shared memory");
+  L.ok = !kRegs || (R + L.cs - 1) / L.cs <= reg_rows;
   ZAYA_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(L.smem)));
   cached = L;
   return L;
 }
 
-template <bool kVecX>
-void launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
+// Launches the router; false (nothing launched) when the register form cannot take this size.
+template <bool kVecX, bool kRegs>
+bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, bool vec_w, const DecodeRouterLayout& lay, cudaStream_t st) {
-  const RouterLaunch L = router_launch<kVecX>(R, E1, lay);
+  const RouterLaunch L = router_launch<kVecX, kRegs>(R, E1, lay);
+  if (!L.ok) return false;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[2];
   unsigned n = 0;
@@ -2052,10 +2130,11 @@ void launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = n;
-  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX>, r_MR, probs_ME1, choice_M,
-                                     gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
-                                     norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1,
-                                     int(D), int(R), int(E1), L.stage, vec_w));
+  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX, kRegs>, r_MR, probs_ME1,
+                                     choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
+                                     scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
+                                     balancing_E1, int(D), int(R), int(E1), L.stage, vec_w));
+  return true;
 }
 
 }  // namespace
@@ -2072,14 +2151,22 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
         "decode_router: the cluster size limit must be 1, 2, 4, 8 or 16 (0: 16)");
   const bool vec_x = D % 8 == 0 && ldx % 8 == 0 && aligned16(x_MD) && aligned16(down_w_RD);
   const bool vec_w = R % 4 == 0 && aligned16(fc1_w) && aligned16(fc2_w) && aligned16(out_w);
-  if (vec_x)
-    launch_router<true>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
-                        scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M,
-                        D, R, E1, vec_w, lay, st);
-  else
-    launch_router<false>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R,
-                         state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
-                         balancing_E1, M, D, R, E1, vec_w, lay, st);
+  // mlp_regs where the register form takes the size (else the shared-memory layout).
+  const bool regs = lay.mlp_regs && R % kWarp == 0 && R <= int64_t(kRouterRegK) * kWarp &&
+                    E1 <= int64_t(kRouterRegClassRows) * kRouterWarps;
+  auto go = [&](auto vx, auto rg) {
+    return launch_router<decltype(vx)::value, decltype(rg)::value>(
+        r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
+        norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1, vec_w, lay,
+        st);
+  };
+  using T = std::true_type;
+  using F = std::false_type;
+  if (vec_x) {
+    if (!(regs && go(T{}, T{}))) go(T{}, F{});
+  } else {
+    if (!(regs && go(F{}, T{}))) go(F{}, F{});
+  }
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -45,6 +45,9 @@ struct DecodeTuning {
   // on either.
   bool router_stage = true;
   bool router_one_per_sm = false;
+  // The router's fc1/fc2 rows and class rows loaded into registers before its wait instead of
+  // staged in shared memory (DecodeRouterLayout::mlp_regs; where the sizes allow). The same bits.
+  bool router_mlp_regs = false;
   // The post-attention and post-MLP residual norms in the last block of the o projection and of
   // the expert combine (true), or as launches of their own (false, the default: 0.669 against
   // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.

@@ -199,6 +199,10 @@ struct DecodeRouterLayout {
   int max_cluster = 0;      // as above
   bool stage_mlp = true;    // fc1/fc2 rows and the class rows copied into shared memory first
   bool one_per_sm = false;  // shared memory padded so that no two blocks of a cluster share an SM
+  // fc1/fc2 rows and the class rows loaded into registers before the wait instead (where R is a
+  // multiple of 32 up to 256, E + 1 ≤ 24 and the cluster leaves ≤ 16 rows per block; else the
+  // layout above); the same bits.
+  bool mlp_regs = false;
 };
 void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,

@@ -9,8 +9,8 @@
 # 2. times `zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64` with the new
 #    and base binaries, alternating, ROUNDS (3) times each: the change's effect on the step, with
 #    the GPU's drift shared by both sides;
-# 3. with the new binary: the decode variants of $VARIANTS (default "--attn-cluster 0,1,0,1") and the
-#    ablation; with the trace binary: the same run with --trace (the graph step kernel by kernel).
+# 3. with the new binary: the decode variants of $VARIANTS (default "--attn-cluster 0,1
+#    --router-regs 0,1") and the ablation; with the trace binary: the same run with --trace (the graph step kernel by kernel).
 # Results in $OUT (default ./decode_ab_out): summary.txt and every log.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -60,7 +60,7 @@ for ((r = 0; r < ${ROUNDS:-3}; r++)); do
   done
 done
 # shellcheck disable=SC2086
-build-ab-new/zaya "${args[@]}" ${VARIANTS---attn-cluster 0,1,0,1} --ablate --json "$OUT/bench_infer_new.json" \
+build-ab-new/zaya "${args[@]}" ${VARIANTS---attn-cluster 0,1 --router-regs 0,1} --ablate --json "$OUT/bench_infer_new.json" \
   >"$OUT/infer_variants.log" 2>&1
 note "variants and ablation: exit $?"
 sed -n '/# decode variants/,$p' "$OUT/infer_variants.log" | tee -a "$summary"

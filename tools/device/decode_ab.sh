@@ -10,7 +10,8 @@
 #    and base binaries, alternating, ROUNDS (3) times each: the change's effect on the step, with
 #    the GPU's drift shared by both sides;
 # 3. with the new binary: the decode variants of $VARIANTS (default "--attn-cluster 0,1
-#    --router-regs 0,1") and the ablation; with the trace binary: the same run with --trace (the graph step kernel by kernel).
+#    --router-regs 0,1") and the ablation; with the trace binary: the same run with --trace (the
+#    graph step kernel by kernel).
 # Results in $OUT (default ./decode_ab_out): summary.txt and every log.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"

@@ -1904,8 +1904,8 @@ bool launch_attn_cluster(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, con
   }
   if (plan.cs == 0) return false;
   const size_t smem = size_t(plan.floats) * sizeof(float);
-  ZAYA_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // Once per size (a graph capture replays this launch without the attribute call).
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeClusterDimension;

@@ -357,18 +357,21 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
   auto per_step = [&](DecodeTraceEvent e) { return count[size_t(e)]; };
   EXPECT_EQ(per_step(DecodeTraceEvent::Advance), n);
   for (auto e :
-       {DecodeTraceEvent::Router, DecodeTraceEvent::RouterDown, DecodeTraceEvent::RouterFc1,
-        DecodeTraceEvent::RouterFc2, DecodeTraceEvent::RouterSelect, DecodeTraceEvent::ExpertSwiglu,
+       {DecodeTraceEvent::Router, DecodeTraceEvent::RouterSums, DecodeTraceEvent::RouterDown,
+        DecodeTraceEvent::RouterFc1, DecodeTraceEvent::RouterFc2, DecodeTraceEvent::RouterLogits,
+        DecodeTraceEvent::RouterSelect, DecodeTraceEvent::ExpertSwiglu,
         DecodeTraceEvent::ExpertDown, DecodeTraceEvent::Attention, DecodeTraceEvent::CcaConv,
         DecodeTraceEvent::CcaFinish})
     EXPECT_EQ(per_step(e), n * NL) << decode_trace_event_name(e);
   EXPECT_EQ(per_step(DecodeTraceEvent::Gemv), n * (2 * NL + 1));  // q|k|v, o; the LM head
   EXPECT_EQ(per_step(DecodeTraceEvent::Norm), n * (2 * NL + 1));  // two a layer; the first
   // Within a layer the router's stamps follow each other in stage order.
-  for (size_t i = 0; i + 4 < stamps.size(); i++)
+  for (size_t i = 0; i + 6 < stamps.size(); i++)
     if (stamps[i].first == unsigned(DecodeTraceEvent::Router)) {
-      EXPECT_EQ(stamps[i + 1].first, unsigned(DecodeTraceEvent::RouterDown));
-      EXPECT_EQ(stamps[i + 4].first, unsigned(DecodeTraceEvent::RouterSelect));
+      EXPECT_EQ(stamps[i + 1].first, unsigned(DecodeTraceEvent::RouterSums));
+      EXPECT_EQ(stamps[i + 2].first, unsigned(DecodeTraceEvent::RouterDown));
+      EXPECT_EQ(stamps[i + 5].first, unsigned(DecodeTraceEvent::RouterLogits));
+      EXPECT_EQ(stamps[i + 6].first, unsigned(DecodeTraceEvent::RouterSelect));
     }
 }
 

@@ -97,11 +97,41 @@ __device__ __forceinline__ void trace_mark(unsigned long long* t, DecodeTraceEve
   const unsigned long long i = atomicAdd(t, 1ull);
   if (i < c_trace_cap) t[1 + i] = (now << 8) | unsigned(ev);
 }
+// The router's stamps: slots for all of them reserved with its first one (one atomic), the later
+// ones written without an atomic, so that the stage marks do not hold the stamping warp for an L2
+// round trip each.
+constexpr int kRouterStamps = 7;  // Router, Sums, Down, Fc1, Fc2, Logits, Select
+struct TraceSlots {
+  unsigned long long* t = nullptr;
+  unsigned long long base = 0;
+};
+__device__ __forceinline__ TraceSlots trace_reserve(unsigned long long* t, DecodeTraceEvent ev) {
+  TraceSlots s;
+  if (t == nullptr || (threadIdx.x | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return s;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  const unsigned long long i = atomicAdd(t, static_cast<unsigned long long>(kRouterStamps));
+  if (i + kRouterStamps > c_trace_cap) return s;
+  t[1 + i] = (now << 8) | unsigned(ev);
+  s.t = t, s.base = i;
+  return s;
+}
+__device__ __forceinline__ void trace_slot(const TraceSlots& s, int j, DecodeTraceEvent ev) {
+  if (s.t == nullptr) return;
+  unsigned long long now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  s.t[1 + s.base + j] = (now << 8) | unsigned(ev);
+}
 #else
 __device__ __forceinline__ unsigned long long* trace_ptr() {
   return nullptr;
 }
 __device__ __forceinline__ void trace_mark(unsigned long long*, DecodeTraceEvent) {}
+struct TraceSlots {};
+__device__ __forceinline__ TraceSlots trace_reserve(unsigned long long*, DecodeTraceEvent) {
+  return {};
+}
+__device__ __forceinline__ void trace_slot(const TraceSlots&, int, DecodeTraceEvent) {}
 #endif
 
 __device__ __forceinline__ void pdl_begin(DecodeTraceEvent ev) {
@@ -1278,7 +1308,9 @@ __global__ void __launch_bounds__(kRouterThreads)
   for (int i = threadIdx.x; i < R; i += kRouterThreads) snw[i] = norm_w[i];
   if (q == 0 && bal)
     for (int i = threadIdx.x; i < E1; i += kRouterThreads) sbal[i] = bal[i];
-  pdl_begin(DecodeTraceEvent::Router);
+  pdl_wait();
+  pdl_trigger();
+  const TraceSlots ts = trace_reserve(tr, DecodeTraceEvent::Router);
   __syncthreads();  // the small vectors are in shared memory
   // Stage 0: the down projection and the EDA state, rows [o0, o1).
   // A warp's rows o and o + kRouterWarps are read together (both rows' loads in flight at once),
@@ -1288,7 +1320,10 @@ __global__ void __launch_bounds__(kRouterThreads)
     float s = warp_sum(partial) + sbd[o - o0];
     if (state) s += st * ssc[o - o0];
     if (lane == 0) r[m * R + o] = s;  // the next layer's EDA state
-    if (!waited) cl_wait(), waited = true;
+    if (!waited) {
+      trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
+      cl_wait(), waited = true;
+    }
     for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(v + o, t) = s;
   };
   for (int o = o0 + warp; o < o1; o += 2 * kRouterWarps) {
@@ -1314,9 +1349,12 @@ __global__ void __launch_bounds__(kRouterThreads)
     finish_row(o, acc[0], st_a);
     if (has_b) finish_row(ob, accb[0], st_b);
   }
-  if (!waited) cl_wait();
+  if (!waited) {  // a warp without rows
+    trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
+    cl_wait();
+  }
   cl_sync();
-  trace_mark(tr, DecodeTraceEvent::RouterDown);
+  trace_slot(ts, 2, DecodeTraceEvent::RouterDown);
   // Stage 1: RMSNorm of the full v (every block the same, in the same order).
   float ss = 0.f;
   for (int i = threadIdx.x; i < R; i += kRouterThreads) ss += v[i] * v[i];
@@ -1355,7 +1393,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     }
   }
   cl_sync();
-  trace_mark(tr, DecodeTraceEvent::RouterFc1);
+  trace_slot(ts, 3, DecodeTraceEvent::RouterFc1);
   if constexpr (kRegs) {
 #pragma unroll
     for (int j = 0; j < kRouterRegRows; j++) {
@@ -1378,7 +1416,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     }
   }
   cl_sync();  // no remote access after this: the other blocks may exit
-  trace_mark(tr, DecodeTraceEvent::RouterFc2);
+  trace_slot(ts, 4, DecodeTraceEvent::RouterFc2);
   if (q != 0) return;
   if constexpr (kRegs) {
 #pragma unroll
@@ -1402,9 +1440,10 @@ __global__ void __launch_bounds__(kRouterThreads)
     }
   }
   __syncthreads();
+  trace_slot(ts, 5, DecodeTraceEvent::RouterLogits);
   if (warp == 0)  // softmax and choice: one warp, the training path's rule
     kern::warp_router_select(probs + m * E1, choice + m, gate + m, lg, bal ? sbal : nullptr, E1);
-  trace_mark(tr, DecodeTraceEvent::RouterSelect);
+  trace_slot(ts, 6, DecodeTraceEvent::RouterSelect);
 }
 
 // Argmax over long rows in two passes: 256 blocks per row each reduce a slice to (value, index),
@@ -1685,9 +1724,11 @@ const char* decode_trace_event_name(DecodeTraceEvent ev) {
     case DecodeTraceEvent::Attention: return "attention";
     case DecodeTraceEvent::Norm: return "residual_norm";
     case DecodeTraceEvent::Router: return "router";
+    case DecodeTraceEvent::RouterSums: return "router_sums";
     case DecodeTraceEvent::RouterDown: return "router_down";
     case DecodeTraceEvent::RouterFc1: return "router_fc1";
     case DecodeTraceEvent::RouterFc2: return "router_fc2";
+    case DecodeTraceEvent::RouterLogits: return "router_logits";
     case DecodeTraceEvent::RouterSelect: return "router_select";
     case DecodeTraceEvent::Argmax: return "argmax";
     case DecodeTraceEvent::ArgmaxFinal: return "argmax_final";

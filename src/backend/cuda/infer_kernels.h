@@ -45,9 +45,11 @@ enum class DecodeTraceEvent : unsigned {
   Attention,
   Norm,  // decode_residual_norm
   Router,
+  RouterSums,    // the first warp's first down-projection sum done (before its cluster exchange)
   RouterDown,    // after the down projection and EDA (every block's v complete)
   RouterFc1,     // after fc1 + GELU
   RouterFc2,     // after fc2 + GELU
+  RouterLogits,  // after the class logits (before the softmax and choice)
   RouterSelect,  // after the logits, softmax and choice
   Argmax,
   ArgmaxFinal,

@@ -1487,7 +1487,8 @@ __global__ void argmax_slices_kernel(float* part_v, int64_t* part_i, const float
   }
 }
 
-__global__ void argmax_final_kernel(int32_t* out, const float* part_v, const int64_t* part_i) {
+__global__ void argmax_final_kernel(int32_t* out, const float* part_v, const int64_t* part_i,
+                                    int32_t* hist, const int32_t* len) {
   pdl_begin(DecodeTraceEvent::ArgmaxFinal);
   const int64_t m = blockIdx.x;
   float bv = -INFINITY;
@@ -1495,7 +1496,10 @@ __global__ void argmax_final_kernel(int32_t* out, const float* part_v, const int
   for (int s = threadIdx.x; s < kArgmaxSlices; s += blockDim.x)
     argmax_merge(bv, bi, part_v[m * kArgmaxSlices + s], part_i[m * kArgmaxSlices + s]);
   block_argmax(bv, bi);
-  if (threadIdx.x == 0) out[m] = int32_t(bi < 0 ? 0 : bi);
+  if (threadIdx.x == 0) {
+    out[m] = int32_t(bi < 0 ? 0 : bi);
+    if (hist) hist[int64_t(len[m]) * gridDim.x + m] = int32_t(bi < 0 ? 0 : bi);
+  }
 }
 
 __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int64_t past,
@@ -2048,12 +2052,14 @@ size_t argmax_workspace_bytes(int64_t M) {
 }
 
 void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, void* ws,
-                 cudaStream_t st) {
+                 cudaStream_t st, int32_t* hist, const int32_t* len_B) {
+  check(hist == nullptr || len_B != nullptr, "argmax_rows: a token history needs the lengths");
   int64_t* part_i = static_cast<int64_t*>(ws);
   float* part_v = reinterpret_cast<float*>(part_i + M * kArgmaxSlices);
   launch_k(argmax_slices_kernel, dim3{unsigned(kArgmaxSlices), unsigned(M)}, dim3(256), 0, st,
            part_v, part_i, logits_MV, V);
-  launch_k(argmax_final_kernel, dim3(unsigned(M)), dim3(256), 0, st, ids_out, part_v, part_i);
+  launch_k(argmax_final_kernel, dim3(unsigned(M)), dim3(256), 0, st, ids_out, part_v, part_i, hist,
+           len_B);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -62,8 +62,8 @@ struct CudaInference::Impl {
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
-          *bad = nullptr, *len = nullptr, *next_ids = nullptr;
-  int32_t* tok_hist = nullptr;  // [max_context][max_batch]: greedy tokens of one decode_greedy call
+          *bad = nullptr, *len = nullptr;
+  int32_t* tok_hist = nullptr;  // [position][batch]: each decode step's argmax, at its position
   int32_t* counts_host = nullptr;  // pinned
   int64_t logits_rows = 0;         // rows the logits buffer holds
   int64_t B = 1, length = 0;
@@ -208,7 +208,7 @@ void CudaInference::Impl::plan(Carver& cv) {
   act = cv.take<bf16>(N * I), ys = cv.take<bf16>(N * D);
   ids = cv.take<int32_t>(N), choice = cv.take<int32_t>(N), perm = cv.take<int32_t>(N);
   counts = cv.take<int32_t>(E1), offsets = cv.take<int32_t>(E1 + 1), bad = cv.take<int32_t>(1);
-  len = cv.take<int32_t>(MB), next_ids = cv.take<int32_t>(MB);
+  len = cv.take<int32_t>(MB);
   tok_hist = cv.take<int32_t>(MB * cap);
   // Logits: the last position of each sequence always; every position when it fits 256 MiB.
   logits_rows = std::max<int64_t>(MB, std::min<int64_t>(N, (int64_t(256) << 20) / (4 * V)));
@@ -460,7 +460,9 @@ void CudaInference::Impl::run_decode_step() {
   }
   if (on(DecodeOp::LmHead)) gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
   mark("lm head");
-  argmax_rows(next_ids, logits, M, V, argmax_ws, st);
+  // The argmax goes straight into the next step's input and into the token history at this
+  // position (decode_greedy reads the history once, after its last step).
+  argmax_rows(ids, logits, M, V, argmax_ws, st, tok_hist, len);
   advance_lengths(len, 1, M, st);
   mark("argmax, lengths");
 }
@@ -610,18 +612,16 @@ std::vector<int32_t> CudaInference::decode_greedy(const std::vector<int32_t>& fi
   ZAYA_CUDA_CHECK(
       cudaMemcpyAsync(s.ids, first.data(), first.size() * 4, cudaMemcpyHostToDevice, s.st));
   // The steps are enqueued back to back: each step's argmax becomes the next step's input on the
-  // device and is kept in tok_hist, and the host waits once, at the end — not after every step,
-  // which left the GPU idle for a host round trip and the next graph launch per token.
+  // device and lands in tok_hist at its position (run_decode_step), and the host waits once, at the
+  // end — not after every step, which left the GPU idle for a host round trip and the next graph
+  // launch per token.
+  const int64_t first_pos = s.length;  // every sequence of the batch is at the same length
   for (int64_t i = 0; i < n; i++) {
     s.decode_launch();
     s.length += 1;
-    ZAYA_CUDA_CHECK(
-        cudaMemcpyAsync(s.ids, s.next_ids, size_t(s.B) * 4, cudaMemcpyDeviceToDevice, s.st));
-    ZAYA_CUDA_CHECK(cudaMemcpyAsync(s.tok_hist + i * s.B, s.next_ids, size_t(s.B) * 4,
-                                    cudaMemcpyDeviceToDevice, s.st));
   }
-  ZAYA_CUDA_CHECK(
-      cudaMemcpyAsync(out.data(), s.tok_hist, out.size() * 4, cudaMemcpyDeviceToHost, s.st));
+  ZAYA_CUDA_CHECK(cudaMemcpyAsync(out.data(), s.tok_hist + first_pos * s.B, out.size() * 4,
+                                  cudaMemcpyDeviceToHost, s.st));
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(s.st));
   return out;
 }

@@ -123,7 +123,8 @@ class CudaInference {
   Tensor decode(const std::vector<int32_t>& ids);
   // n greedy decode steps entirely on the device (the argmax of each step feeds the next), starting
   // from one token per sequence; returns the n new tokens per sequence, [n][B] flattened. The steps
-  // are enqueued back to back and the host waits once, at the end.
+  // are enqueued back to back (the argmax written on the device into the next step's input and a
+  // token history) and the host waits once, at the end.
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& first, int64_t n);
 
   // decode_greedy with the decode trace on (set_decode_trace): returns the stamps, (event id, ns)

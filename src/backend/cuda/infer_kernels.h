@@ -179,10 +179,12 @@ void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float
 void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,
                int64_t B, int64_t S, int64_t Hkv, int64_t d, cudaStream_t st);
 // ids_out[m] = argmax_v logits[m,v] (ties to the lowest id); logits fp32 [M, V]. Two passes over
-// slices of each row (ws: argmax_workspace_bytes(M)).
+// slices of each row (ws: argmax_workspace_bytes(M)). hist (optional, with len_B): the token is
+// also written to hist[len_B[m]·M + m] — a history by position that a decode step fills without a
+// copy of its own (len_B as the step has it: not yet advanced).
 size_t argmax_workspace_bytes(int64_t M);
 void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, void* ws,
-                 cudaStream_t st);
+                 cudaStream_t st, int32_t* hist = nullptr, const int32_t* len_B = nullptr);
 // The router of decode rows in one launch (a thread-block cluster per row on sm_90): the down
 // projection r = x·W_down^T + b (x bf16 [M,D] with row stride ldx, W_down bf16 [R,D], fp32 out),
 // r += state ⊙ scale (EDA; state null in layer 0; r_MR keeps the result as the next layer's

@@ -412,11 +412,13 @@ __device__ bool last_block_done(unsigned* counter, unsigned blocks) {
 // residual + norm, in one launch).
 // kNormIn: x is the residual norm nin (D = K), computed by every block at its start into shared
 // memory (dynamic: the norm's vectors, then M·K bf16 of x); block 0 stores the new residual rows.
-template <int M, bool kVec, bool kPre, bool kTail, bool kNormIn = false>
+// kStageX: the M input rows are copied into shared memory once per block after the wait and read
+// there (a template choice, so the default kernels carry none of its code or registers).
+template <int M, bool kVec, bool kPre, bool kTail, bool kNormIn = false, bool kStageX = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                      int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn,
-                     DecodeNormIn nin, bool early, bool stage_x) {
+                     DecodeNormIn nin, bool early) {
   static_assert(kVec || !kPre, "the register prologue takes the 16-byte path");
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -433,16 +435,15 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     for (int m = 0; m < M; m++)
       norm_in_row(nin, m, K, gemv_norm_sh, xs + m * K, blockIdx.x == 0, nred);
     x = xs, ldx = K;
-  } else if constexpr (kVec) {
-    if (stage_x) {  // the M input rows into shared memory once (16-byte pieces), then read there
-      bf16* xs = reinterpret_cast<bf16*>(gemv_norm_sh);
-      const int64_t n8 = K / 8;
-      for (int64_t i = threadIdx.x; i < M * n8; i += blockDim.x)
-        reinterpret_cast<uint4*>(xs + (i / n8) * K)[i % n8] =
-            reinterpret_cast<const uint4*>(x + (i / n8) * ldx)[i % n8];
-      __syncthreads();
-      x = xs, ldx = K;
-    }
+  } else if constexpr (kStageX) {
+    static_assert(kVec, "staged input rows take the 16-byte path");
+    bf16* xs = reinterpret_cast<bf16*>(gemv_norm_sh);  // [M][K], 16-byte pieces
+    const int64_t n8 = K / 8;
+    for (int64_t i = threadIdx.x; i < M * n8; i += blockDim.x)
+      reinterpret_cast<uint4*>(xs + (i / n8) * K)[i % n8] =
+          reinterpret_cast<const uint4*>(x + (i / n8) * ldx)[i % n8];
+    __syncthreads();
+    x = xs, ldx = K;
   }
   if (live) {
     float acc[M];
@@ -1617,9 +1618,11 @@ void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t
   const bool stage = stage_x && vec && xs_bytes <= 48 * 1024;
   const bool pre = vec && O <= kPreMaxRows;
   const bool tail = tn.counters != nullptr;
-#define ZAYA_GEMV_LAUNCH(V, P, T)                                                                 \
-  launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, stage ? xs_bytes : 0, st, y32, y16, ldy, x, \
-           ldx, W, ldw, bias, O, K, tn, DecodeNormIn{}, early, stage)
+#define ZAYA_GEMV_LAUNCH(V, P, T)                                                                \
+  (stage ? launch_k(gemv_bf16_kernel<M, V, P, T, false, V>, grid, block, xs_bytes, st, y32, y16, \
+                    ldy, x, ldx, W, ldw, bias, O, K, tn, DecodeNormIn{}, early)                  \
+         : launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, 0, st, y32, y16, ldy, x, ldx, W,  \
+                    ldw, bias, O, K, tn, DecodeNormIn{}, early))
   if (tail) {
     if (pre)
       ZAYA_GEMV_LAUNCH(true, true, true);
@@ -1650,7 +1653,7 @@ void launch_gemv_bf16_norm_in(bf16* y16, int64_t ldy, const bf16* W, int64_t ldw
   const size_t smem = norm_in_smem(M, K);
   if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_k(kernel, grid, dim3(kRowsPerBlock * kWarp), smem, st, nullptr, y16, ldy, nullptr, K, W,
-           ldw, nullptr, O, K, TailNorm{}, n, false, false);
+           ldw, nullptr, O, K, TailNorm{}, n, false);
 }
 
 template <int M>

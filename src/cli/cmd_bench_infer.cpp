@@ -101,6 +101,7 @@ int run(const BenchInferArgs& a) {
     inf.reset(a.batch);
     inf.prefill(ids, a.prompt);
     const auto warm = inf.decode_greedy(first, a.warmup);
+    inf.prepare_decode_graphs();  // no graph capture inside the timed steps
     const double bytes0 = inf.decode_bytes_per_step();
     last.assign(warm.end() - a.batch, warm.end());
     const double t0 = now_s();
@@ -270,6 +271,7 @@ int run(const BenchInferArgs& a) {
     inf.reset(a.batch);
     inf.prefill(ids, a.prompt);
     const auto warm = inf.decode_greedy(first, a.warmup);
+    inf.prepare_decode_graphs();
     last.assign(warm.end() - a.batch, warm.end());
     const auto stamps = inf.trace_decode(last, a.decode, nullptr);
     std::vector<std::string> names;

@@ -63,13 +63,24 @@ struct CudaInference::Impl {
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
           *bad = nullptr, *len = nullptr;
-  int32_t* tok_hist = nullptr;  // [position][batch]: each decode step's argmax, at its position
+  int32_t* tok_hist = nullptr;     // [position][batch]: each decode step's argmax, at its position
   int32_t* counts_host = nullptr;  // pinned
   int64_t logits_rows = 0;         // rows the logits buffer holds
   int64_t B = 1, length = 0;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t graph_exec = nullptr;
-  int64_t graph_batch = 0;
+  // The captured decode step, and kGraphSteps of them captured as one graph (greedy decoding: the
+  // steps' launches then follow each other inside one graph, no gap between graph launches).
+  struct StepGraph {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    int64_t batch = 0;
+    void drop() {
+      if (exec) cudaGraphExecDestroy(exec), exec = nullptr;
+      if (graph) cudaGraphDestroy(graph), graph = nullptr;
+      batch = 0;
+    }
+  };
+  static constexpr int64_t kGraphSteps = 8;
+  StepGraph one_step, k_steps;
   int decode_steps_run = 0;
   // Per-op timing of an eager decode step (profile_decode): events recorded between ops.
   bool profiling = false;
@@ -91,7 +102,8 @@ struct CudaInference::Impl {
   const float* next_norm(int64_t li) const;
   void run_prefill(int64_t S, bool all_logits);
   void run_decode_step();
-  void decode_launch();
+  void decode_launch(int64_t steps = 1);
+  StepGraph& step_graph(int64_t steps);  // captured (not run) for the current batch if needed
   void set_tuning(const DecodeTuning& t);
 };
 
@@ -157,14 +169,14 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
   ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
              "cuda inference: decode skip mask {:#x} names no op class", t.skip);
   opt.decode = t;
-  if (graph_exec) cudaGraphExecDestroy(graph_exec), graph_exec = nullptr;
-  if (graph) cudaGraphDestroy(graph), graph = nullptr;
+  one_step.drop();
+  k_steps.drop();
   decode_steps_run = 0;  // the next step runs eagerly (launch set-up outside any capture)
 }
 
 CudaInference::Impl::~Impl() {
-  if (graph_exec) cudaGraphExecDestroy(graph_exec);
-  if (graph) cudaGraphDestroy(graph);
+  one_step.drop();
+  k_steps.drop();
   if (counts_host) cudaFreeHost(counts_host);
   if (arena) cudaFree(arena);
   if (st) cudaStreamDestroy(st);
@@ -467,33 +479,46 @@ void CudaInference::Impl::run_decode_step() {
   mark("argmax, lengths");
 }
 
-// Runs one decode step: eagerly the first time (module loading, kernel attributes), then from a
-// graph captured for the current batch size.
-void CudaInference::Impl::decode_launch() {
+// Runs `steps` decode steps (1, or kGraphSteps as one graph): eagerly the first time (module
+// loading, kernel attributes), then from a graph captured for the current batch size.
+void CudaInference::Impl::decode_launch(int64_t steps) {
+  ZAYA_CHECK(steps == 1 || steps == kGraphSteps, "cuda decode: {} steps in one launch", steps);
   if (!opt.graphs || decode_steps_run == 0) {
-    run_decode_step();
-    decode_steps_run++;
+    for (int64_t i = 0; i < steps; i++) {
+      run_decode_step();
+      decode_steps_run++;
+    }
     return;
   }
-  if (!graph_exec || graph_batch != B) {
-    if (graph_exec) cudaGraphExecDestroy(graph_exec), graph_exec = nullptr;
-    if (graph) cudaGraphDestroy(graph), graph = nullptr;
-    ZAYA_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    try {
-      run_decode_step();
-    } catch (...) {  // leave the stream usable: end the capture, drop what it holds
-      cudaGraph_t partial = nullptr;
-      cudaStreamEndCapture(st, &partial);
-      if (partial) cudaGraphDestroy(partial);
-      (void)cudaGetLastError();
-      throw;
-    }
-    ZAYA_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-    ZAYA_CUDA_CHECK(cudaGraphInstantiate(&graph_exec, graph, 0));
-    graph_batch = B;
+  ZAYA_CUDA_CHECK(cudaGraphLaunch(step_graph(steps).exec, st));
+  decode_steps_run += int(steps);
+}
+
+CudaInference::Impl::StepGraph& CudaInference::Impl::step_graph(int64_t steps) {
+  StepGraph& g = steps == 1 ? one_step : k_steps;
+  if (g.exec && g.batch == B) return g;
+  g.drop();
+  ZAYA_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  try {
+    for (int64_t i = 0; i < steps; i++) run_decode_step();
+  } catch (...) {  // leave the stream usable: end the capture, drop what it holds
+    cudaGraph_t partial = nullptr;
+    cudaStreamEndCapture(st, &partial);
+    if (partial) cudaGraphDestroy(partial);
+    (void)cudaGetLastError();
+    throw;
   }
-  ZAYA_CUDA_CHECK(cudaGraphLaunch(graph_exec, st));
-  decode_steps_run++;
+  ZAYA_CUDA_CHECK(cudaStreamEndCapture(st, &g.graph));
+  ZAYA_CUDA_CHECK(cudaGraphInstantiate(&g.exec, g.graph, 0));
+  g.batch = B;
+  return g;
+}
+
+void CudaInference::prepare_decode_graphs() {
+  Impl& s = *impl_;
+  if (!s.opt.graphs || s.decode_steps_run == 0) return;
+  s.step_graph(1);
+  s.step_graph(Impl::kGraphSteps);
 }
 
 CudaInference::CudaInference(const ZayaModel& m, const CudaInferOptions& opt)
@@ -615,10 +640,15 @@ std::vector<int32_t> CudaInference::decode_greedy(const std::vector<int32_t>& fi
   // device and lands in tok_hist at its position (run_decode_step), and the host waits once, at the
   // end — not after every step, which left the GPU idle for a host round trip and the next graph
   // launch per token.
+  // Whole groups of Impl::kGraphSteps run as one graph once the first step has run eagerly.
   const int64_t first_pos = s.length;  // every sequence of the batch is at the same length
-  for (int64_t i = 0; i < n; i++) {
-    s.decode_launch();
-    s.length += 1;
+  for (int64_t i = 0; i < n;) {
+    const int64_t k = s.opt.graphs && s.decode_steps_run > 0 && n - i >= Impl::kGraphSteps
+                          ? Impl::kGraphSteps
+                          : 1;
+    s.decode_launch(k);
+    s.length += k;
+    i += k;
   }
   ZAYA_CUDA_CHECK(cudaMemcpyAsync(out.data(), s.tok_hist + first_pos * s.B, out.size() * 4,
                                   cudaMemcpyDeviceToHost, s.st));

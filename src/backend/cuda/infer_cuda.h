@@ -126,6 +126,10 @@ class CudaInference {
   // are enqueued back to back (the argmax written on the device into the next step's input and a
   // token history) and the host waits once, at the end.
   std::vector<int32_t> decode_greedy(const std::vector<int32_t>& first, int64_t n);
+  // Captures (without running) the graphs decode_greedy replays — one step, and groups of eight
+  // steps as one graph — once a decode step has run, so that a timed decode_greedy only replays.
+  // Otherwise they are captured on first use.
+  void prepare_decode_graphs();
 
   // decode_greedy with the decode trace on (set_decode_trace): returns the stamps, (event id, ns)
   // in the order they landed, and the tokens in `tokens`. For `zaya bench infer --trace`.

@@ -498,6 +498,8 @@ CudaInference::Impl::StepGraph& CudaInference::Impl::step_graph(int64_t steps) {
   StepGraph& g = steps == 1 ? one_step : k_steps;
   if (g.exec && g.batch == B) return g;
   g.drop();
+  // Captured from an idle stream (once per graph): the steps enqueued before it finish first.
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
   ZAYA_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
   try {
     for (int64_t i = 0; i < steps; i++) run_decode_step();

@@ -90,6 +90,23 @@ constexpr double kTol = 3e-2;  // of the logit scale: bf16 weights and activatio
 
 class CudaInfer : public ::testing::TestWithParam<std::string> {};
 
+// `steps` decode steps of inf against the CPU model's cache, both fed the CPU's greedy choice (so
+// the caches stay comparable); ref holds the CPU's logits so far. The steps' row errors.
+RowErrors decode_steps_against_cpu(ZayaModel& m, CudaInference& inf, InferenceCache& cache,
+                                   Tensor ref, int64_t steps) {
+  const int64_t V = m.cfg.vocab_size;
+  Tensor refs = Tensor::empty({steps, V}, DType::F32), gots = Tensor::empty({steps, V}, DType::F32);
+  for (int64_t i = 0; i < steps; i++) {
+    const float* last = ref.f32() + (ref.numel() / V - 1) * V;
+    const int32_t tok = int32_t(std::max_element(last, last + V) - last);
+    ref = m.forward({tok}, 1, 1, false, &cache);
+    Tensor got = inf.decode({tok});
+    std::copy_n(ref.f32(), V, refs.f32() + i * V);
+    std::copy_n(got.f32(), V, gots.f32() + i * V);
+  }
+  return row_errors(gots, refs, V);
+}
+
 TEST_P(CudaInfer, PrefillAndDecodeStepsMatchTheCpuCache) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
@@ -109,17 +126,7 @@ TEST_P(CudaInfer, PrefillAndDecodeStepsMatchTheCpuCache) {
   EXPECT_LE(pre.median(), kTol / 2) << "prefill: median row error";
   EXPECT_LE(pre.fraction_over(kTol), 0.25) << "prefill: rows off by more than " << kTol;
   RecordProperty("prefill_worst_row", std::to_string(rel_err(got, ref)));
-  Tensor refs = Tensor::empty({steps, V}, DType::F32), gots = Tensor::empty({steps, V}, DType::F32);
-  for (int64_t i = 0; i < steps; i++) {
-    // Feed both the same token (the CPU's greedy choice) so the caches stay comparable.
-    const float* last = ref.f32() + (ref.numel() / V - 1) * V;
-    const int32_t tok = int32_t(std::max_element(last, last + V) - last);
-    ref = m.forward({tok}, 1, 1, false, &cache);
-    got = inf.decode({tok});
-    std::copy_n(ref.f32(), V, refs.f32() + i * V);
-    std::copy_n(got.f32(), V, gots.f32() + i * V);
-  }
-  RowErrors dec = row_errors(gots, refs, V);
+  RowErrors dec = decode_steps_against_cpu(m, inf, cache, ref, steps);
   EXPECT_LE(dec.median(), kTol) << "decode: median step error";
   EXPECT_LE(dec.fraction_over(kTol), 0.25) << "decode: steps off by more than " << kTol;
   EXPECT_EQ(inf.length(), S + steps);
@@ -132,7 +139,7 @@ TEST_P(CudaInfer, ClusterAttentionDecodeMatchesTheCpuCache) {
   const std::string dir = parity_fixture(GetParam());
   ZayaModel m = ZayaModel::load(dir);
   const auto prompt = parity_prompt(dir);
-  const int64_t S = int64_t(prompt.size()), steps = 12, V = m.cfg.vocab_size;
+  const int64_t S = int64_t(prompt.size()), steps = 12;
   CudaInferOptions o;
   o.max_context = S + steps + 4;
   o.decode.attn_cluster = true;
@@ -141,16 +148,7 @@ TEST_P(CudaInfer, ClusterAttentionDecodeMatchesTheCpuCache) {
   InferenceCache cache = m.new_cache(1, S + steps + 4);
   Tensor ref = m.forward(prompt, 1, S, true, &cache);
   inf.prefill(prompt, S, true);
-  Tensor refs = Tensor::empty({steps, V}, DType::F32), gots = Tensor::empty({steps, V}, DType::F32);
-  for (int64_t i = 0; i < steps; i++) {
-    const float* last = ref.f32() + (ref.numel() / V - 1) * V;
-    const int32_t tok = int32_t(std::max_element(last, last + V) - last);
-    ref = m.forward({tok}, 1, 1, false, &cache);
-    Tensor got = inf.decode({tok});
-    std::copy_n(ref.f32(), V, refs.f32() + i * V);
-    std::copy_n(got.f32(), V, gots.f32() + i * V);
-  }
-  RowErrors dec = row_errors(gots, refs, V);
+  RowErrors dec = decode_steps_against_cpu(m, inf, cache, ref, steps);
   EXPECT_LE(dec.median(), kTol) << "decode: median step error";
   EXPECT_LE(dec.fraction_over(kTol), 0.25) << "decode: steps off by more than " << kTol;
 }

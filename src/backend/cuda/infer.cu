@@ -1016,9 +1016,7 @@ __global__ void __launch_bounds__(kW* kWarp)
   }
   // The partials: global (loaded through L2, where the other blocks' stores landed) or, for the
   // cluster, this block's shared memory.
-  auto ld_ml = [&](const float2* p) { return kCluster ? *p : __ldcg(p); };
-  auto ld_m1 = [&](const float* p) { return kCluster ? *p : __ldcg(p); };
-  auto ld_o4 = [&](const float4* p) { return kCluster ? *p : __ldcg(p); };
+  auto ld = [&](const auto* p) { return kCluster ? *p : __ldcg(p); };
   // Combine the chunks holding visible keys: per head, the weights exp(max_c − max) of the chunks
   // and the total (one warp per head, fixed lane order), then each output in chunk order.
   const int c_lo = int(lo / ch), c_hi = int(pos / ch);
@@ -1050,8 +1048,8 @@ __global__ void __launch_bounds__(kW* kWarp)
 #pragma unroll
       for (int q = 0; q < kMlPerLane; q++) {
         const int cc = c_lo + lane + q * kWarp;
-        pr[q] = cc <= c_hi ? ld_ml(reinterpret_cast<const float2*>(ml) + cc)
-                           : make_float2(-INFINITY, 0.f);
+        pr[q] =
+            cc <= c_hi ? ld(reinterpret_cast<const float2*>(ml) + cc) : make_float2(-INFINITY, 0.f);
       }
 #pragma unroll
       for (int q = 0; q < kMlPerLane; q++)
@@ -1066,11 +1064,11 @@ __global__ void __launch_bounds__(kW* kWarp)
         l += pr[q].y * w;
       }
     } else {
-      for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) mx = fmaxf(mx, ld_m1(ml + 2 * cc));
+      for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) mx = fmaxf(mx, ld(ml + 2 * cc));
       mx = warp_max(mx);
       for (int cc = c_lo + lane; cc <= c_hi; cc += kWarp) {
-        const float lc = ld_m1(ml + 2 * cc + 1);
-        const float w = lc > 0.f ? expf(ld_m1(ml + 2 * cc) - mx) : 0.f;
+        const float lc = ld(ml + 2 * cc + 1);
+        const float w = lc > 0.f ? expf(ld(ml + 2 * cc) - mx) : 0.f;
         wts[t * nchunks + cc] = w;
         l += lc * w;
       }
@@ -1099,7 +1097,7 @@ __global__ void __launch_bounds__(kW* kWarp)
 #pragma unroll 16
       for (int cc = c_lo; cc <= c_hi; cc++) {
         const float w = wts[t * nchunks + cc];
-        const float4 p = ld_o4(reinterpret_cast<const float4*>(parts + int64_t(cc) * D + e));
+        const float4 p = ld(reinterpret_cast<const float4*>(parts + int64_t(cc) * D + e));
         a.x = fmaf(p.x, w, a.x), a.y = fmaf(p.y, w, a.y), a.z = fmaf(p.z, w, a.z),
         a.w = fmaf(p.w, w, a.w);
       }
@@ -1372,50 +1370,36 @@ __global__ void __launch_bounds__(kRouterThreads)
   const float* w1p = stage ? w1 : g1;
   const float* w2p = stage ? w2 : g2;
   const float* wop = stage ? wo : out_w;
-  if constexpr (kRegs) {
+  // One MLP stage: this block's rows o of W (registers, or wp rows in shared or global memory)
+  // against the full vector in, + bias, exact GELU, the result to every block of the cluster.
+  auto mlp_stage = [&](const float(&wr)[kRouterRegRows][kRouterRegK], const float* wp,
+                       const float* in, const float* bias, float* out) {
+    if constexpr (kRegs) {
 #pragma unroll
-    for (int j = 0; j < kRouterRegRows; j++) {
-      const int o = o0 + warp + j * kRouterWarps;
-      if (o >= o1) break;
-      float s = 0.f;
+      for (int j = 0; j < kRouterRegRows; j++) {
+        const int o = o0 + warp + j * kRouterWarps;
+        if (o >= o1) break;
+        float s = 0.f;
 #pragma unroll
-      for (int i = 0; i < kRouterRegK; i++)
-        if (lane + i * kWarp < R) s = fmaf(w1r[j][i], rn[lane + i * kWarp], s);
-      s = kern::gelu_erf(warp_sum(s) + sb1[o - o0]);
-      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
+        for (int i = 0; i < kRouterRegK; i++)
+          if (lane + i * kWarp < R) s = fmaf(wr[j][i], in[lane + i * kWarp], s);
+        s = kern::gelu_erf(warp_sum(s) + bias[o - o0]);
+        for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(out + o, t) = s;
+      }
+    } else {
+      for (int o = o0 + warp; o < o1; o += kRouterWarps) {
+        const float* w = wp + int64_t(o - o0) * R;
+        float s = 0.f;
+        for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], in[k], s);
+        s = kern::gelu_erf(warp_sum(s) + bias[o - o0]);
+        for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(out + o, t) = s;
+      }
     }
-  } else {
-    for (int o = o0 + warp; o < o1; o += kRouterWarps) {
-      const float* w = w1p + int64_t(o - o0) * R;
-      float s = 0.f;
-      for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], rn[k], s);
-      s = kern::gelu_erf(warp_sum(s) + sb1[o - o0]);
-      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h1 + o, t) = s;
-    }
-  }
+  };
+  mlp_stage(w1r, w1p, rn, sb1, h1);
   cl_sync();
   trace_slot(ts, 3, DecodeTraceEvent::RouterFc1);
-  if constexpr (kRegs) {
-#pragma unroll
-    for (int j = 0; j < kRouterRegRows; j++) {
-      const int o = o0 + warp + j * kRouterWarps;
-      if (o >= o1) break;
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < kRouterRegK; i++)
-        if (lane + i * kWarp < R) s = fmaf(w2r[j][i], h1[lane + i * kWarp], s);
-      s = kern::gelu_erf(warp_sum(s) + sb2[o - o0]);
-      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
-    }
-  } else {
-    for (int o = o0 + warp; o < o1; o += kRouterWarps) {
-      const float* w = w2p + int64_t(o - o0) * R;
-      float s = 0.f;
-      for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], h1[k], s);
-      s = kern::gelu_erf(warp_sum(s) + sb2[o - o0]);
-      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(h2 + o, t) = s;
-    }
-  }
+  mlp_stage(w2r, w2p, h1, sb2, h2);
   cl_sync();  // no remote access after this: the other blocks may exit
   trace_slot(ts, 4, DecodeTraceEvent::RouterFc2);
   if (q != 0) return;

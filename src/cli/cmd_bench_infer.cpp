@@ -40,7 +40,8 @@ struct BenchInferArgs {
   double copy_gbs = 4200.0;
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
-      router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs;
+      router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
+      fused_ends, lm_head_l2, fuse_cca;
   uint64_t seed = 1234;
 };
 
@@ -147,7 +148,8 @@ int run(const BenchInferArgs& a) {
     const std::vector<int>* values;  // the option's values (empty: the default's only)
     int dflt;                        // the default tuning's value
     void (*apply)(cuda::DecodeTuning&, int);
-    bool count;  // printed as a number (0: auto) rather than yes/no
+    bool count;                 // printed as a number rather than yes/no
+    const char* zero = "auto";  // how a count of 0 is printed
   };
   const cuda::DecodeTuning dflt;
   const std::vector<Axis> axes = {
@@ -177,6 +179,12 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.oproj_early_trigger = v != 0; }, false},
       {"gemv_stage_x", &a.gemv_stage_x, dflt.gemv_stage_x,
        [](cuda::DecodeTuning& t, int v) { t.gemv_stage_x = v != 0; }, false},
+      {"fused_step_ends", &a.fused_ends, dflt.fused_step_ends,
+       [](cuda::DecodeTuning& t, int v) { t.fused_step_ends = v != 0; }, false},
+      {"fuse_cca", &a.fuse_cca, dflt.fuse_cca,
+       [](cuda::DecodeTuning& t, int v) { t.fuse_cca = v != 0; }, false},
+      {"lm_head_l2_mib", &a.lm_head_l2, dflt.lm_head_l2_mib,
+       [](cuda::DecodeTuning& t, int v) { t.lm_head_l2_mib = v; }, true, "none"},
   };
   nlohmann::json variants = nlohmann::json::array();
   if (std::any_of(axes.begin(), axes.end(), [](const Axis& x) { return !x.values->empty(); })) {
@@ -209,7 +217,7 @@ int run(const BenchInferArgs& a) {
         const bool shown = !axes[i].values->empty();
         if (axes[i].count) {
           row[axes[i].key] = c[i];
-          if (shown) std::printf(" %*s", w, c[i] ? std::to_string(c[i]).c_str() : "auto");
+          if (shown) std::printf(" %*s", w, c[i] ? std::to_string(c[i]).c_str() : axes[i].zero);
         } else {
           row[axes[i].key] = c[i] != 0;
           if (shown) std::printf(" %*s", w, c[i] ? "yes" : "no");
@@ -378,6 +386,18 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--gemv-stage-x", a.gemv_stage_x,
          "also time decode with the q|k|v and o GEMVs copying their input rows into shared "
          "memory once per block (1), or every warp reading them from global memory (0)");
+  on_off("--fused-ends", a.fused_ends,
+         "also time decode with the step's ends in fewer launches (the embedding with the first "
+         "norm; the LM head with its argmax and one launch committing the token) (1), or as "
+         "separate launches (0)");
+  on_off("--fuse-cca", a.fuse_cca,
+         "also time decode with the CCA convolutions and finish as one launch per head (1), or "
+         "as two launches (0)");
+  app.add_option("--lm-head-l2", a.lm_head_l2,
+                 "also time decode with this many MiB of the LM head's first rows kept in L2 "
+                 "across steps (0: none; clamped to the device's persisting set-aside)")
+      ->delimiter(',')
+      ->check(CLI::Range(0, 1024));
   on_off("--router-stage", a.router_stage,
          "also time decode with the router's MLP rows staged in shared memory (1) or read "
          "where they are (0)");

@@ -21,6 +21,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/infer_cuda.h"
 #include "backend/cuda/infer_kernels.h"
+#include "backend/cuda/ops.h"
 #include "gpu_test_util.h"
 #include "io/safetensors.h"
 #include "model/generate.h"
@@ -358,9 +359,11 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
        {DecodeTraceEvent::Router, DecodeTraceEvent::RouterSums, DecodeTraceEvent::RouterDown,
         DecodeTraceEvent::RouterFc1, DecodeTraceEvent::RouterFc2, DecodeTraceEvent::RouterLogits,
         DecodeTraceEvent::RouterSelect, DecodeTraceEvent::ExpertSwiglu,
-        DecodeTraceEvent::ExpertDown, DecodeTraceEvent::Attention, DecodeTraceEvent::CcaConv,
-        DecodeTraceEvent::CcaFinish})
+        DecodeTraceEvent::ExpertDown, DecodeTraceEvent::Attention, DecodeTraceEvent::CcaFinish})
     EXPECT_EQ(per_step(e), n * NL) << decode_trace_event_name(e);
+  // The convolutions run inside the finish's launch (DecodeTuning::fuse_cca, the default).
+  ASSERT_TRUE(DecodeTuning{}.fuse_cca);
+  EXPECT_EQ(per_step(DecodeTraceEvent::CcaConv), 0);
   EXPECT_EQ(per_step(DecodeTraceEvent::Gemv), n * (2 * NL + 1));  // q|k|v, o; the LM head
   EXPECT_EQ(per_step(DecodeTraceEvent::Norm), n * (2 * NL + 1));  // two a layer; the first
   // Within a layer the router's stamps follow each other in stage order.
@@ -389,13 +392,20 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
       {"post-MLP norm folded into the q|k|v GEMV", [](DecodeTuning& t) { t.fold_qkv_norm = true; }},
       {"attention partials staged for the combine",
        [](DecodeTuning& t) { t.attn_stage_combine = true; }},
-      {"router MLP rows read where they are", [](DecodeTuning& t) { t.router_stage = false; }},
+      {"router MLP rows read where they are",
+       [](DecodeTuning& t) { t.router_stage = t.router_mlp_regs = false; }},
       {"router blocks one per SM", [](DecodeTuning& t) { t.router_one_per_sm = true; }},
-      {"router MLP rows in registers", [](DecodeTuning& t) { t.router_mlp_regs = true; }},
+      {"router MLP rows in registers or staged (not the default)",
+       [](DecodeTuning& t) { t.router_mlp_regs = !t.router_mlp_regs; }},
       {"residual norms trigger their successor before or after their wait (not the default)",
        [](DecodeTuning& t) { t.norm_early_trigger = !t.norm_early_trigger; }},
       {"o projection triggers its successor before or after its wait (not the default)",
        [](DecodeTuning& t) { t.oproj_early_trigger = !t.oproj_early_trigger; }},
+      {"step ends fused or as separate launches (not the default)",
+       [](DecodeTuning& t) { t.fused_step_ends = !t.fused_step_ends; }},
+      {"CCA convolutions and finish fused or as two launches (not the default)",
+       [](DecodeTuning& t) { t.fuse_cca = !t.fuse_cca; }},
+      {"LM head rows kept in L2", [](DecodeTuning& t) { t.lm_head_l2_mib = 16; }},
       {"no early triggers",
        [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
       {"GEMV inputs staged in shared memory", [](DecodeTuning& t) { t.gemv_stage_x = true; }},
@@ -788,6 +798,82 @@ TEST(CudaDecodeKernels, ConvMatchesTheHostReference) {
   }
 }
 
+// The CCA convolutions and finish in one launch (decode_conv_finish, DecodeTuning::fuse_cca)
+// against decode_conv followed by decode_qkv_finish, bit for bit: q, both caches (the whole
+// buffers), the delayed-value state and the advanced history; rows at different positions, the
+// register forms of the grouped conv (d·t1 = 256, 128) and its lane-strided form (d·t1 = 64, 32),
+// full and partial rotary dims.
+TEST(CudaDecodeKernels, FusedCcaEqualsConvThenFinish) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    int64_t M, Hq, Hkv, d, t0, t1, r;
+  };
+  const std::vector<Case> cases = {{1, 8, 2, 128, 2, 2, 64}, {8, 8, 2, 128, 2, 2, 128},
+                                   {3, 4, 2, 32, 2, 2, 16},  {2, 4, 2, 64, 2, 2, 64},
+                                   {1, 2, 1, 32, 2, 1, 32},  {2, 2, 2, 64, 3, 1, 32}};
+  std::mt19937_64 g(73);
+  for (const Case& c : cases) {
+    const int64_t M = c.M, Hq = c.Hq, Hkv = c.Hkv, d = c.d, t0 = c.t0, t1 = c.t1, r = c.r;
+    const int64_t QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2, ld = C + KD + 8;
+    const int64_t P = (t0 - 1) + (t1 - 1), K = d * t1, cap = 8;
+    SCOPED_TRACE("M " + std::to_string(M) + " Hq " + std::to_string(Hq) + " d " +
+                 std::to_string(d) + " t0 " + std::to_string(t0) + " t1 " + std::to_string(t1));
+    const auto qkv = test_util::random_uniform(g, size_t(M * ld), -1.f, 1.f, true);
+    const auto hist =
+        test_util::random_uniform(g, size_t(M * std::max<int64_t>(P, 1) * C), -1.f, 1.f);
+    const auto wdw = test_util::random_uniform(g, size_t(C * t0), -1.f, 1.f);
+    const auto bdw = test_util::random_uniform(g, size_t(C), -0.1f, 0.1f);
+    const float wk = 1.7f / std::sqrt(float(K));
+    const auto wg = test_util::random_uniform(g, size_t(C * K), -wk, wk);
+    const auto bg = test_util::random_uniform(g, size_t(C), -0.1f, 0.1f);
+    const auto temp = test_util::random_uniform(g, size_t(Hkv), 0.5f, 2.f);
+    const auto vd0 = test_util::random_uniform(g, size_t(M * VH), -1.f, 1.f);
+    const auto cache0 = test_util::random_uniform(g, size_t(M * cap * KD), -1.f, 1.f, true);
+    std::vector<int32_t> len(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; m++) len[size_t(m)] = int32_t((3 * m + 1) % cap);
+    ASSERT_TRUE(decode_conv_finish_supported(M, Hq, Hkv, d, t0, t1, r, nullptr));
+    test_util::DeviceArena ar;
+    const bf16* qd = ar.up_bf16(qkv);
+    const float *wdwd = ar.up(wdw), *bdwd = ar.up(bdw), *wgd = ar.up(wg), *bgd = ar.up(bg),
+                *tempd = ar.up(temp);
+    const int32_t* lend = ar.up(len);
+    float* conv = ar.alloc<float>(size_t(M * C));
+    struct Side {
+      float *hist, *vd;
+      bf16 *kc, *vc, *q;
+    };
+    auto side = [&]() {
+      return Side{ar.up(hist), ar.up(vd0), ar.up_bf16(cache0), ar.up_bf16(cache0),
+                  ar.alloc<bf16>(size_t(M * QD))};
+    };
+    const Side ref = side(), got = side();
+    ASSERT_TRUE(qd && wdwd && bdwd && wgd && bgd && tempd && lend && conv && ref.hist && ref.vd &&
+                ref.kc && ref.vc && ref.q && got.hist && got.vd && got.kc && got.vc && got.q);
+    ASSERT_TRUE(decode_conv_finish_supported(M, Hq, Hkv, d, t0, t1, r, wgd));
+    const float theta = 10000.f;
+    decode_conv(conv, qd, ld, ref.hist, wdwd, bdwd, wgd, bgd, M, C, d, t0, t1, nullptr);
+    decode_qkv_finish(ref.q, ref.kc, ref.vc, ref.vd, ref.hist, P, conv, qd, ld, tempd, lend, cap,
+                      theta, r, M, Hq, Hkv, d, nullptr);
+    decode_conv_finish(got.q, got.kc, got.vc, got.vd, got.hist, P, qd, ld, wdwd, bdwd, wgd, bgd,
+                       tempd, lend, cap, theta, r, M, Hq, Hkv, d, t0, t1, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(test_util::download_bf16(got.q, size_t(M * QD)),
+              test_util::download_bf16(ref.q, size_t(M * QD)))
+        << "q";
+    EXPECT_EQ(test_util::download_bf16(got.kc, cache0.size()),
+              test_util::download_bf16(ref.kc, cache0.size()))
+        << "k cache";
+    EXPECT_EQ(test_util::download_bf16(got.vc, cache0.size()),
+              test_util::download_bf16(ref.vc, cache0.size()))
+        << "v cache";
+    EXPECT_EQ(test_util::download(got.vd, vd0.size()), test_util::download(ref.vd, vd0.size()))
+        << "delayed value";
+    const auto h_got = test_util::download(got.hist, hist.size());
+    EXPECT_EQ(h_got, test_util::download(ref.hist, hist.size())) << "history";
+    if (P > 0) EXPECT_NE(h_got, hist) << "the history advanced";
+  }
+}
+
 // decode_attention in one launch: against double at the bench shape (1097 keys, automatic chunks
 // of 16) and short, windowed, batched contexts, also with 16, 64 and 256 keys per chunk; a second
 // launch on the same workspace (the counters must be back at zero), with four passes' K rows
@@ -1055,6 +1141,106 @@ TEST(CudaDecodeKernels, FoldedResidualNormEqualsTheSeparateLaunches) {
               test_util::download_bf16(y_ref, size_t(M * O)));
     EXPECT_EQ(test_util::download(h_out, size_t(M * D)), test_util::download(h_ref, size_t(M * D)));
     EXPECT_EQ(test_util::download(h_in, size_t(M * D)), h0) << "h_in untouched";
+  }
+}
+
+// The step's ends in fewer launches (DecodeTuning::fused_step_ends) against the separate launches,
+// bit for bit: the LM head with its argmax folded into per-block atomics and the token commit
+// (lm_head_greedy) against gemv_bf16 + argmax_rows + advance_lengths — logits, tokens, token
+// history, lengths, and the keys left at zero for the next call — with a tie between two rows of
+// the largest logit (the lowest index wins; checked on the host too); and the embedding with the
+// first norm (decode_embed_norm) against embed_affine_fwd + decode_residual_norm, an id outside
+// the vocabulary included (a zero row, recorded as the first bad row).
+TEST(CudaDecodeKernels, FusedStepEndsEqualTheSeparateLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  std::mt19937_64 g(71);
+  struct Case {
+    int64_t M, V, D;
+  };
+  for (const Case& c : std::vector<Case>{{1, 5003, 2048}, {3, 777, 64}, {8, 4100, 256}}) {
+    const int64_t M = c.M, V = c.V, D = c.D, cap = 6;
+    SCOPED_TRACE("M " + std::to_string(M) + " V " + std::to_string(V) + " D " + std::to_string(D));
+    const float eps = 1e-5f, wd = 1.f / std::sqrt(float(D));
+    const auto x = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
+    auto W = test_util::random_uniform(g, size_t(V * D), -wd, wd, true);
+    // Rows t1 < t2 equal and aligned with row 0 of x: the largest logit of row 0, tied.
+    const int64_t t1 = V / 3, t2 = V - 2;
+    for (int64_t k = 0; k < D; k++)
+      W[size_t(t1 * D + k)] = W[size_t(t2 * D + k)] = x[size_t(k)] >= 0.f ? 0.5f : -0.5f;
+    std::vector<int32_t> len0(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; m++) len0[size_t(m)] = int32_t(m % 4);  // positions < cap − 1
+    test_util::DeviceArena ar;
+    const bf16 *xd = ar.up_bf16(x), *Wd = ar.up_bf16(W);
+    float *lg_ref = ar.alloc<float>(size_t(M * V)), *lg_f = ar.alloc<float>(size_t(M * V));
+    int32_t *ids_ref = ar.alloc<int32_t>(size_t(M)), *ids_f = ar.alloc<int32_t>(size_t(M));
+    int32_t *len_ref = ar.up(len0), *len_f = ar.up(len0);
+    const std::vector<int32_t> hist0(size_t(cap * M), -1);
+    int32_t *hist_ref = ar.up(hist0), *hist_f = ar.up(hist0);
+    void* ws = ar.alloc<char>(argmax_workspace_bytes(M));
+    auto* keys = ar.alloc<unsigned long long>(size_t(M));
+    ASSERT_TRUE(xd && Wd && lg_ref && lg_f && ids_ref && ids_f && len_ref && len_f && hist_ref &&
+                hist_f && ws && keys);
+    ASSERT_EQ(cudaMemset(keys, 0, size_t(M) * sizeof(*keys)), cudaSuccess);
+    ASSERT_TRUE(lm_head_greedy_supported(M, V, D, xd, D, Wd));
+    gemv_bf16(lg_ref, nullptr, V, xd, D, Wd, D, nullptr, M, V, D, nullptr);
+    argmax_rows(ids_ref, lg_ref, M, V, ws, nullptr, hist_ref, len_ref);
+    advance_lengths(len_ref, 1, M, nullptr);
+    for (int call = 0; call < 2; call++) {  // the second call starts from the keys the first left
+      SCOPED_TRACE("call " + std::to_string(call));
+      ASSERT_EQ(cudaMemcpy(len_f, len0.data(), size_t(M) * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(hist_f, hist0.data(), hist0.size() * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+      lm_head_greedy(lg_f, xd, D, Wd, M, V, D, keys, ids_f, hist_f, len_f, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto lg = test_util::download(lg_f, size_t(M * V));
+      EXPECT_EQ(lg, test_util::download(lg_ref, size_t(M * V))) << "logits";
+      const auto ids = test_util::download(ids_f, size_t(M));
+      EXPECT_EQ(ids, test_util::download(ids_ref, size_t(M))) << "tokens";
+      EXPECT_EQ(test_util::download(hist_f, hist0.size()),
+                test_util::download(hist_ref, hist0.size()))
+          << "token history";
+      EXPECT_EQ(test_util::download(len_f, size_t(M)), test_util::download(len_ref, size_t(M)))
+          << "lengths";
+      EXPECT_EQ(test_util::download(keys, size_t(M)), std::vector<unsigned long long>(size_t(M)))
+          << "keys back at zero";
+      for (int64_t m = 0; m < M; m++) {  // the host's first maximum of the downloaded logits
+        const auto row = lg.begin() + m * V;
+        EXPECT_EQ(ids[size_t(m)], int32_t(std::max_element(row, row + V) - row)) << "row " << m;
+      }
+      EXPECT_EQ(ids[0], int32_t(t1)) << "the tie goes to the lower index";
+      EXPECT_EQ(lg[size_t(t1)], lg[size_t(t2)]);
+    }
+
+    // The embedding and the first norm; row 1 (when there is one) has an id past the vocabulary.
+    const auto table = test_util::random_uniform(g, size_t(V * D), -1.f, 1.f, true);
+    const auto es = test_util::random_uniform(g, size_t(D), 0.5f, 1.5f);
+    const auto eb = test_util::random_uniform(g, size_t(D), -0.1f, 0.1f);
+    const auto nw = test_util::random_uniform(g, size_t(D), 0.5f, 1.5f);
+    std::vector<int32_t> tok(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; m++) tok[size_t(m)] = int32_t((m * 7919 + 5) % V);
+    if (M > 1) tok[1] = int32_t(V);
+    const bf16* td = ar.up_bf16(table);
+    const float *esd = ar.up(es), *ebd = ar.up(eb), *nwd = ar.up(nw);
+    const int32_t* tokd = ar.up(tok);
+    float *h_ref = ar.alloc<float>(size_t(M * D)), *h_f = ar.alloc<float>(size_t(M * D));
+    bf16 *y_ref = ar.alloc<bf16>(size_t(M * D)), *y_f = ar.alloc<bf16>(size_t(M * D));
+    int32_t* bad = ar.alloc<int32_t>(2);
+    ASSERT_TRUE(td && esd && ebd && nwd && tokd && h_ref && h_f && y_ref && y_f && bad);
+    ASSERT_EQ(cudaMemset(bad, 0, 8), cudaSuccess);
+    ASSERT_TRUE(decode_embed_norm_supported(D, {h_f, y_f, td, esd, ebd, nwd}));
+    embed_affine_fwd(h_ref, tokd, td, esd, ebd, bad, M, D, V, nullptr);
+    decode_residual_norm(h_ref, y_ref, nullptr, nullptr, nullptr, nullptr, nullptr, nwd, eps, M, D,
+                         nullptr);
+    decode_embed_norm(h_f, y_f, tokd, td, esd, ebd, bad + 1, nwd, eps, M, D, V, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(test_util::download(h_f, size_t(M * D)), test_util::download(h_ref, size_t(M * D)))
+        << "h";
+    EXPECT_EQ(test_util::download_bf16(y_f, size_t(M * D)),
+              test_util::download_bf16(y_ref, size_t(M * D)))
+        << "y";
+    const auto flags = test_util::download(bad, 2);
+    EXPECT_EQ(flags[1], flags[0]) << "bad-id flags";
+    EXPECT_EQ(flags[1], M > 1 ? 2 : 0);
   }
 }
 

@@ -9,16 +9,21 @@
 # 2. times `zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64` with the new
 #    and base binaries, alternating, ROUNDS (3) times each: the change's effect on the step, with
 #    the GPU's drift shared by both sides;
-# 3. with the new binary: the decode variants of $VARIANTS (default "--attn-cluster 0,1
-#    --router-regs 0,1") and the ablation; with the trace binary: the same run with --trace (the
+# 3. with the new binary: the decode variants of $VARIANTS (default "--fused-ends 0,1
+#    --lm-head-l2 0,32") and the ablation; with the trace binary: the same run with --trace (the
 #    graph step kernel by kernel).
-# Results in $OUT (default ./decode_ab_out): summary.txt and every log.
+# Results in $OUT (default ./decode_ab_out): summary.txt, bench_infer_new.json and logs.tgz (every
+# log).
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root" || exit 1
 OUT="${OUT:-$root/decode_ab_out}"
 mkdir -p "$OUT"
 summary="$OUT/summary.txt"
+# Every log goes into one archive at the end ($OUT/logs.tgz): the device tool returns few files.
+LOGS="$OUT/logs"
+mkdir -p "$LOGS"
+trap 'tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$LOGS"' EXIT
 note() { echo "$*" | tee -a "$summary"; }
 note "# decode_ab on $(hostname) at $(date -u +%FT%TZ), commit $(cat COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)${BASE:+, base $(cat "$BASE/COMMIT" 2>/dev/null || echo "$BASE")}"
 if compgen -G ".debs/*.deb" >/dev/null; then
@@ -31,8 +36,8 @@ build() {  # build NAME SOURCE TRACE(ON|OFF) TESTS(ON|OFF)
   # shellcheck disable=SC2086
   cmake -S "$2" -B "$root/build-ab-$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DZAYA_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=OFF -DZAYA_TESTS="$4" -DZAYA_DECODE_TRACE="$3" \
-    >"$OUT/configure_$1.log" 2>&1 &&
-    ninja -C "$root/build-ab-$1" -j16 $targets >"$OUT/build_$1.log" 2>&1
+    >"$LOGS/configure_$1.log" 2>&1 &&
+    ninja -C "$root/build-ab-$1" -j16 $targets >"$LOGS/build_$1.log" 2>&1
   local rc=$?
   note "build $1 (decode trace $3, tests $4): exit $rc in $((SECONDS - t0)) s"
   return $rc
@@ -47,27 +52,27 @@ fi
 [ "${TRACE:-0}" = 1 ] && build trace . ON OFF
 if [ "$tests" = ON ]; then
   t0=$SECONDS
-  ctest --test-dir build-ab-new -L gpu --output-on-failure --timeout 120 >"$OUT/gpu_tests.log" 2>&1
-  note "gpu tests: exit $? in $((SECONDS - t0)) s; $(grep -E "tests passed|tests failed" "$OUT/gpu_tests.log")"
-  grep -E "^\s+[0-9]+ - .*Failed|\*\*\*Failed" "$OUT/gpu_tests.log" | head -20 | tee -a "$summary"
+  ctest --test-dir build-ab-new -L gpu --output-on-failure --timeout 120 >"$LOGS/gpu_tests.log" 2>&1
+  note "gpu tests: exit $? in $((SECONDS - t0)) s; $(grep -E "tests passed|tests failed" "$LOGS/gpu_tests.log")"
+  grep -E "^\s+[0-9]+ - .*Failed|\*\*\*Failed" "$LOGS/gpu_tests.log" | head -20 | tee -a "$summary"
 fi
 args=(bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64)
 step_ms() { grep "decode ms/step" "$1" | awk '{print $3}'; }
 for ((r = 0; r < ${ROUNDS:-3}; r++)); do
   for v in "${sides[@]}"; do
-    log="$OUT/infer_${v}_$r.log"
+    log="$LOGS/infer_${v}_$r.log"
     "build-ab-$v/zaya" "${args[@]}" >"$log" 2>&1
     note "round $r, $v: exit $? decode ms/step $(step_ms "$log")"
   done
 done
 # shellcheck disable=SC2086
-build-ab-new/zaya "${args[@]}" ${VARIANTS---attn-cluster 0,1 --router-regs 0,1} --ablate --json "$OUT/bench_infer_new.json" \
-  >"$OUT/infer_variants.log" 2>&1
+build-ab-new/zaya "${args[@]}" ${VARIANTS---fused-ends 0,1 --lm-head-l2 0,32} --ablate --json "$OUT/bench_infer_new.json" \
+  >"$LOGS/infer_variants.log" 2>&1
 note "variants and ablation: exit $?"
-sed -n '/# decode variants/,$p' "$OUT/infer_variants.log" | tee -a "$summary"
+sed -n '/# decode variants/,$p' "$LOGS/infer_variants.log" | tee -a "$summary"
 if [ -x build-ab-trace/zaya ]; then
-  build-ab-trace/zaya "${args[@]}" --trace >"$OUT/infer_trace.log" 2>&1
+  build-ab-trace/zaya "${args[@]}" --trace >"$LOGS/infer_trace.log" 2>&1
   note "traced run: exit $?"
-  sed -n '/# decode trace/,$p' "$OUT/infer_trace.log" | tee -a "$summary"
+  sed -n '/# decode trace/,$p' "$LOGS/infer_trace.log" | tee -a "$summary"
 fi
 note "total: $SECONDS s"

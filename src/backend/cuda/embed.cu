@@ -29,16 +29,6 @@ namespace {
 
 using namespace kern;
 
-// Keeps the smallest positive value written (0 means "nothing recorded").
-__device__ void record_first_bad(int32_t* flag, int32_t v) {
-  int32_t old = atomicAdd(flag, 0);
-  while (old == 0 || old > v) {
-    const int32_t prev = atomicCAS(flag, old, v);
-    if (prev == old) break;
-    old = prev;
-  }
-}
-
 template <int W>
 __global__ void embed_affine_fwd_kernel(float* h, const int32_t* ids, const bf16* table,
                                         const float* s, const float* b, int32_t* bad_flag,

@@ -599,37 +599,38 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
 // in wg's (ci, j) order. The history is advanced later, by decode_qkv_finish.
 constexpr int kConvWarps = 8;
 
+// Pieces shared by the two convolution kernels and the fused one below, so that they agree bit
+// for bit. u of the depthwise conv for row mm at element k = ci·t1 + j of group c0 (channel
+// c0 + ci, position j of the t1 the grouped conv reads): depthwise_at of cca.cu for a one-token
+// sequence.
+__device__ __forceinline__ float conv_depthwise(const bf16* qkv, int64_t ld, const float* hist,
+                                                const float* wdw, const float* bdw, int mm, int c,
+                                                int j, int t0, int P, int C) {
+  float s = bdw[c];
+  for (int jj = 0; jj < t0; jj++) {
+    const int pi = j + jj;
+    const float xv = pi >= P ? __bfloat162float(qkv[int64_t(mm) * ld + c])
+                             : hist[(int64_t(mm) * P + pi) * C + c];
+    s = fmaf(wdw[c * t0 + jj], xv, s);
+  }
+  return s;
+}
+
+// Weight row wr (K = d·t1 floats) of one output channel into a lane's registers (NV float4 per
+// lane at k = 4·lane + 128·i), and the channel's sums over u_s [M][K] for every row: the
+// registers (NV > 0) or a lane-strided loop over wr (NV = 0), then the butterfly warp sum.
 template <int NV>
-__global__ void __launch_bounds__(kConvWarps* kWarp)
-    decode_conv_kernel(float* y, const bf16* qkv, int64_t ld, const float* hist, const float* wdw,
-                       const float* bdw, const float* wg, const float* bg, int M, int C, int d,
-                       int t0, int t1) {
-  extern __shared__ __align__(16) float u_s[];  // [M, d·t1]
-  const int K = d * t1, P = (t0 - 1) + (t1 - 1);
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int co = blockIdx.x * kConvWarps + warp;
-  const int c0 = (blockIdx.x * kConvWarps / d) * d;
-  const float* wr = wg + int64_t(co) * K;
-  float4 wv[NV > 0 ? NV : 1];
+__device__ __forceinline__ void conv_row_load(float4 (&wv)[NV > 0 ? NV : 1], const float* wr,
+                                              int lane) {
   if constexpr (NV > 0) {
 #pragma unroll
-    for (int i = 0; i < NV; i++)
-      wv[i] = *reinterpret_cast<const float4*>(wr + 4 * lane + 4 * kWarp * i);
+    for (int i = 0; i < NV; i++) wv[i] = *reinterpret_cast<const float4*>(wr + 4 * lane + 128 * i);
   }
-  pdl_begin(DecodeTraceEvent::CcaConv);  // qkv and the history come from earlier kernels
-  for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
-    const int mm = e / K, k = e % K, ci = k / t1, j = k % t1, c = c0 + ci;
-    float s = bdw[c];  // depthwise_at of cca.cu at index j of a one-token sequence
-    for (int jj = 0; jj < t0; jj++) {
-      const int pi = j + jj;
-      const float xv = pi >= P ? __bfloat162float(qkv[int64_t(mm) * ld + c])
-                               : hist[(int64_t(mm) * P + pi) * C + c];
-      s += wdw[c * t0 + jj] * xv;
-    }
-    u_s[e] = s;
-  }
-  __syncthreads();
-  float acc[kGemvMaxRows];
+}
+template <int NV>
+__device__ __forceinline__ void conv_row_sums(float (&acc)[kGemvMaxRows],
+                                              const float4 (&wv)[NV > 0 ? NV : 1], const float* wr,
+                                              const float* u_s, int K, int M, int lane) {
 #pragma unroll
   for (int mm = 0; mm < kGemvMaxRows; mm++) acc[mm] = 0.f;
   if constexpr (NV > 0) {
@@ -659,8 +660,35 @@ __global__ void __launch_bounds__(kConvWarps* kWarp)
 #pragma unroll
   for (int mm = 0; mm < kGemvMaxRows; mm++) {
     if (mm >= M) break;
-    const float s = warp_sum(acc[mm]);
-    if (lane == 0) y[int64_t(mm) * C + co] = bg[co] + s;
+    acc[mm] = warp_sum(acc[mm]);
+  }
+}
+
+template <int NV>
+__global__ void __launch_bounds__(kConvWarps* kWarp)
+    decode_conv_kernel(float* y, const bf16* qkv, int64_t ld, const float* hist, const float* wdw,
+                       const float* bdw, const float* wg, const float* bg, int M, int C, int d,
+                       int t0, int t1) {
+  extern __shared__ __align__(16) float u_s[];  // [M, d·t1]
+  const int K = d * t1, P = (t0 - 1) + (t1 - 1);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int co = blockIdx.x * kConvWarps + warp;
+  const int c0 = (blockIdx.x * kConvWarps / d) * d;
+  const float* wr = wg + int64_t(co) * K;
+  float4 wv[NV > 0 ? NV : 1];
+  conv_row_load<NV>(wv, wr, lane);
+  pdl_begin(DecodeTraceEvent::CcaConv);  // qkv and the history come from earlier kernels
+  for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
+    const int mm = e / K, k = e % K;
+    u_s[e] = conv_depthwise(qkv, ld, hist, wdw, bdw, mm, c0 + k / t1, k % t1, t0, P, C);
+  }
+  __syncthreads();
+  float acc[kGemvMaxRows];
+  conv_row_sums<NV>(acc, wv, wr, u_s, K, M, lane);
+#pragma unroll
+  for (int mm = 0; mm < kGemvMaxRows; mm++) {
+    if (mm >= M) break;
+    if (lane == 0) y[int64_t(mm) * C + co] = bg[co] + acc[mm];
   }
 }
 
@@ -674,41 +702,21 @@ __global__ void __launch_bounds__(kConvWarps* kWarp)
 // shared memory: d + 1 floats.
 constexpr int kQkvThreads = 128;
 
-__global__ void __launch_bounds__(kQkvThreads)
-    decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache, float* vd_last,
-                             const float* conv, const bf16* qkv, int64_t ld, const float* temp,
-                             const int32_t* len, int64_t cap, float theta, int r, int Hq, int Hkv,
-                             int d, float* hist, int P) {
-  extern __shared__ float sh[];
-  pdl_begin(DecodeTraceEvent::CcaFinish);
-  const int m = blockIdx.y, hh = blockIdx.x;
-  const int G = Hq / Hkv, QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
-  const int64_t pos = len[m];
-  const bf16* row = qkv + int64_t(m) * ld;
-  const float* crow = conv + int64_t(m) * C;
-  if (hh >= Hq + Hkv) {
-    const int i = (hh - Hq - Hkv) * kQkvThreads + int(threadIdx.x);
-    if (i < VH) {  // the same thread reads vd_last[i] before it overwrites it
-      bf16* vd_dst = vcache + (int64_t(m) * cap + pos) * KD;
-      const float prev = vd_last[int64_t(m) * VH + i];
-      vd_dst[i] = row[C + i];
-      vd_dst[VH + i] = __float2bfloat16(prev);
-      vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
-    }
-    if (hist && P > 0 && i < C) {
-      float* hm = hist + int64_t(m) * P * C + i;
-      for (int p = 0; p + 1 < P; p++) hm[int64_t(p) * C] = hm[int64_t(p + 1) * C];
-      hm[int64_t(P - 1) * C] = __bfloat162float(row[i]);
-    }
-    return;
-  }
-  float* v = sh;  // [d], then the scale
+// Head hh (< Hq: query head; else key head hh − Hq) of row m after the convolutions, by the whole
+// block: the mean skip added to the head's conv outputs ch[0, d), QK-norm (first warp), RoPE at
+// position pos, stored to q_out or the cache. v: d + 1 floats of shared memory. Starts and ends
+// with every thread of the block (barriers inside).
+__device__ __forceinline__ void qkv_finish_head(bf16* q_out, bf16* kcache, const float* ch,
+                                                const bf16* row, const float* temp, int64_t pos,
+                                                int64_t cap, float theta, int r, int Hq, int Hkv,
+                                                int d, int m, int hh, float* v) {
+  const int G = Hq / Hkv, QD = Hq * d;
   // Mean skip: mq[h] = (q0[h] + k0[h/G]) / 2 added to the conv output; mk[g] = mean of its mq.
-  for (int j = threadIdx.x; j < d; j += kQkvThreads) {
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
     if (hh < Hq) {
       const float mq =
           (__bfloat162float(row[hh * d + j]) + __bfloat162float(row[QD + (hh / G) * d + j])) * 0.5f;
-      v[j] = crow[hh * d + j] + mq;
+      v[j] = ch[j] + mq;
     } else {
       const int g = hh - Hq;
       float s = 0.f;
@@ -716,7 +724,7 @@ __global__ void __launch_bounds__(kQkvThreads)
         const int h = g * G + t;
         s += (__bfloat162float(row[h * d + j]) + __bfloat162float(row[QD + g * d + j])) * 0.5f;
       }
-      v[j] = crow[QD + g * d + j] + s / float(G);
+      v[j] = ch[j] + s / float(G);
     }
   }
   __syncthreads();
@@ -735,7 +743,7 @@ __global__ void __launch_bounds__(kQkvThreads)
   const int h2 = r / 2;
   bf16* out = hh < Hq ? q_out + (int64_t(m) * Hq + hh) * d
                       : kcache + ((int64_t(m) * cap + pos) * Hkv + (hh - Hq)) * d;
-  for (int j = threadIdx.x; j < d; j += kQkvThreads) {
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
     if (j < h2) {  // the pair (j, j + h2)
       const float inv = 1.0f / powf(theta, float(2 * j) / float(r));
       const float f = float(pos) * inv;
@@ -747,6 +755,118 @@ __global__ void __launch_bounds__(kQkvThreads)
       out[j] = __float2bfloat16(v[j] * a);
     }
   }
+  __syncthreads();  // v is reused by the caller
+}
+
+// Element i < VH of row m's delayed value: the cache gets [vc | vd of the previous token] at pos,
+// vd_last this token's vd (the same thread reads vd_last[i] before it overwrites it).
+__device__ __forceinline__ void qkv_finish_value(bf16* vcache, float* vd_last, const bf16* row,
+                                                 int64_t pos, int64_t cap, int C, int KD, int m,
+                                                 int i) {
+  const int VH = KD / 2;
+  bf16* vd_dst = vcache + (int64_t(m) * cap + pos) * KD;
+  const float prev = vd_last[int64_t(m) * VH + i];
+  vd_dst[i] = row[C + i];
+  vd_dst[VH + i] = __float2bfloat16(prev);
+  vd_last[int64_t(m) * VH + i] = __bfloat162float(row[C + VH + i]);
+}
+
+// Channel c of row m's convolution history advanced by one token: its last P−1 rows moved up,
+// this token's q0|k0 value last.
+__device__ __forceinline__ void conv_hist_advance(float* hist, const bf16* row, int P, int C, int m,
+                                                  int c) {
+  float* hm = hist + int64_t(m) * P * C + c;
+  for (int p = 0; p + 1 < P; p++) hm[int64_t(p) * C] = hm[int64_t(p + 1) * C];
+  hm[int64_t(P - 1) * C] = __bfloat162float(row[c]);
+}
+
+__global__ void __launch_bounds__(kQkvThreads)
+    decode_qkv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache, float* vd_last,
+                             const float* conv, const bf16* qkv, int64_t ld, const float* temp,
+                             const int32_t* len, int64_t cap, float theta, int r, int Hq, int Hkv,
+                             int d, float* hist, int P) {
+  extern __shared__ float sh[];
+  pdl_begin(DecodeTraceEvent::CcaFinish);
+  const int m = blockIdx.y, hh = blockIdx.x;
+  const int QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
+  const int64_t pos = len[m];
+  const bf16* row = qkv + int64_t(m) * ld;
+  if (hh >= Hq + Hkv) {
+    const int i = (hh - Hq - Hkv) * kQkvThreads + int(threadIdx.x);
+    if (i < VH) qkv_finish_value(vcache, vd_last, row, pos, cap, C, KD, m, i);
+    if (hist && P > 0 && i < C) conv_hist_advance(hist, row, P, C, m, i);
+    return;
+  }
+  qkv_finish_head(q_out, kcache, conv + int64_t(m) * C + int64_t(hh) * d, row, temp, pos, cap,
+                  theta, r, Hq, Hkv, d, m, hh, sh);
+}
+
+// The convolutions and the finish in one launch (DecodeTuning::fuse_cca): block hh < Hq + Hkv
+// takes head hh's d channels (c0 = hh·d, one head group) for every row — the weight rows of its
+// channels loaded before the wait (kConvFinWarps warps, channel c0 + w + kConvFinWarps·i to warp
+// w), the depthwise conv of the group into shared memory, the group's history advanced, the grouped
+// conv (conv_row_sums, as decode_conv_kernel) into shared memory, then qkv_finish_head per row; the
+// blocks after them write the delayed values. The same bits as decode_conv + decode_qkv_finish.
+// Dynamic shared memory: M·d·t1 floats of u, M·d conv outputs, d + 1 floats.
+constexpr int kConvFinWarps = 16;
+constexpr int kConvFinMaxPerWarp = 8;  // channels per warp: d <= 128
+
+template <int NV>
+__global__ void __launch_bounds__(kConvFinWarps* kWarp)
+    decode_conv_finish_kernel(bf16* q_out, bf16* kcache, bf16* vcache, float* vd_last, float* hist,
+                              const bf16* qkv, int64_t ld, const float* wdw, const float* bdw,
+                              const float* wg, const float* bg, const float* temp,
+                              const int32_t* len, int64_t cap, float theta, int r, int M, int Hq,
+                              int Hkv, int d, int t0, int t1) {
+  extern __shared__ __align__(16) float cf_sh[];
+  const int K = d * t1, P = (t0 - 1) + (t1 - 1);
+  const int QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
+  const int hh = blockIdx.x, warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int c0 = hh * d;
+  const bool head = hh < Hq + Hkv;
+  float4 wv[kConvFinMaxPerWarp][NV > 0 ? NV : 1];
+  if (head) {
+#pragma unroll
+    for (int i = 0; i < kConvFinMaxPerWarp; i++) {
+      const int ci = warp + kConvFinWarps * i;
+      if (ci < d) conv_row_load<NV>(wv[i], wg + int64_t(c0 + ci) * K, lane);
+    }
+  }
+  pdl_begin(DecodeTraceEvent::CcaFinish);  // qkv, the history, lengths from earlier kernels
+  if (!head) {
+    const int i = (hh - Hq - Hkv) * int(blockDim.x) + int(threadIdx.x);
+    if (i < VH)
+      for (int m = 0; m < M; m++)
+        qkv_finish_value(vcache, vd_last, qkv + int64_t(m) * ld, len[m], cap, C, KD, m, i);
+    return;
+  }
+  float* u_s = cf_sh;        // [M][K]
+  float* y_s = u_s + M * K;  // [M][d]
+  float* v = y_s + M * d;    // [d + 1]
+  for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
+    const int mm = e / K, k = e % K;
+    u_s[e] = conv_depthwise(qkv, ld, hist, wdw, bdw, mm, c0 + k / t1, k % t1, t0, P, C);
+  }
+  __syncthreads();  // every read of this group's history is done: advance it
+  if (hist && P > 0)
+    for (int e = threadIdx.x; e < M * d; e += blockDim.x)
+      conv_hist_advance(hist, qkv + int64_t(e / d) * ld, P, C, e / d, c0 + e % d);
+#pragma unroll
+  for (int i = 0; i < kConvFinMaxPerWarp; i++) {
+    const int ci = warp + kConvFinWarps * i;
+    if (ci >= d) break;
+    float acc[kGemvMaxRows];
+    conv_row_sums<NV>(acc, wv[i], wg + int64_t(c0 + ci) * K, u_s, K, M, lane);
+#pragma unroll
+    for (int mm = 0; mm < kGemvMaxRows; mm++) {
+      if (mm >= M) break;
+      if (lane == 0) y_s[mm * d + ci] = bg[c0 + ci] + acc[mm];
+    }
+  }
+  __syncthreads();
+  for (int m = 0; m < M; m++)
+    qkv_finish_head(q_out, kcache, y_s + m * d, qkv + int64_t(m) * ld, temp, len[m], cap, theta, r,
+                    Hq, Hkv, d, m, hh, v);
 }
 
 // Thread-block clusters (sm_90): this block's rank, the cluster's size, a peer block's shared
@@ -1487,6 +1607,117 @@ __global__ void argmax_final_kernel(int32_t* out, const float* part_v, const int
   }
 }
 
+// The greedy step's end in two launches instead of four (DecodeTuning::fused_step_ends): the LM
+// head's GEMV reduces each block's rows to one 64-bit key per sequence, (order-preserving bits of
+// the logit) << 32 | ~index, and folds it into keys[m] with a fire-and-forget atomic max; so the
+// largest logit wins and, among equal logits, the lowest index (argmax_rows' rule; −0 counts as +0,
+// and a NaN logit outranks every number, where argmax_rows keeps whichever it met first). The
+// logits themselves are the same bits as gemv_bf16's. token_commit then turns the key into the
+// token (next input, token history), zeroes the key for the next step and advances the lengths.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i) {
+  if (v == 0.f) v = 0.f;
+  unsigned u = __float_as_uint(v);
+  u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - unsigned(i));
+}
+
+template <int M>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    gemv_argmax_kernel(float* y32, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
+                       int64_t ldw, const float* bias, int64_t O, int64_t K,
+                       unsigned long long* keys) {
+  __shared__ unsigned long long best[M][kRowsPerBlock];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + warp;
+  const bool live = o < O;
+  pdl_begin(DecodeTraceEvent::Gemv);
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) acc[m] = 0.f;
+  if (live) gemv_bf16_row<M, true>(acc, x, ldx, W + o * ldw, K, lane);
+#pragma unroll
+  for (int m = 0; m < M; m++) {
+    const float s = warp_sum(acc[m]) + (bias && live ? bias[o] : 0.f);  // as gemv_bf16_kernel
+    if (lane == 0) {
+      if (live && y32) y32[m * ldy + o] = s;
+      best[m][warp] = live ? argmax_key(s, o) : 0ull;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    unsigned long long b = 0ull;
+#pragma unroll
+    for (int w = 0; w < kRowsPerBlock; w++) b = b > best[threadIdx.x][w] ? b : best[threadIdx.x][w];
+    atomicMax(keys + threadIdx.x, b);
+  }
+}
+
+__global__ void token_commit_kernel(int32_t* ids, int32_t* hist, int32_t* len,
+                                    unsigned long long* keys, int M) {
+  pdl_begin(DecodeTraceEvent::Advance);
+  const int m = threadIdx.x;
+  if (m >= M) return;
+  const unsigned long long k = keys[m];
+  keys[m] = 0ull;
+  const int32_t tok = k == 0ull ? 0 : int32_t(0xFFFFFFFFu - unsigned(k & 0xFFFFFFFFull));
+  ids[m] = tok;
+  if (hist) hist[int64_t(len[m]) * M + m] = tok;
+  len[m] += 1;
+}
+
+// The decode step's first launch (with fused_step_ends): h = (E[id] + b)⊙s per row
+// (embed_affine_fwd; an id outside [0, V) gives a zero row and is recorded in `bad` as there), then
+// y = w ⊙ h · rstd (decode_residual_norm_kernel<true> with a = null): the same bits as the two
+// launches, with the vectors loaded before the wait.
+__global__ void __launch_bounds__(kRowThreads)
+    decode_embed_norm_kernel(float* h, bf16* y, const int32_t* ids, const bf16* table,
+                             const float* es, const float* eb, int32_t* bad, const float* w,
+                             float eps, int64_t D, int64_t V) {
+  using kern::load4;
+  __shared__ float red[kRowThreads / kWarp];
+  const int64_t m = blockIdx.x;
+  float sv[kRowVec][4], bv[kRowVec][4], wv[kRowVec][4], hv[kRowVec][4];
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    load4(es + i, sv[k]), load4(eb + i, bv[k]), load4(w + i, wv[k]);
+  }
+  pdl_begin(DecodeTraceEvent::Norm);
+  const int32_t id = ids[m];
+  const bool ok = id >= 0 && int64_t(id) < V;
+  if (!ok && threadIdx.x == 0 && bad) kern::record_first_bad(bad, int32_t(m + 1));
+  const bf16* er = table + (ok ? int64_t(id) : 0) * D;
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    load4(er + i, hv[k]);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      hv[k][e] = ok ? __fmul_rn(__fadd_rn(hv[k][e], bv[k][e]), sv[k][e]) : 0.f;
+      ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
+    }
+    kern::store4(h + m * D + i, hv[k]);
+  }
+  const float rstd = norm_rstd(block_sum_rows(ss, red), D, eps);
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    float o[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[k][e], hv[k][e]), rstd);
+    kern::store4(y + m * D + i, o);
+  }
+}
+
 __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int64_t past,
                                  int64_t cap, int64_t S, int64_t row) {
   const int64_t bt = blockIdx.x;  // b·S + t
@@ -1802,6 +2033,51 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+// Float4 pieces per lane of a grouped-conv weight row (K = d·t1 floats) in the register form of
+// decode_conv_kernel, or 0 for its lane-strided loop (other K or unaligned weights). The fused
+// kernel takes the same form, so both sum in the same order.
+int conv_nv(int64_t K, const float* wg) {
+  const int nv = aligned16(wg) && K % (4 * kWarp) == 0 ? int(K / (4 * kWarp)) : 0;
+  return nv == 1 || nv == 2 || nv == 4 ? nv : 0;
+}
+
+size_t conv_finish_smem(int64_t M, int64_t d, int64_t t1) {
+  return size_t(M * d * t1 + M * d + d + 1) * sizeof(float);
+}
+
+}  // namespace
+
+bool decode_conv_finish_supported(int64_t M, int64_t Hq, int64_t Hkv, int64_t d, int64_t t0,
+                                  int64_t t1, int64_t r, const float* wg) {
+  return M >= 1 && M <= kGemvMaxRows && Hkv >= 1 && Hq % Hkv == 0 && d >= 1 &&
+         d <= int64_t(kConvFinWarps) * kConvFinMaxPerWarp && t0 >= 1 && t1 >= 1 && r % 2 == 0 &&
+         r <= d && (Hkv * d) % 2 == 0 && conv_nv(d * t1, wg) <= 2 &&
+         conv_finish_smem(M, d, t1) <= 48 * 1024;
+}
+
+void decode_conv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
+                        int64_t P, const bf16* qkv, int64_t ld, const float* wdw_Ct0,
+                        const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
+                        const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
+                        int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, int64_t t0,
+                        int64_t t1, cudaStream_t st) {
+  check(decode_conv_finish_supported(M, Hq, Hkv, d, t0, t1, r, wg_Cdt1) && P == (t0 - 1) + (t1 - 1),
+        "decode_conv_finish: needs decode_conv_finish_supported and P = (t0 - 1) + (t1 - 1)");
+  const int64_t VH = Hkv * d / 2, threads = int64_t(kConvFinWarps) * kWarp;
+  const int64_t X = (VH + threads - 1) / threads;
+  const int nv = conv_nv(d * t1, wg_Cdt1);
+  const auto kernel = nv == 1   ? decode_conv_finish_kernel<1>
+                      : nv == 2 ? decode_conv_finish_kernel<2>
+                                : decode_conv_finish_kernel<0>;
+  launch_k(kernel, dim3(unsigned(Hq + Hkv + X)), dim3(unsigned(threads)),
+           conv_finish_smem(M, d, t1), st, q_MHd, kcache, vcache, vd_last_B, hist_BPC, qkv, ld,
+           wdw_Ct0, bdw_C, wg_Cdt1, bg_C, temp_G, len_B, cap, theta, int(r), int(M), int(Hq),
+           int(Hkv), int(d), int(t0), int(t1));
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
 void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC,
                  const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
                  int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st) {
@@ -1810,9 +2086,8 @@ void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC
   check(M >= 1 && M <= kGemvMaxRows && d % kConvWarps == 0 && C % d == 0 && t0 >= 1 && t1 >= 1 &&
             (t0 - 1) + (t1 - 1) >= 0 && smem <= 48 * 1024,
         "decode_conv: needs M <= 8, d a multiple of 8 dividing C, and M·d·t1 floats <= 48 KiB");
-  const bool vec = aligned16(wg_Cdt1) && K % (4 * kWarp) == 0;
   const unsigned grid = unsigned(C / kConvWarps);
-  const int nv = vec ? int(K / (4 * kWarp)) : 0;
+  const int nv = conv_nv(K, wg_Cdt1);
   const auto kernel = nv == 1   ? decode_conv_kernel<1>
                       : nv == 2 ? decode_conv_kernel<2>
                       : nv == 4 ? decode_conv_kernel<4>
@@ -2215,6 +2490,81 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   decode_router(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
                 scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R,
                 E1, st, lay);
+}
+
+L2Persist set_l2_persisting(size_t bytes) {
+  int dev = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp p{};
+  ZAYA_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+  L2Persist r;
+  const size_t aside = std::min(bytes, size_t(p.persistingL2CacheMaxSize));
+  ZAYA_CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, aside));
+  if (aside == 0) {
+    ZAYA_CUDA_CHECK(cudaCtxResetPersistingL2Cache());
+    return r;
+  }
+  r.bytes = std::min(bytes, size_t(p.accessPolicyMaxWindowSize));
+  r.hit_ratio = r.bytes > aside ? float(double(aside) / double(r.bytes)) : 1.f;
+  return r;
+}
+
+bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, int64_t ldx,
+                              const bf16* W) {
+  return M >= 1 && M <= kGemvMaxRows && V > 0 && V < int64_t(0xFFFFFFFFu) && D > 0 && D % 8 == 0 &&
+         ldx % 8 == 0 && aligned16(x) && aligned16(W);
+}
+
+void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
+                    int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
+                    int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist) {
+  check(lm_head_greedy_supported(M, V, D, x, ldx, W) && keys_M && ids_out && len_B,
+        "lm_head_greedy: needs lm_head_greedy_supported, the keys, the ids and the lengths");
+  // persist_bytes: the first rows of W marked to stay in L2 across launches (an access policy
+  // window on this launch; the device's persisting set-aside is set by set_l2_persisting).
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(unsigned((V + kRowsPerBlock - 1) / kRowsPerBlock));
+  cfg.blockDim = dim3(kRowsPerBlock * kWarp);
+  cfg.stream = st;
+  cudaLaunchAttribute at[2];
+  unsigned n_at = 0;
+  if (pdl_active()) {
+    at[n_at].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[n_at++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (persist.bytes > 0) {
+    at[n_at].id = cudaLaunchAttributeAccessPolicyWindow;
+    at[n_at].val.accessPolicyWindow.base_ptr = const_cast<bf16*>(W);
+    at[n_at].val.accessPolicyWindow.num_bytes =
+        std::min(persist.bytes, size_t(V) * size_t(D) * sizeof(bf16));
+    at[n_at].val.accessPolicyWindow.hitRatio = persist.hit_ratio;
+    at[n_at].val.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
+    at[n_at++].val.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
+  }
+  cfg.attrs = at;
+  cfg.numAttrs = n_at;
+  with_rows(M, [&](auto n) {
+    ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_argmax_kernel<decltype(n)::value>, logits_MV, V,
+                                       x, ldx, W, D, static_cast<const float*>(nullptr), V, D,
+                                       keys_M));
+  });
+  launch_k(token_commit_kernel, dim3(1), dim3(kWarp), 0, st, ids_out, hist, len_B, keys_M, int(M));
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+bool decode_embed_norm_supported(int64_t D, std::initializer_list<const void*> ptrs) {
+  return residual_norm_vec(D, ptrs);
+}
+
+void decode_embed_norm(float* h_MD, bf16* y_MD, const int32_t* ids_M, const bf16* table_VD,
+                       const float* s_D, const float* b_D, int32_t* bad_id_flag,
+                       const float* norm_w_D, float eps, int64_t M, int64_t D, int64_t V,
+                       cudaStream_t st) {
+  check(M >= 1 && decode_embed_norm_supported(D, {h_MD, y_MD, table_VD, s_D, b_D, norm_w_D}),
+        "decode_embed_norm: needs D a multiple of 4 up to 4096 and 16-byte aligned rows");
+  launch_k(decode_embed_norm_kernel, dim3(unsigned(M)), dim3(kRowThreads), 0, st, h_MD, y_MD, ids_M,
+           table_VD, s_D, b_D, bad_id_flag, norm_w_D, eps, D, V);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st) {

@@ -59,6 +59,9 @@ struct CudaInference::Impl {
   float* h2 = nullptr;  // decode: the residual's other buffer (DecodeTuning::fold_qkv_norm)
   void* argmax_ws = nullptr;
   unsigned* tail_ctr = nullptr;  // the fused residual norms' counters (decode_tail_counter_bytes)
+  unsigned long long* lm_keys = nullptr;  // lm_head_greedy's per-row keys (zero between steps)
+  L2Persist lm_persist;                   // DecodeTuning::lm_head_l2_mib as set on the device
+  int lm_l2_mib_set = 0;                  // the MiB it was set for
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
@@ -166,8 +169,14 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
   ZAYA_CHECK(!(t.fuse_norms && t.fold_qkv_norm),
              "cuda inference: the post-MLP residual norm is either fused into the expert launch "
              "(fuse_norms) or folded into the next q|k|v GEMV (fold_qkv_norm), not both");
+  ZAYA_CHECK(t.lm_head_l2_mib >= 0 && t.lm_head_l2_mib <= 1024,
+             "cuda inference: LM head L2 window must be 0..1024 MiB, got {}", t.lm_head_l2_mib);
   ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
              "cuda inference: decode skip mask {:#x} names no op class", t.skip);
+  if (t.lm_head_l2_mib != lm_l2_mib_set) {
+    lm_persist = set_l2_persisting(size_t(t.lm_head_l2_mib) << 20);
+    lm_l2_mib_set = t.lm_head_l2_mib;
+  }
   opt.decode = t;
   one_step.drop();
   k_steps.drop();
@@ -177,6 +186,11 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
 CudaInference::Impl::~Impl() {
   one_step.drop();
   k_steps.drop();
+  if (lm_l2_mib_set > 0) {  // give the L2 set-aside back (no throwing from a destructor)
+    cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
+    cudaCtxResetPersistingL2Cache();
+    (void)cudaGetLastError();
+  }
   if (counts_host) cudaFreeHost(counts_host);
   if (arena) cudaFree(arena);
   if (st) cudaStreamDestroy(st);
@@ -227,6 +241,7 @@ void CudaInference::Impl::plan(Carver& cv) {
   logits = cv.take<float>(logits_rows * V);
   attn_ws = cv.take<float>(int64_t(decode_attention_workspace_bytes(MB, Hq, d, cap) / 4) + 1);
   argmax_ws = cv.take<char>(int64_t(argmax_workspace_bytes(MB)));
+  lm_keys = cv.take<unsigned long long>(MB);
   tail_ctr = reinterpret_cast<unsigned*>(cv.take<float>(int64_t(decode_tail_counter_bytes() / 4)));
   ws_bytes = sort_by_expert_workspace_bytes(N, E1) + 4096;
   char* wsp = cv.take<char>(int64_t(ws_bytes));
@@ -300,6 +315,7 @@ void CudaInference::Impl::zero_cache() {
   ZAYA_CUDA_CHECK(cudaMemsetAsync(
       attn_ws, 0, decode_attention_workspace_bytes(MB, Hq, d, opt.max_context), st));
   ZAYA_CUDA_CHECK(cudaMemsetAsync(tail_ctr, 0, decode_tail_counter_bytes(), st));
+  ZAYA_CUDA_CHECK(cudaMemsetAsync(lm_keys, 0, size_t(opt.max_batch) * sizeof(*lm_keys), st));
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
   length = 0;
 }
@@ -398,9 +414,18 @@ void CudaInference::Impl::run_decode_step() {
   const int64_t M = B;
   const float eps = float(c.rms_norm_eps);
   mark("start");
-  embed_affine_fwd(h, ids, embed, in_s, in_b, bad, M, D, V, st);
-  decode_residual_norm(h, x, nullptr, nullptr, nullptr, nullptr, nullptr, L[0].ln_in, eps, M, D,
-                       st);
+  // fused_step_ends: the embedding and the first norm as one launch, the LM head's argmax folded
+  // into its GEMV and the token and lengths committed by one more (the same bits).
+  const bool fused_ends = opt.decode.fused_step_ends &&
+                          decode_embed_norm_supported(D, {h, x, embed, in_s, in_b, L[0].ln_in}) &&
+                          lm_head_greedy_supported(M, V, D, x, D, embed);
+  if (fused_ends) {
+    decode_embed_norm(h, x, ids, embed, in_s, in_b, bad, L[0].ln_in, eps, M, D, V, st);
+  } else {
+    embed_affine_fwd(h, ids, embed, in_s, in_b, bad, M, D, V, st);
+    decode_residual_norm(h, x, nullptr, nullptr, nullptr, nullptr, nullptr, L[0].ln_in, eps, M, D,
+                         st);
+  }
   mark("embedding, norms, residuals");
   const auto on = [&](DecodeOp op) { return (opt.decode.skip & (1u << unsigned(op))) == 0; };
   // fold_qkv_norm: the post-MLP residual norm of layer li − 1 runs inside layer li's q|k|v GEMV,
@@ -425,13 +450,20 @@ void CudaInference::Impl::run_decode_step() {
                 opt.decode.gemv_stage_x);
     }
     mark("qkv, o projections");
-    if (on(DecodeOp::CcaConv))
-      decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
-                  c.cca_time0, c.cca_time1, st);
-    mark("cca conv");
-    if (on(DecodeOp::CcaFinish))
-      decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
-                        opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
+    if (opt.decode.fuse_cca && on(DecodeOp::CcaConv) && on(DecodeOp::CcaFinish) &&
+        decode_conv_finish_supported(M, Hq, Hkv, d, c.cca_time0, c.cca_time1, rot, l.conv_g_w)) {
+      decode_conv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, qkv, LD, l.conv_dw_w, l.conv_dw_b,
+                         l.conv_g_w, l.conv_g_b, l.temp, len, opt.max_context, float(rs.theta), rot,
+                         M, Hq, Hkv, d, c.cca_time0, c.cca_time1, st);
+    } else {
+      if (on(DecodeOp::CcaConv))
+        decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C,
+                    d, c.cca_time0, c.cca_time1, st);
+      mark("cca conv");
+      if (on(DecodeOp::CcaFinish))
+        decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
+                          opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
+    }
     mark("cca qk-norm, rope, cache");
     if (on(DecodeOp::Attention))
       decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
@@ -470,10 +502,18 @@ void CudaInference::Impl::run_decode_step() {
     }
     mark("experts + residual norm");
   }
-  if (on(DecodeOp::LmHead)) gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
-  mark("lm head");
   // The argmax goes straight into the next step's input and into the token history at this
   // position (decode_greedy reads the history once, after its last step).
+  if (fused_ends) {
+    if (on(DecodeOp::LmHead))
+      lm_head_greedy(logits, x, D, embed, M, V, D, lm_keys, ids, tok_hist, len, st, lm_persist);
+    else
+      advance_lengths(len, 1, M, st);
+    mark("lm head, argmax, lengths");
+    return;
+  }
+  if (on(DecodeOp::LmHead)) gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
+  mark("lm head");
   argmax_rows(ids, logits, M, V, argmax_ws, st, tok_hist, len);
   advance_lengths(len, 1, M, st);
   mark("argmax, lengths");

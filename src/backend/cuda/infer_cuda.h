@@ -47,7 +47,9 @@ struct DecodeTuning {
   bool router_one_per_sm = false;
   // The router's fc1/fc2 rows and class rows loaded into registers before its wait instead of
   // staged in shared memory (DecodeRouterLayout::mlp_regs; where the sizes allow). The same bits.
-  bool router_mlp_regs = false;
+  // Measured on the H200 (8 layers, 1,097 keys, one process): 0.6421 against 0.6527 ms/step
+  // (attention split), 0.6472 against 0.6653 (attention cluster) — the default.
+  bool router_mlp_regs = true;
   // The post-attention and post-MLP residual norms in the last block of the o projection and of
   // the expert combine (true), or as launches of their own (false, the default: 0.669 against
   // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.
@@ -73,6 +75,18 @@ struct DecodeTuning {
   // requesting the same lines at once). The same bits. Measured on the H200 (one process,
   // alternating): 0.6616/0.6622 against 0.6636/0.6628 ms/step — within noise, so not the default.
   bool gemv_stage_x = false;
+  // The step's ends in fewer launches: the LM head's GEMV folds its argmax into per-block atomics
+  // and one small launch commits the token and the lengths (lm_head_greedy: two launches instead
+  // of the GEMV, two argmax passes and the length update), and the next step's embedding and first
+  // norm are one launch (decode_embed_norm). The same bits.
+  bool fused_step_ends = true;
+  // The CCA convolutions and the finish (mean skip, QK-norm, RoPE, cache writes) as one launch of
+  // one block per head (decode_conv_finish) instead of two. The same bits.
+  bool fuse_cca = true;
+  // MiB of the LM head's first rows kept in L2 across steps (a persisting access policy window on
+  // its launch, with fused_step_ends; clamped to the device's set-aside limit); 0: none. The
+  // same bits.
+  int lm_head_l2_mib = 0;
   // A timing experiment, never for real decoding: the op classes (bits 1 << DecodeOp) whose
   // launches the decode step leaves out, so that the step time without them shows what they cost
   // inside the graph. Their outputs keep stale values, so the tokens decoded are meaningless.

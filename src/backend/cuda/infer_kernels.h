@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 namespace zaya::cuda {
 
@@ -143,6 +144,19 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
                        int64_t P, const float* conv_MC, const bf16* qkv, int64_t ld,
                        const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
                        int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st);
+// decode_conv followed by decode_qkv_finish in one launch, the same bits (conv_MC is not
+// written): one block per head (its d channels are one conv group, its weight rows loaded before
+// the programmatic-dependency wait) and blocks for the delayed values. P = (t0 − 1) + (t1 − 1).
+// decode_conv_finish_supported: M <= 8, d <= 128, M·d·(t1 + 1) + d + 1 floats within 48 KiB, and
+// a grouped-conv weight layout whose register form takes at most 2 float4 per lane.
+bool decode_conv_finish_supported(int64_t M, int64_t Hq, int64_t Hkv, int64_t d, int64_t t0,
+                                  int64_t t1, int64_t r, const float* wg_Cdt1);
+void decode_conv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
+                        int64_t P, const bf16* qkv, int64_t ld, const float* wdw_Ct0,
+                        const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
+                        const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
+                        int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, int64_t t0,
+                        int64_t t1, cudaStream_t st);
 // Split-context attention of one query per sequence over keys 0..len_B[b] (causal, optional
 // sliding window), fp32 softmax, in one launch: chunk partials in ws, combined by the last block of
 // each (sequence, kv head) through a counter in ws. ws: decode_attention_workspace_bytes, zero-
@@ -185,6 +199,36 @@ void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t
 size_t argmax_workspace_bytes(int64_t M);
 void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, void* ws,
                  cudaStream_t st, int32_t* hist = nullptr, const int32_t* len_B = nullptr);
+// The greedy end of a decode step in two launches: logits = gemv_bf16 of x by W ([V, D], the tied
+// LM head; the same bits), each block folding its rows' best (logit, index) into keys_M (zero
+// before the first call; each call leaves them at zero again) with an atomic max, then one small
+// launch that writes each row's token (the largest logit, ties to the lowest index; a NaN logit
+// outranks every number) to ids_out and, when set, hist[len_B[m]·M + m], and advances len_B by
+// one — argmax_rows followed by advance_lengths(len_B, 1, M) in two launches instead of three.
+// lm_head_greedy_supported: M <= 8, D a multiple of 8, 16-byte aligned x and W rows.
+// persist (from set_l2_persisting): the first persist.bytes of W marked to stay in L2 between
+// launches (an access policy window on the GEMV launch; timing only).
+struct L2Persist {
+  size_t bytes = 0;
+  float hit_ratio = 1.f;
+};
+// Sets the device's L2 set-aside for persisting accesses to `bytes` (clamped to what the device
+// allows; 0 gives it back and clears persisting lines) and returns the window a launch may mark.
+L2Persist set_l2_persisting(size_t bytes);
+bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, int64_t ldx,
+                              const bf16* W);
+void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
+                    int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
+                    int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist = {});
+// The decode step's first launch: h = (table[ids[m]] + b)⊙s (embed_affine_fwd: an id outside
+// [0, V) gives a zero row and sets bad_id_flag to the first such row + 1), then
+// y = norm_w ⊙ h · rstd (decode_residual_norm with a null) — one launch, the same bits as the two.
+// decode_embed_norm_supported: D a multiple of 4 up to 4096 and 16-byte aligned pointers.
+bool decode_embed_norm_supported(int64_t D, std::initializer_list<const void*> ptrs);
+void decode_embed_norm(float* h_MD, bf16* y_MD, const int32_t* ids_M, const bf16* table_VD,
+                       const float* s_D, const float* b_D, int32_t* bad_id_flag,
+                       const float* norm_w_D, float eps, int64_t M, int64_t D, int64_t V,
+                       cudaStream_t st);
 // The router of decode rows in one launch (a thread-block cluster per row on sm_90): the down
 // projection r = x·W_down^T + b (x bf16 [M,D] with row stride ldx, W_down bf16 [R,D], fp32 out),
 // r += state ⊙ scale (EDA; state null in layer 0; r_MR keeps the result as the next layer's

@@ -150,6 +150,17 @@ __device__ __forceinline__ void store4(bf16* p, const float (&v)[4]) {
 }
 
 // Loads/stores W consecutive elements (W = 4: one vector access; W = 1: scalar).
+// Keeps the smallest positive value written to *flag (0 means "nothing recorded"): the first bad
+// row of a launch, whichever thread gets there first (the embedding's out-of-range ids).
+__device__ inline void record_first_bad(int32_t* flag, int32_t v) {
+  int32_t old = atomicAdd(flag, 0);
+  while (old == 0 || old > v) {
+    const int32_t prev = atomicCAS(flag, old, v);
+    if (prev == old) break;
+    old = prev;
+  }
+}
+
 template <int W, typename T>
 __device__ __forceinline__ void load_w(const T* p, float (&v)[W]) {
   if constexpr (W == 4)

@@ -406,6 +406,8 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
       {"CCA convolutions and finish fused or as two launches (not the default)",
        [](DecodeTuning& t) { t.fuse_cca = !t.fuse_cca; }},
       {"LM head rows kept in L2", [](DecodeTuning& t) { t.lm_head_l2_mib = 16; }},
+      {"expert products in one launch or two (not the default)",
+       [](DecodeTuning& t) { t.fuse_experts = !t.fuse_experts; }},
       {"no early triggers",
        [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
       {"GEMV inputs staged in shared memory", [](DecodeTuning& t) { t.gemv_stage_x = true; }},
@@ -558,6 +560,60 @@ TEST(CudaDecodeKernels, ExpertsMatchTheHostReference) {
       }
       expect_bf16_ulp("act", act_h, act_ref, act_sl);
       expect_bf16_ulp("out", out_h, out_ref, out_sl);
+    }
+}
+
+// decode_experts' one-launch form (grid barrier between the SwiGLU and down products) against the
+// two launches, bit for bit: ZAYA1-base sizes at M = 1 (one row per warp) and M = 8 (rows in a
+// grid-stride loop), skip rows of both kinds, and a small odd-sized case; every launch must leave
+// the barrier word's low 31 bits at zero, so that the next one (any grid size) reuses it.
+TEST(CudaDecodeKernels, ExpertsInOneLaunchEqualTheTwoLaunches) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::vector<ExpertCase> cases = {{1, 2048, 2048, 16, {5}},
+                                         {1, 2048, 2048, 16, {16}},
+                                         {8, 2048, 2048, 16, {3, 16, 3, 0, 15, 7, 16, 9}},
+                                         {3, 72, 40, 3, {2, 3, 0}}};
+  std::mt19937_64 g(43);
+  test_util::DeviceArena ar;
+  unsigned* bar = ar.alloc<unsigned>(1);
+  ASSERT_TRUE(bar);
+  ASSERT_EQ(cudaMemset(bar, 0, sizeof(unsigned)), cudaSuccess);
+  int launches = 0;
+  for (const ExpertCase& c : cases)
+    for (bool scaled : {true, false}) {
+      SCOPED_TRACE("M " + std::to_string(c.M) + " D " + std::to_string(c.D) + " I " +
+                   std::to_string(c.I) + " scaled " + std::to_string(scaled));
+      const int64_t M = c.M, D = c.D, I = c.I, E = c.E;
+      ASSERT_TRUE(decode_experts_fused_supported(M, D, I));
+      const auto x = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
+      const auto gu = test_util::random_uniform(g, size_t(E * 2 * I * D), -0.05f, 0.05f, true);
+      const auto dn = test_util::random_uniform(g, size_t(E * D * I), -0.05f, 0.05f, true);
+      const auto gate = test_util::random_uniform(g, size_t(M), 0.1f, 1.f);
+      test_util::DeviceArena a2;
+      bf16 *out = a2.alloc<bf16>(size_t(M * D)), *act = a2.alloc<bf16>(size_t(M * I));
+      const bf16 *xd = a2.up_bf16(x), *gud = a2.up_bf16(gu), *dnd = a2.up_bf16(dn);
+      const float* gd = a2.up(gate);
+      const int32_t* cd = a2.up(c.choice);
+      ASSERT_TRUE(out && act && xd && gud && dnd && gd && cd);
+      decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto act_two = test_util::download_bf16(act, size_t(M * I));
+      const auto out_two = test_util::download_bf16(out, size_t(M * D));
+      for (int rep = 0; rep < 2; rep++) {
+        ASSERT_EQ(cudaMemset(out, 0xff, size_t(M * D) * sizeof(bf16)), cudaSuccess);
+        ASSERT_EQ(cudaMemset(act, 0xff, size_t(M * I) * sizeof(bf16)), cudaSuccess);
+        decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, nullptr, bar);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        launches++;
+        unsigned word = 0;
+        ASSERT_EQ(cudaMemcpy(&word, bar, sizeof(word), cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(word, launches % 2 ? 0x80000000u : 0u)
+            << "barrier word after launch " << launches;
+        const auto act_one = test_util::download_bf16(act, size_t(M * I));
+        const auto out_one = test_util::download_bf16(out, size_t(M * D));
+        EXPECT_EQ(act_one, act_two) << "act, launch " << rep;  // no NaNs: the inputs are finite
+        EXPECT_EQ(out_one, out_two) << "out, launch " << rep;
+      }
     }
 }
 

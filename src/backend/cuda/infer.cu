@@ -589,6 +589,106 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   }
 }
 
+// A barrier across every block of a launch whose blocks are all resident at once (the launcher
+// sizes the grid by the occupancy calculator). `bar` is a zero-filled word: each block adds 1
+// except block 0, which adds 2^31 − (blocks − 1), so the word's top bit flips exactly when the
+// last block arrives and its low 31 bits return to zero — the next launch (any grid size) needs no
+// reset. Stores before the barrier are visible to loads after it that go through L2 (__ldcg).
+__device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ void grid_barrier(unsigned* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned nb = gridDim.x * gridDim.y * gridDim.z;
+    const bool first = (blockIdx.x | blockIdx.y | blockIdx.z) == 0;
+    __threadfence();
+    const unsigned old = atomicAdd(bar, first ? 0x80000000u - (nb - 1u) : 1u);
+    while (((old ^ ld_acquire_gpu(bar)) & 0x80000000u) == 0u) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// Both expert products in one launch (DecodeTuning::fuse_experts): every warp issues the loads of
+// its SwiGLU rows (gate and up) and of its first down-projection row right after the wait — the
+// router's choice is only known then — so the down rows stream beside the SwiGLU rows instead of
+// after the first launch completes; a grid barrier separates the two products, and each block
+// then copies act (M·I bf16, through L2) into shared memory. The grid is at most what the device
+// holds at once (the barrier needs every block resident); warps take rows in a grid-stride loop,
+// tasks (m, i) of the SwiGLU product and (m, o) of the down projection. The arithmetic per row is
+// that of expert_swiglu_kernel and expert_down_combine_kernel (the same bits). The 16-byte path
+// only (decode_experts checks).
+constexpr int kExpertFusedMinBlocks = 2;  // per SM: at most 128 registers a thread
+
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
+    expert_fused_kernel(bf16* out, bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
+                        int64_t gu_stride, const bf16* Wd, int64_t d_stride, const float* gate,
+                        const int32_t* choice, int64_t E, bool scaled, int M, int64_t D, int64_t I,
+                        unsigned* bar) {
+  extern __shared__ __align__(16) float expert_fused_sh[];  // act, [M][I] bf16
+  bf16* act_s = reinterpret_cast<bf16*>(expert_fused_sh);
+  pdl_begin(DecodeTraceEvent::ExpertSwiglu);
+  const int lane = threadIdx.x % kWarp;
+  // Index arithmetic in 32 bits (M·I and M·D are far below 2^31; decode_experts checks).
+  const int warps = int(gridDim.x) * kRowsPerBlock;
+  const int w0 = int(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kWarp;
+  const int Di = int(D), Ii = int(I), n1 = M * Ii, n2 = M * Di;
+  // This warp's first down row, loaded with the SwiGLU rows.
+  uint4 wd[kPreChunks];
+  {
+    const int m = w0 < n2 ? w0 / Di : 0, o = w0 < n2 ? w0 % Di : 0;
+    const int64_t e = choice[m];
+    const bool expert = w0 < n2 && e >= 0 && e < E;
+    load_row_pieces(wd, Wd + (expert ? e * d_stride + int64_t(o) * I : 0), I, lane, expert);
+  }
+  for (int t = w0; t < n1; t += warps) {
+    const int m = t / Ii, i = t % Ii;
+    const int64_t e = choice[m];
+    if (e < 0 || e >= E) {
+      if (lane == 0) act[m * Ii + i] = __float2bfloat16(0.f);
+      continue;
+    }
+    const bf16* Wg = Wgu + e * gu_stride + int64_t(i) * D;
+    const bf16* Wu = Wg + I * D;
+    float g[1] = {0.f}, u[1] = {0.f};
+    uint4 wg[kPreChunks], wu[kPreChunks];
+    load_row_pieces(wg, Wg, D, lane);
+    load_row_pieces(wu, Wu, D, lane);
+    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, Wg, D, lane);
+    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, Wu, D, lane);
+    const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
+    if (lane == 0) act[m * Ii + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
+  }
+  grid_barrier(bar);
+  trace_mark(trace_ptr(), DecodeTraceEvent::ExpertDown);
+  {
+    const int n8 = n1 / 8;  // I % 8 == 0
+    for (int j = threadIdx.x; j < n8; j += blockDim.x)
+      reinterpret_cast<uint4*>(act_s)[j] = __ldcg(reinterpret_cast<const uint4*>(act) + j);
+  }
+  __syncthreads();
+  for (int t = w0; t < n2; t += warps) {
+    const int m = t / Di, o = t % Di;
+    const int64_t e = choice[m];
+    const float gm = gate[m];
+    if (e < 0 || e >= E) {
+      if (lane == 0)
+        out[m * Di + o] = __float2bfloat16(scaled ? gm * __bfloat162float(x[m * ldx + o]) : 0.f);
+      continue;
+    }
+    const bf16* w = Wd + e * d_stride + int64_t(o) * I;
+    if (t != w0) load_row_pieces(wd, w, I, lane);
+    float acc[1] = {0.f};
+    gemv_bf16_row_pre<1>(acc, wd, act_s + m * Ii, I, w, I, lane);
+    const float s = warp_sum(acc[0]);
+    if (lane == 0) out[m * Di + o] = __float2bfloat16(gm * s);
+  }
+}
+
 // The CCA convolutions of decode rows (one token per sequence; its history hist [B, P, C],
 // P = (t0−1) + (t1−1)): the depthwise conv (kernel t0) at the t1 positions the grouped conv reads,
 // then y[m, co] = bg[co] + Σ_{ci<d, j<t1} wg[co, ci·t1 + j] · u[m, j, c0 + ci] over the head group
@@ -1965,7 +2065,7 @@ bool decode_pdl_active() {
 }
 
 size_t decode_tail_counter_bytes() {
-  return size_t(2 * kGemvMaxRows) * sizeof(unsigned);
+  return size_t(2 * kGemvMaxRows + 1) * sizeof(unsigned);
 }
 
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
@@ -2010,14 +2110,59 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+
+size_t expert_fused_smem(int64_t M, int64_t I) {
+  return size_t(M * I) * sizeof(bf16);
+}
+
+// Blocks of the one-launch expert kernel: one warp per row of the larger product, capped by what
+// the device holds at once (the grid barrier needs every block resident); 0 where it does not
+// apply (act larger than 48 KB of shared memory, or no block fits).
+int expert_fused_blocks(int64_t M, int64_t D, int64_t I) {
+  const size_t smem = expert_fused_smem(M, I);
+  if (smem > 48 * 1024) return 0;
+  static int cached_dev = -1;
+  static size_t cached_smem = 0;
+  static int cached_cap = 0;
+  int dev = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev != cached_dev || smem != cached_smem) {
+    int per_sm = 0, sms = 0;
+    ZAYA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, expert_fused_kernel,
+                                                                  kRowsPerBlock * kWarp, smem));
+    ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cached_dev = dev, cached_smem = smem, cached_cap = per_sm * sms;
+  }
+  const int64_t want = (std::max(M * I, M * D) + kRowsPerBlock - 1) / kRowsPerBlock;
+  return int(std::min<int64_t>(want, cached_cap));
+}
+
+}  // namespace
+
+bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I) {
+  return M >= 1 && D % 8 == 0 && I % 8 == 0 && expert_fused_blocks(M, D, I) > 0;
+}
+
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn) {
+                    const DecodeResidualNorm* rn, unsigned* fused_barrier) {
   check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
   check(!rn || M <= kGemvMaxRows, "decode_experts: the fused residual norm takes M <= 8");
   const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
                    aligned16(down_EDI) && aligned16(act_MI);
+  if (fused_barrier && !rn && vec && M * std::max(D, I) < (int64_t(1) << 30)) {
+    const int blocks = expert_fused_blocks(M, D, I);
+    if (blocks > 0) {
+      launch_k(expert_fused_kernel, dim3(unsigned(blocks)), dim3(kRowsPerBlock * kWarp),
+               expert_fused_smem(M, I), st, out_MD, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D,
+               down_EDI, D * I, gate_M, choice_M, E, skip_scaled_input, int(M), D, I,
+               fused_barrier);
+      ZAYA_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   const dim3 g1{unsigned((I + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)};
   const dim3 g2{unsigned((D + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)};
   const dim3 block(kRowsPerBlock * kWarp);

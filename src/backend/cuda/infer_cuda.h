@@ -86,6 +86,11 @@ struct DecodeTuning {
   // H200 (same run): 0.6754 against 0.6283 ms/step — ten blocks do the work that the two
   // launches spread over the whole GPU (finish to attention 11.6 µs per layer against 2.7 + 3.8).
   bool fuse_cca = false;
+  // The expert SwiGLU and down products as one launch with a grid barrier between them
+  // (decode_experts' one-launch form, where it applies; not with fuse_norms): the down rows load
+  // beside the SwiGLU rows instead of after the first launch, whose 16 MB of rows held in
+  // registers leave room for only part of the down launch's blocks. The same bits.
+  bool fuse_experts = false;
   // MiB of the LM head's first rows kept in L2 across steps (a persisting access policy window on
   // its launch, with fused_step_ends; clamped to the device's set-aside limit); 0: none. The
   // same bits. Measured slower on the H200 (same run): 32 MiB 0.6362 against 0.6283 ms/step.

@@ -72,7 +72,7 @@ void set_decode_trace(unsigned long long* buf, size_t capacity);
 // y = norm_w ⊙ h · rstd — the same bits as decode_residual_norm(h, y, a, ...). The block that
 // finishes last (per launch, or per row for the experts) does it, found through `counters`
 // (decode_tail_counter_bytes, zero-filled once; each launch leaves them at zero again; two launches
-// that may overlap must not share them).
+// that may overlap must not share them). The buffer's last word is the one-launch experts' barrier.
 struct DecodeResidualNorm {
   float* h = nullptr;
   bf16* y = nullptr;
@@ -123,10 +123,18 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 // (packed gate|up rows [E, 2I, D]), then out[m] = gate[m] · act[m]·Wd_e^T ([E, D, I]); rows whose
 // choice is the skip class (>= E) get gate[m]·x[m] (skip_scaled_input) or 0. x, act, out bf16.
 // rn (optional): the post-MLP residual norm over out, fused into the second launch (M <= 8).
+// fused_barrier (optional, without rn): both products in one launch whose blocks meet at a grid
+// barrier (the down rows then load beside the SwiGLU rows), where decode_experts_fused_supported;
+// the same bits. A zero-filled word that only this stream's expert launches use (the
+// last of the decode_tail_counter_bytes words is meant for it); every launch leaves its low 31
+// bits zero.
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn = nullptr);
+                    const DecodeResidualNorm* rn = nullptr, unsigned* fused_barrier = nullptr);
+// Whether the one-launch form applies on the current device (D, I multiples of 8, act within
+// 48 KB of shared memory, the grid resident at once); 16-byte aligned pointers are needed too.
+bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);
 
 // The CCA convolutions for one token per sequence (cca_conv_fwd with S = 1): the depthwise conv
 // (kernel t0) over hist_BPC (P = (t0−1)+(t1−1) earlier rows, fp32 [B,P,C]) and the token's q0|k0

@@ -359,7 +359,8 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
        {DecodeTraceEvent::Router, DecodeTraceEvent::RouterSums, DecodeTraceEvent::RouterDown,
         DecodeTraceEvent::RouterFc1, DecodeTraceEvent::RouterFc2, DecodeTraceEvent::RouterLogits,
         DecodeTraceEvent::RouterSelect, DecodeTraceEvent::ExpertSwiglu,
-        DecodeTraceEvent::ExpertDown, DecodeTraceEvent::Attention, DecodeTraceEvent::CcaFinish})
+        DecodeTraceEvent::ExpertDown, DecodeTraceEvent::Attention, DecodeTraceEvent::AttnPartials,
+        DecodeTraceEvent::AttnCombine, DecodeTraceEvent::CcaFinish})
     EXPECT_EQ(per_step(e), n * NL) << decode_trace_event_name(e);
   // The convolutions run inside the finish's launch with DecodeTuning::fuse_cca, in one of their
   // own without it.

@@ -90,8 +90,12 @@ __constant__ unsigned long long c_trace_cap;
 __device__ __forceinline__ unsigned long long* trace_ptr() {
   return c_trace;
 }
-__device__ __forceinline__ void trace_mark(unsigned long long* t, DecodeTraceEvent ev) {
-  if (t == nullptr || (threadIdx.x | blockIdx.x | blockIdx.y | blockIdx.z) != 0) return;
+// any_block: thread 0 of whichever block calls it (the attention's combining block), not only of
+// block (0, 0, 0).
+__device__ __forceinline__ void trace_mark(unsigned long long* t, DecodeTraceEvent ev,
+                                           bool any_block = false) {
+  if (t == nullptr || threadIdx.x != 0 || (!any_block && (blockIdx.x | blockIdx.y | blockIdx.z)))
+    return;
   unsigned long long now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   const unsigned long long i = atomicAdd(t, 1ull);
@@ -126,7 +130,7 @@ __device__ __forceinline__ void trace_slot(const TraceSlots& s, int j, DecodeTra
 __device__ __forceinline__ unsigned long long* trace_ptr() {
   return nullptr;
 }
-__device__ __forceinline__ void trace_mark(unsigned long long*, DecodeTraceEvent) {}
+__device__ __forceinline__ void trace_mark(unsigned long long*, DecodeTraceEvent, bool = false) {}
 struct TraceSlots {};
 __device__ __forceinline__ TraceSlots trace_reserve(unsigned long long*, DecodeTraceEvent) {
   return {};
@@ -1218,6 +1222,7 @@ __global__ void __launch_bounds__(kW* kWarp)
         part_o[(slot + int64_t(t) * nchunks) * D + e] = s;
     }
   }
+  trace_mark(trace_ptr(), DecodeTraceEvent::AttnPartials);  // block (0, 0, 0): chunk 0's stored
   if constexpr (kCluster) {
     // Every partial is in rank 0's shared memory once the barrier completes (release/acquire);
     // rank 0 combines, the others are done (nothing reads their shared memory).
@@ -1234,6 +1239,7 @@ __global__ void __launch_bounds__(kW* kWarp)
     __threadfence();
     if (threadIdx.x == 0) *counter = 0u;  // ready for the next launch (or graph replay)
   }
+  trace_mark(trace_ptr(), DecodeTraceEvent::AttnCombine, g == 0 && m == 0);  // (g, m) = (0, 0)
   // The partials: global (loaded through L2, where the other blocks' stores landed) or, for the
   // cluster, this block's shared memory.
   auto ld = [&](const auto* p) { return kCluster ? *p : __ldcg(p); };
@@ -2044,6 +2050,8 @@ const char* decode_trace_event_name(DecodeTraceEvent ev) {
     case DecodeTraceEvent::CcaConv: return "cca_conv";
     case DecodeTraceEvent::CcaFinish: return "cca_finish";
     case DecodeTraceEvent::Attention: return "attention";
+    case DecodeTraceEvent::AttnPartials: return "attn_partials";
+    case DecodeTraceEvent::AttnCombine: return "attn_combine";
     case DecodeTraceEvent::Norm: return "residual_norm";
     case DecodeTraceEvent::Router: return "router";
     case DecodeTraceEvent::RouterSums: return "router_sums";

@@ -44,6 +44,8 @@ enum class DecodeTraceEvent : unsigned {
   CcaConv,
   CcaFinish,
   Attention,
+  AttnPartials,  // chunk 0 of the first kv head has stored its partials (before the counter)
+  AttnCombine,   // the combining block of the first kv head starts the combine
   Norm,  // decode_residual_norm
   Router,
   RouterSums,    // the first warp's first down-projection sum done (before its cluster exchange)

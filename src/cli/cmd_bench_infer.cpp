@@ -41,7 +41,7 @@ struct BenchInferArgs {
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
-      fused_ends, lm_head_l2, fuse_cca, fuse_experts;
+      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact;
   uint64_t seed = 1234;
 };
 
@@ -183,6 +183,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.fused_step_ends = v != 0; }, false},
       {"fuse_cca", &a.fuse_cca, dflt.fuse_cca,
        [](cuda::DecodeTuning& t, int v) { t.fuse_cca = v != 0; }, false},
+      {"attn_exact_heads", &a.attn_exact, dflt.attn_exact_heads,
+       [](cuda::DecodeTuning& t, int v) { t.attn_exact_heads = v != 0; }, false},
       {"fuse_experts", &a.fuse_experts, dflt.fuse_experts,
        [](cuda::DecodeTuning& t, int v) { t.fuse_experts = v != 0; }, false},
       {"lm_head_l2_mib", &a.lm_head_l2, dflt.lm_head_l2_mib,
@@ -395,6 +397,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--fuse-cca", a.fuse_cca,
          "also time decode with the CCA convolutions and finish as one launch per head (1), or "
          "as two launches (0)");
+  on_off("--attn-exact", a.attn_exact,
+         "also time decode with the attention kernel compiled for exactly 4 query heads per kv "
+         "head (1), or for up to 8 (0)");
   on_off("--fuse-experts", a.fuse_experts,
          "also time decode with the expert SwiGLU and down products as one launch with a grid "
          "barrier (1), or as two launches (0)");

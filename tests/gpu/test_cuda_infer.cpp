@@ -407,6 +407,8 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
       {"CCA convolutions and finish fused or as two launches (not the default)",
        [](DecodeTuning& t) { t.fuse_cca = !t.fuse_cca; }},
       {"LM head rows kept in L2", [](DecodeTuning& t) { t.lm_head_l2_mib = 16; }},
+      {"attention compiled for exactly 4 heads per kv head or up to 8 (not the default)",
+       [](DecodeTuning& t) { t.attn_exact_heads = !t.attn_exact_heads; }},
       {"expert products in one launch or two (not the default)",
        [](DecodeTuning& t) { t.fuse_experts = !t.fuse_experts; }},
       {"no early triggers",
@@ -1008,6 +1010,12 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
                        true);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "partials staged for the combine";
+      // The kernel compiled for exactly 4 heads per kv head (where G = 4, d = 128; elsewhere the
+      // general one runs).
+      decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 1,
+                       false, false, true);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "compiled for 4 heads per kv head";
       expect_bf16_ulp("o", o_h, ref_d, slack);
     }
     // The cluster form (its own chunks, combined in shared memory): against the reference, and

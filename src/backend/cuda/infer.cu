@@ -1052,7 +1052,9 @@ __device__ __forceinline__ void load_bf16_vals(float (&f)[PER], const bf16* p) {
   }
 }
 
-template <int D, int kPipe, int kW, bool kCluster>
+// kG > 0: the query heads per kv head fixed at compile time (the loops over heads then hold kG
+// heads' code instead of kAttnMaxG's with a runtime bound; the same arithmetic); 0: Hq / Hkv.
+template <int D, int kPipe, int kW, bool kCluster, int kG = 0>
 __global__ void __launch_bounds__(kW* kWarp)
     decode_attn_kernel(bf16* o, float* part_o, float* part_ml, unsigned* counters, const bf16* q,
                        const bf16* kcache, const bf16* vcache, const int32_t* len, int64_t cap,
@@ -1092,7 +1094,8 @@ __global__ void __launch_bounds__(kW* kWarp)
   const int64_t pos = __ldcg(len + m);     // the new token (already in the cache) is at pos
   pdl_begin(DecodeTraceEvent::Attention);  // q and the cache come from earlier kernels
   if constexpr (kCluster) cl_wait();       // every block of the cluster has started
-  const int G = Hq / Hkv;
+  constexpr int kGMax = kG > 0 ? kG : kAttnMaxG;
+  const int G = kG > 0 ? kG : Hq / Hkv;
   const int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
   const int64_t k0 = int64_t(c) * ch;
   const int64_t kb = k0 > lo ? k0 : lo;
@@ -1142,7 +1145,7 @@ __global__ void __launch_bounds__(kW* kWarp)
       for (int p = 0; p < kPipe; p++) {
         const int j = j0 + p * kKeysPerPass + warp * 4 + grp;
 #pragma unroll
-        for (int t = 0; t < kAttnMaxG; t++) {
+        for (int t = 0; t < kGMax; t++) {
           if (t >= G) break;
           const float* qt = qs + t * D + sub * PER;
           float s = 0.f;
@@ -1180,15 +1183,15 @@ __global__ void __launch_bounds__(kW* kWarp)
     }
     __syncthreads();
     // P·V: warps split the keys, lanes the head dim; then the warps' sums are added in order.
-    float acc[kAttnMaxG][PV];
+    float acc[kGMax][PV];
 #pragma unroll
-    for (int t = 0; t < kAttnMaxG; t++)
+    for (int t = 0; t < kGMax; t++)
 #pragma unroll
       for (int e = 0; e < PV; e++) acc[t][e] = 0.f;
     // Keys in the same order as ever (warp, warp + 4, ...): the preloaded rows, then the rest.
     auto pv_key = [&](int j, const float(&vf)[PV]) {
 #pragma unroll
-      for (int t = 0; t < kAttnMaxG; t++) {
+      for (int t = 0; t < kGMax; t++) {
         if (t >= G) break;
         const float p = sc[t * ch + j];
 #pragma unroll
@@ -1205,7 +1208,7 @@ __global__ void __launch_bounds__(kW* kWarp)
       pv_key(j, vf);
     }
 #pragma unroll
-    for (int t = 0; t < kAttnMaxG; t++) {
+    for (int t = 0; t < kGMax; t++) {
       if (t >= G) break;
 #pragma unroll
       for (int e = 0; e < PV; e++) po[(warp * G + t) * D + lane * PV + e] = acc[t][e];
@@ -2393,7 +2396,7 @@ bool launch_attn_cluster(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, con
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
-                      bool stage_combine, bool cluster) {
+                      bool stage_combine, bool cluster, bool exact_heads) {
   const int64_t G = Hq / Hkv;
   check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
             (d == 32 || d == 64 || d == 128),
@@ -2431,12 +2434,14 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
       size_t(std::max<int64_t>(G * d + G * ch + kAttnWarps * G * d, combine) + 1) * sizeof(float);
   const int flag_at = int(smem / sizeof(float)) - 1;
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
-  const auto kernel = pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4, kAttnWarps, false>
-                                   : d == 64 ? decode_attn_kernel<64, 4, kAttnWarps, false>
-                                             : decode_attn_kernel<32, 4, kAttnWarps, false>)
-                                : (d == 128  ? decode_attn_kernel<128, 1, kAttnWarps, false>
-                                   : d == 64 ? decode_attn_kernel<64, 1, kAttnWarps, false>
-                                             : decode_attn_kernel<32, 1, kAttnWarps, false>);
+  const auto kernel = exact_heads && pipe == 1 && d == 128 && G == 4
+                          ? decode_attn_kernel<128, 1, kAttnWarps, false, 4>
+                      : pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4, kAttnWarps, false>
+                                     : d == 64 ? decode_attn_kernel<64, 4, kAttnWarps, false>
+                                               : decode_attn_kernel<32, 4, kAttnWarps, false>)
+                                  : (d == 128  ? decode_attn_kernel<128, 1, kAttnWarps, false>
+                                     : d == 64 ? decode_attn_kernel<64, 1, kAttnWarps, false>
+                                               : decode_attn_kernel<32, 1, kAttnWarps, false>);
   if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_k(kernel, grid, dim3(kAttnThreads), smem, st, o_MHd, part_o, part_ml, counters, q_MHd,
            kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at, int(stage),

@@ -468,7 +468,7 @@ void CudaInference::Impl::run_decode_step() {
     if (on(DecodeOp::Attention))
       decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
                        opt.decode.attn_chunk, opt.decode.attn_pipe, opt.decode.attn_stage_combine,
-                       opt.decode.attn_cluster);
+                       opt.decode.attn_cluster, opt.decode.attn_exact_heads);
     mark("attention");
     // The o projection, then the post-attention residual + norm; the experts, then the post-MLP
     // residual + norm (into the next layer's input norm). With fuse_norms each norm runs in the

@@ -86,6 +86,11 @@ struct DecodeTuning {
   // H200 (same run): 0.6754 against 0.6283 ms/step — ten blocks do the work that the two
   // launches spread over the whole GPU (finish to attention 11.6 µs per layer against 2.7 + 3.8).
   bool fuse_cca = false;
+  // The split attention kernel compiled for the model's query heads per kv head (4, with d = 128
+  // and one pass in flight) instead of for up to 8 with a runtime bound: about half of its
+  // per-head loops' code. A measurement of how far the decode kernels' code size (the attention's
+  // is ~72 KB of SASS) shows in their latency. The same bits.
+  bool attn_exact_heads = false;
   // The expert SwiGLU and down products as one launch with a grid barrier between them
   // (decode_experts' one-launch form, where it applies; not with fuse_norms): the down rows load
   // beside the SwiGLU rows instead of after the first launch, whose 16 MB of rows held in

@@ -46,7 +46,7 @@ enum class DecodeTraceEvent : unsigned {
   Attention,
   AttnPartials,  // chunk 0 of the first kv head has stored its partials (before the counter)
   AttnCombine,   // the combining block of the first kv head starts the combine
-  Norm,  // decode_residual_norm
+  Norm,          // decode_residual_norm
   Router,
   RouterSums,    // the first warp's first down-projection sum done (before its cluster exchange)
   RouterDown,    // after the down projection and EDA (every block's v complete)
@@ -184,11 +184,14 @@ void decode_conv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_
 // schedule it or a chunk would exceed 1,024 keys. len_B is read
 // before the launch's programmatic-dependency wait: the kernel launched just before this one must
 // not write it (in a decode step only the step's last launch, advance_lengths, does).
+// exact_heads: a kernel compiled for exactly 4 query heads per kv head where that and the split
+// form with d = 128 and pipe 1 apply (smaller code; the same bits).
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
-                      int pipe = 1, bool stage_combine = false, bool cluster = false);
+                      int pipe = 1, bool stage_combine = false, bool cluster = false,
+                      bool exact_heads = false);
 // Decode rows (block per row): h = (a + hb)⊙hs + (h + rb)⊙rs in place (skipped when a is null),
 // then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
 // early_trigger: under programmatic dependent launch the next launch may start its prologue before

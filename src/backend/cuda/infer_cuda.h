@@ -89,12 +89,15 @@ struct DecodeTuning {
   // The split attention kernel compiled for the model's query heads per kv head (4, with d = 128
   // and one pass in flight) instead of for up to 8 with a runtime bound: about half of its
   // per-head loops' code. A measurement of how far the decode kernels' code size (the attention's
-  // is ~72 KB of SASS) shows in their latency. The same bits.
-  bool attn_exact_heads = false;
+  // is ~72 KB of SASS, this one 53 KB) shows in their latency. The same bits. Measured on the
+  // H200 (8 layers, 1,097 keys, one process, alternating, 2026-12-04): 0.6165/0.6158/0.6160
+  // against 0.6272/0.6255/0.6253 ms/step — the default.
+  bool attn_exact_heads = true;
   // The expert SwiGLU and down products as one launch with a grid barrier between them
   // (decode_experts' one-launch form, where it applies; not with fuse_norms): the down rows load
   // beside the SwiGLU rows instead of after the first launch, whose 16 MB of rows held in
-  // registers leave room for only part of the down launch's blocks. The same bits.
+  // registers leave room for only part of the down launch's blocks. The same bits. Measured
+  // slower on the H200 (2026-12-04): 0.6392/0.6378 against 0.6324/0.6328 ms/step.
   bool fuse_experts = false;
   // MiB of the LM head's first rows kept in L2 across steps (a persisting access policy window on
   // its launch, with fused_step_ends; clamped to the device's set-aside limit); 0: none. The

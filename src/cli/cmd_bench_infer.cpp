@@ -41,7 +41,7 @@ struct BenchInferArgs {
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
-      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact;
+      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first;
   uint64_t seed = 1234;
 };
 
@@ -187,6 +187,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.attn_exact_heads = v != 0; }, false},
       {"fuse_experts", &a.fuse_experts, dflt.fuse_experts,
        [](cuda::DecodeTuning& t, int v) { t.fuse_experts = v != 0; }, false},
+      {"weights_evict_first", &a.evict_first, dflt.weights_evict_first,
+       [](cuda::DecodeTuning& t, int v) { t.weights_evict_first = v != 0; }, false},
       {"lm_head_l2_mib", &a.lm_head_l2, dflt.lm_head_l2_mib,
        [](cuda::DecodeTuning& t, int v) { t.lm_head_l2_mib = v; }, true, "none"},
   };
@@ -403,6 +405,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--fuse-experts", a.fuse_experts,
          "also time decode with the expert SwiGLU and down products as one launch with a grid "
          "barrier (1), or as two launches (0)");
+  on_off("--evict-first", a.evict_first,
+         "also time decode with the weight streams loaded with L2 evict_first priority (1), or "
+         "the default evict_normal (0)");
   app.add_option("--lm-head-l2", a.lm_head_l2,
                  "also time decode with this many MiB of the LM head's first rows kept in L2 "
                  "across steps (0: none; clamped to the device's persisting set-aside)")

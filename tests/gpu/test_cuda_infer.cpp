@@ -411,6 +411,8 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.attn_exact_heads = !t.attn_exact_heads; }},
       {"expert products in one launch or two (not the default)",
        [](DecodeTuning& t) { t.fuse_experts = !t.fuse_experts; }},
+      {"weight streams with L2 evict_first or evict_normal (not the default)",
+       [](DecodeTuning& t) { t.weights_evict_first = !t.weights_evict_first; }},
       {"no early triggers",
        [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
       {"GEMV inputs staged in shared memory", [](DecodeTuning& t) { t.gemv_stage_x = true; }},

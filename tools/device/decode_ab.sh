@@ -12,6 +12,7 @@
 # 3. with the new binary: the decode variants of $VARIANTS (default "--fused-ends 0,1
 #    --lm-head-l2 0,32") and the ablation; with the trace binary: the same run with --trace (the
 #    graph step kernel by kernel).
+# 4. with SASS=1: the decode kernels' SASS from the new binary (cuobjdump), sass_decode.txt.gz.
 # Results in $OUT (default ./decode_ab_out): summary.txt, bench_infer_new.json and logs.tgz (every
 # log).
 set -u
@@ -74,5 +75,15 @@ if [ -x build-ab-trace/zaya ]; then
   build-ab-trace/zaya "${args[@]}" --trace >"$LOGS/infer_trace.log" 2>&1
   note "traced run: exit $?"
   sed -n '/# decode trace/,$p' "$LOGS/infer_trace.log" | tee -a "$summary"
+fi
+if [ "${SASS:-0}" = 1 ]; then
+  # The decode kernels' SASS (attention, router, GEMVs, experts, norms, conv/finish) and their
+  # resource use, for reading code size and the instruction stream next to the step times.
+  cuobjdump -sass build-ab-new/zaya 2>"$LOGS/sass.err" |
+    awk '/Function : /{keep = ($0 ~ /decode_|gemv_|expert_|token_commit|kv_append/)} keep' |
+    gzip -9 >"$OUT/sass_decode.txt.gz"
+  cuobjdump -res-usage build-ab-new/zaya 2>>"$LOGS/sass.err" |
+    grep -A1 -E "decode_|gemv_|expert_" >"$LOGS/res_usage.txt"
+  note "sass: $(zcat "$OUT/sass_decode.txt.gz" | grep -c "Function : ") decode kernels in sass_decode.txt.gz"
 fi
 note "total: $SECONDS s"

@@ -168,6 +168,29 @@ __device__ __forceinline__ void cp_async_wait_all() {
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
+// The L2 eviction priority of the decode kernels' weight streams (set_decode_weights_evict_first,
+// DecodeTuning::weights_evict_first): evict_first lets the ~1.4 GB of weights a step streams
+// through the 50 MB L2 displace each other before anything else — the kernels' code, the KV cache,
+// the activations and partials, which are read again within the step or the next one;
+// evict_normal is the hardware's default. Every weight load of the GEMV-style kernels below goes
+// through ld_weight16 with the policy each kernel reads once, before its wait (a constant-cache
+// miss after the wait would sit on its critical path). The values loaded are the same either way.
+__constant__ int c_weights_evict_first;
+__device__ __forceinline__ unsigned long long weight_policy() {
+  unsigned long long p;
+  if (c_weights_evict_first)
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+  else
+    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint4 ld_weight16(const bf16* p, unsigned long long pol) {
+  uint4 v;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p), "l"(pol));
+  return v;
+}
 // acc[m] += Σ_i w8[i] · x[m, k + i] over one 16-byte piece of weights (8 bf16), the fmaf chain in
 // element order: every GEMV variant below accumulates through this, so they agree bit for bit.
 template <int M>
@@ -193,17 +216,19 @@ constexpr int kPreChunks = 8;  // a whole row for K <= 2048
 // Lane `lane`'s first kPreChunks pieces of row w (zeros past K or when !live), all loads issued
 // before any is used: one memory round trip per row instead of one per group of unrolled pieces.
 __device__ __forceinline__ void load_row_pieces(uint4 (&wpre)[kPreChunks], const bf16* w, int64_t K,
-                                                int lane, bool live = true) {
+                                                int lane, unsigned long long pol,
+                                                bool live = true) {
 #pragma unroll
   for (int c = 0; c < kPreChunks; c++) {
     const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
-    wpre[c] = live && k < K ? *reinterpret_cast<const uint4*>(w + k) : make_uint4(0, 0, 0, 0);
+    wpre[c] = live && k < K ? ld_weight16(w + k, pol) : make_uint4(0, 0, 0, 0);
   }
 }
 
 template <int M>
 __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunks], const bf16* x,
-                                  int64_t ldx, const bf16* w, int64_t K, int lane) {
+                                  int64_t ldx, const bf16* w, int64_t K, int lane,
+                                  unsigned long long pol) {
 #pragma unroll
   for (int c = 0; c < kPreChunks; c++) {
     const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
@@ -212,7 +237,7 @@ __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunk
   }
 #pragma unroll 4
   for (int64_t k = int64_t(lane) * 8 + int64_t(kPreChunks) * kWarp * 8; k < K; k += kWarp * 8) {
-    gemv_piece<M>(acc, *reinterpret_cast<const uint4*>(w + k), x, ldx, k);
+    gemv_piece<M>(acc, ld_weight16(w + k, pol), x, ldx, k);
   }
 }
 
@@ -220,11 +245,11 @@ __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunk
 // first kPreChunks of them loaded together).
 template <int M, bool kVec>
 __device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const bf16* w, int64_t K,
-                              int lane) {
+                              int lane, unsigned long long pol) {
   if (kVec) {
     uint4 wpre[kPreChunks];
-    load_row_pieces(wpre, w, K, lane);
-    gemv_bf16_row_pre<M>(acc, wpre, x, ldx, w, K, lane);
+    load_row_pieces(wpre, w, K, lane, pol);
+    gemv_bf16_row_pre<M>(acc, wpre, x, ldx, w, K, lane, pol);
   } else {
     for (int64_t k = lane; k < K; k += kWarp) {
       const float wk = __bfloat162float(w[k]);
@@ -424,12 +449,13 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
                      int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn,
                      DecodeNormIn nin, bool early) {
   static_assert(kVec || !kPre, "the register prologue takes the 16-byte path");
+  const unsigned long long wpol = weight_policy();
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const bool live = o < O;
   const bf16* w = W + (live ? o : 0) * ldw;
   uint4 wpre[kPreChunks];
-  if constexpr (kPre) load_row_pieces(wpre, w, K, lane, live);
+  if constexpr (kPre) load_row_pieces(wpre, w, K, lane, wpol, live);
   extern __shared__ __align__(16) float gemv_norm_sh[];  // kNormIn: [5][K] floats, [M][K] bf16
   if constexpr (kNormIn) norm_in_stage(nin, K, gemv_norm_sh);
   early ? pdl_begin_early(DecodeTraceEvent::Gemv) : pdl_begin(DecodeTraceEvent::Gemv);
@@ -454,9 +480,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.f;
     if constexpr (kPre)
-      gemv_bf16_row_pre<M>(acc, wpre, x, ldx, w, K, lane);
+      gemv_bf16_row_pre<M>(acc, wpre, x, ldx, w, K, lane, wpol);
     else
-      gemv_bf16_row<M, kVec>(acc, x, ldx, w, K, lane);
+      gemv_bf16_row<M, kVec>(acc, x, ldx, w, K, lane, wpol);
 #pragma unroll
     for (int m = 0; m < M; m++) {
       const float s = warp_sum(acc[m]) + (bias ? bias[o] : 0.f);
@@ -521,6 +547,7 @@ template <bool kVec>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
                                      int64_t K) {
+  const unsigned long long wpol = weight_policy();
   pdl_begin(DecodeTraceEvent::ExpertSwiglu);
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
@@ -535,13 +562,13 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
   float g[1] = {0.f}, u[1] = {0.f};
   if constexpr (kVec) {  // both rows' loads in flight together
     uint4 wg[kPreChunks], wu[kPreChunks];
-    load_row_pieces(wg, W + i * K, K, lane);
-    load_row_pieces(wu, W + (I + i) * K, K, lane);
-    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, W + i * K, K, lane);
-    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, W + (I + i) * K, K, lane);
+    load_row_pieces(wg, W + i * K, K, lane, wpol);
+    load_row_pieces(wu, W + (I + i) * K, K, lane, wpol);
+    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, W + i * K, K, lane, wpol);
+    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, W + (I + i) * K, K, lane, wpol);
   } else {
-    gemv_bf16_row<1, kVec>(g, x + m * ldx, ldx, W + i * K, K, lane);
-    gemv_bf16_row<1, kVec>(u, x + m * ldx, ldx, W + (I + i) * K, K, lane);
+    gemv_bf16_row<1, kVec>(g, x + m * ldx, ldx, W + i * K, K, lane, wpol);
+    gemv_bf16_row<1, kVec>(u, x + m * ldx, ldx, W + (I + i) * K, K, lane, wpol);
   }
   const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
   if (lane == 0) act[m * I + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
@@ -554,6 +581,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x, const bf16* Wd,
                                int64_t d_stride, const float* gate, const int32_t* choice,
                                int64_t E, bool scaled, int64_t D, int64_t I, TailNorm tn) {
+  const unsigned long long wpol = weight_policy();
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -567,7 +595,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const bool expert = o < D && e >= 0 && e < E;
   const bf16* w = Wd + (expert ? e * d_stride + o * I : 0);
   uint4 wpre[kPreChunks];
-  if constexpr (kVec) load_row_pieces(wpre, w, I, lane, expert);
+  if constexpr (kVec) load_row_pieces(wpre, w, I, lane, wpol, expert);
   pdl_begin(DecodeTraceEvent::ExpertDown);
   if (o < D) {
     if (!expert) {
@@ -576,9 +604,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     } else {
       float acc[1] = {0.f};
       if constexpr (kVec)
-        gemv_bf16_row_pre<1>(acc, wpre, act + m * I, I, w, I, lane);
+        gemv_bf16_row_pre<1>(acc, wpre, act + m * I, I, w, I, lane, wpol);
       else
-        gemv_bf16_row<1, kVec>(acc, act + m * I, I, w, I, lane);
+        gemv_bf16_row<1, kVec>(acc, act + m * I, I, w, I, lane, wpol);
       const float s = warp_sum(acc[0]);
       if (lane == 0) out[m * D + o] = __float2bfloat16(gm * s);
     }
@@ -635,6 +663,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
                         unsigned* bar) {
   extern __shared__ __align__(16) float expert_fused_sh[];  // act, [M][I] bf16
   bf16* act_s = reinterpret_cast<bf16*>(expert_fused_sh);
+  const unsigned long long wpol = weight_policy();
   pdl_begin(DecodeTraceEvent::ExpertSwiglu);
   const int lane = threadIdx.x % kWarp;
   // Index arithmetic in 32 bits (M·I and M·D are far below 2^31; decode_experts checks).
@@ -647,7 +676,8 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
     const int m = w0 < n2 ? w0 / Di : 0, o = w0 < n2 ? w0 % Di : 0;
     const int64_t e = choice[m];
     const bool expert = w0 < n2 && e >= 0 && e < E;
-    load_row_pieces(wd, Wd + (expert ? e * d_stride + int64_t(o) * I : 0), I, lane, expert);
+    load_row_pieces(wd, Wd + (expert ? e * d_stride + int64_t(o) * I : 0), I, lane, wpol,
+                    expert);
   }
   for (int t = w0; t < n1; t += warps) {
     const int m = t / Ii, i = t % Ii;
@@ -660,10 +690,10 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
     const bf16* Wu = Wg + I * D;
     float g[1] = {0.f}, u[1] = {0.f};
     uint4 wg[kPreChunks], wu[kPreChunks];
-    load_row_pieces(wg, Wg, D, lane);
-    load_row_pieces(wu, Wu, D, lane);
-    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, Wg, D, lane);
-    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, Wu, D, lane);
+    load_row_pieces(wg, Wg, D, lane, wpol);
+    load_row_pieces(wu, Wu, D, lane, wpol);
+    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, Wg, D, lane, wpol);
+    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, Wu, D, lane, wpol);
     const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
     if (lane == 0) act[m * Ii + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
   }
@@ -685,9 +715,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
       continue;
     }
     const bf16* w = Wd + e * d_stride + int64_t(o) * I;
-    if (t != w0) load_row_pieces(wd, w, I, lane);
+    if (t != w0) load_row_pieces(wd, w, I, lane, wpol);
     float acc[1] = {0.f};
-    gemv_bf16_row_pre<1>(acc, wd, act_s + m * Ii, I, w, I, lane);
+    gemv_bf16_row_pre<1>(acc, wd, act_s + m * Ii, I, w, I, lane, wpol);
     const float s = warp_sum(acc[0]);
     if (lane == 0) out[m * Di + o] = __float2bfloat16(gm * s);
   }
@@ -1030,6 +1060,8 @@ __device__ __forceinline__ void cl_sync() {
 constexpr int kAttnWarps = 4;
 constexpr int kAttnThreads = kAttnWarps * kWarp;
 constexpr int kAttnMaxG = 8;
+constexpr int kAttnMlPerLane = 8;  // (max, sum) pairs a lane of the combine holds in registers
+constexpr int kAttnExactMaxChunks = kWarp * kAttnMlPerLane;  // the kG form's combine: one round
 constexpr int kAttnKeysPerPass = kAttnWarps * 4;
 
 template <int PER>
@@ -1255,7 +1287,10 @@ __global__ void __launch_bounds__(kW* kWarp)
   // memory (after wts and lsum, 16-byte aligned) with cp.async now, so that their round trip runs
   // beside the (max, sum) pass below instead of after it; the sums are the same either way.
   float* staged = sh + ((G * (nchunks + 1) + 3) / 4) * 4;  // [chunk - c_lo][G][D]
-  const bool stage = stage_chunks > 0 && c_hi - c_lo + 1 <= stage_chunks;
+  // The form compiled for kG heads (the decode default) carries neither the staged path nor the
+  // general (max, sum) loop below: its launcher takes it only without staging and for at most
+  // kWarp·kAttnMlPerLane chunks, so its code stays small (the code's size shows in the latency).
+  const bool stage = kG == 0 && stage_chunks > 0 && c_hi - c_lo + 1 <= stage_chunks;
   if (stage) {
     const int n4 = G * D / 4;  // 16-byte pieces per chunk (all G heads)
     for (int i = threadIdx.x; i < (c_hi - c_lo + 1) * n4; i += kThreads) {
@@ -1265,27 +1300,26 @@ __global__ void __launch_bounds__(kW* kWarp)
           part_o + ((int64_t(m) * Hq + int64_t(g) * G + t) * nchunks + c_lo + cc) * D + 4 * q4);
     }
   }
-  constexpr int kMlPerLane = 8;  // (max, sum) pairs a lane holds in registers
   for (int t = warp; t < G; t += kW) {
     const float* ml = kCluster ? cml + 2 * int64_t(t) * nchunks
                                : part_ml + 2 * ((int64_t(m) * Hq + int64_t(g) * G + t) * nchunks);
     float mx = -INFINITY, l = 0.f;
-    if (c_hi - c_lo < kWarp * kMlPerLane) {
+    if (kG > 0 || c_hi - c_lo < kWarp * kAttnMlPerLane) {
       // Each lane's (max, sum) pairs loaded once, all in flight together (8-byte loads: ml is
       // 8-byte aligned), then the same max and sum in the same order as the general path below.
-      float2 pr[kMlPerLane];
+      float2 pr[kAttnMlPerLane];
 #pragma unroll
-      for (int q = 0; q < kMlPerLane; q++) {
+      for (int q = 0; q < kAttnMlPerLane; q++) {
         const int cc = c_lo + lane + q * kWarp;
         pr[q] =
             cc <= c_hi ? ld(reinterpret_cast<const float2*>(ml) + cc) : make_float2(-INFINITY, 0.f);
       }
 #pragma unroll
-      for (int q = 0; q < kMlPerLane; q++)
+      for (int q = 0; q < kAttnMlPerLane; q++)
         if (c_lo + lane + q * kWarp <= c_hi) mx = fmaxf(mx, pr[q].x);
       mx = warp_max(mx);
 #pragma unroll
-      for (int q = 0; q < kMlPerLane; q++) {
+      for (int q = 0; q < kAttnMlPerLane; q++) {
         const int cc = c_lo + lane + q * kWarp;
         if (cc > c_hi) break;
         const float w = pr[q].y > 0.f ? expf(pr[q].x - mx) : 0.f;
@@ -1459,6 +1493,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   extern __shared__ __align__(16) float sh[];
   cl_arrive();  // paired with the wait before the first remote write: every peer has started
   unsigned long long* const tr = trace_ptr();
+  const unsigned long long wpol = weight_policy();
   const unsigned q = cl_rank(), cs = cl_size();
   const int64_t m = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -1566,13 +1601,13 @@ __global__ void __launch_bounds__(kRouterThreads)
     const float st_b = state && has_b ? state[m * R + ob] : 0.f;
     if constexpr (kVecX) {
       uint4 pa[kPreChunks], pb[kPreChunks];
-      load_row_pieces(pa, wa, D, lane);
-      load_row_pieces(pb, wb, D, lane, has_b);
-      gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane);
-      if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane);
+      load_row_pieces(pa, wa, D, lane, wpol);
+      load_row_pieces(pb, wb, D, lane, wpol, has_b);
+      gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane, wpol);
+      if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane, wpol);
     } else {
-      gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane);
-      if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane);
+      gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane, wpol);
+      if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane, wpol);
     }
     finish_row(o, acc[0], st_a);
     if (has_b) finish_row(ob, accb[0], st_b);
@@ -1739,11 +1774,12 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + warp;
   const bool live = o < O;
+  const unsigned long long wpol = weight_policy();
   pdl_begin(DecodeTraceEvent::Gemv);
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; m++) acc[m] = 0.f;
-  if (live) gemv_bf16_row<M, true>(acc, x, ldx, W + o * ldw, K, lane);
+  if (live) gemv_bf16_row<M, true>(acc, x, ldx, W + o * ldw, K, lane, wpol);
 #pragma unroll
   for (int m = 0; m < M; m++) {
     const float s = warp_sum(acc[m]) + (bias && live ? bias[o] : 0.f);  // as gemv_bf16_kernel
@@ -2025,6 +2061,19 @@ void gemv_bf16_any(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64
 
 void set_decode_pdl(bool on) {
   g_pdl_setting = on ? 1 : 0;
+}
+
+void set_decode_weights_evict_first(bool on) {
+  // Per device; only written when it changes (a copy to the symbol synchronises with the device,
+  // and must not happen inside a stream capture).
+  static int known[64];  // 0: unknown, 1: evict_normal, 2: evict_first
+  int dev = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+  const int want = on ? 2 : 1;
+  if (dev >= 0 && dev < 64 && known[dev] == want) return;
+  const int v = on ? 1 : 0;
+  ZAYA_CUDA_CHECK(cudaMemcpyToSymbol(c_weights_evict_first, &v, sizeof(v)));
+  if (dev >= 0 && dev < 64) known[dev] = want;
 }
 
 bool decode_trace_built() {
@@ -2434,8 +2483,9 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
       size_t(std::max<int64_t>(G * d + G * ch + kAttnWarps * G * d, combine) + 1) * sizeof(float);
   const int flag_at = int(smem / sizeof(float)) - 1;
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
-  const auto kernel = exact_heads && pipe == 1 && d == 128 && G == 4
-                          ? decode_attn_kernel<128, 1, kAttnWarps, false, 4>
+  const bool exact = exact_heads && pipe == 1 && d == 128 && G == 4 && stage == 0 &&
+                     nchunks <= kAttnExactMaxChunks;
+  const auto kernel = exact ? decode_attn_kernel<128, 1, kAttnWarps, false, 4>
                       : pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4, kAttnWarps, false>
                                      : d == 64 ? decode_attn_kernel<64, 4, kAttnWarps, false>
                                                : decode_attn_kernel<32, 4, kAttnWarps, false>)

@@ -524,6 +524,7 @@ void CudaInference::Impl::run_decode_step() {
 // loading, kernel attributes), then from a graph captured for the current batch size.
 void CudaInference::Impl::decode_launch(int64_t steps) {
   ZAYA_CHECK(steps == 1 || steps == kGraphSteps, "cuda decode: {} steps in one launch", steps);
+  set_decode_weights_evict_first(opt.decode.weights_evict_first);  // read by the kernels as they run
   if (!opt.graphs || decode_steps_run == 0) {
     for (int64_t i = 0; i < steps; i++) {
       run_decode_step();

@@ -34,6 +34,12 @@ constexpr int kGemvMaxRows = 8;
 void set_decode_pdl(bool on);
 bool decode_pdl_active();  // on the current device
 
+// The L2 eviction priority of the decode kernels' weight loads on the current device: evict_first
+// (true) or the default evict_normal (false). Read by every launch when it runs (graph replays
+// included), so it applies to later launches; not inside a stream capture. The same bits either
+// way (DecodeTuning::weights_evict_first).
+void set_decode_weights_evict_first(bool on);
+
 // Where a decode kernel stamps the trace: as it passes its programmatic-dependency wait (the
 // kernel kinds), and the router also after each of its stages (cluster barriers) and its choice.
 enum class DecodeTraceEvent : unsigned {

@@ -41,7 +41,7 @@ struct BenchInferArgs {
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
-      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first;
+      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first, lm_head_pre;
   uint64_t seed = 1234;
 };
 
@@ -189,6 +189,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.fuse_experts = v != 0; }, false},
       {"weights_evict_first", &a.evict_first, dflt.weights_evict_first,
        [](cuda::DecodeTuning& t, int v) { t.weights_evict_first = v != 0; }, false},
+      {"lm_head_prefetch", &a.lm_head_pre, dflt.lm_head_prefetch,
+       [](cuda::DecodeTuning& t, int v) { t.lm_head_prefetch = v != 0; }, false},
       {"lm_head_l2_mib", &a.lm_head_l2, dflt.lm_head_l2_mib,
        [](cuda::DecodeTuning& t, int v) { t.lm_head_l2_mib = v; }, true, "none"},
   };
@@ -408,6 +410,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--evict-first", a.evict_first,
          "also time decode with the weight streams loaded with L2 evict_first priority (1), or "
          "the default evict_normal (0)");
+  on_off("--lm-head-pre", a.lm_head_pre,
+         "also time decode with the LM head's rows loaded before its dependency wait (1), or "
+         "after it (0)");
   app.add_option("--lm-head-l2", a.lm_head_l2,
                  "also time decode with this many MiB of the LM head's first rows kept in L2 "
                  "across steps (0: none; clamped to the device's persisting set-aside)")

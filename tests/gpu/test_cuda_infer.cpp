@@ -413,6 +413,13 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.fuse_experts = !t.fuse_experts; }},
       {"weight streams with L2 evict_first or evict_normal (not the default)",
        [](DecodeTuning& t) { t.weights_evict_first = !t.weights_evict_first; }},
+      {"LM head rows loaded before or after its wait (not the default)",
+       [](DecodeTuning& t) { t.lm_head_prefetch = !t.lm_head_prefetch; }},
+      {"LM head rows loaded before its wait, with evict_first weights",
+       [](DecodeTuning& t) {
+         t.lm_head_prefetch = !t.lm_head_prefetch;
+         t.weights_evict_first = !t.weights_evict_first;
+       }},
       {"no early triggers",
        [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
       {"GEMV inputs staged in shared memory", [](DecodeTuning& t) { t.gemv_stage_x = true; }},
@@ -1258,7 +1265,9 @@ TEST(CudaDecodeKernels, FusedStepEndsEqualTheSeparateLaunches) {
       ASSERT_EQ(cudaMemcpy(len_f, len0.data(), size_t(M) * 4, cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemcpy(hist_f, hist0.data(), hist0.size() * 4, cudaMemcpyHostToDevice),
                 cudaSuccess);
-      lm_head_greedy(lg_f, xd, D, Wd, M, V, D, keys, ids_f, hist_f, len_f, nullptr);
+      // The second call with the rows loaded before the wait (the same bits).
+      lm_head_greedy(lg_f, xd, D, Wd, M, V, D, keys, ids_f, hist_f, len_f, nullptr, {},
+                     call == 1);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto lg = test_util::download(lg_f, size_t(M * V));
       EXPECT_EQ(lg, test_util::download(lg_ref, size_t(M * V))) << "logits";

@@ -168,28 +168,24 @@ __device__ __forceinline__ void cp_async_wait_all() {
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
-// The L2 eviction priority of the decode kernels' weight streams (set_decode_weights_evict_first,
-// DecodeTuning::weights_evict_first): evict_first lets the ~1.4 GB of weights a step streams
-// through the 50 MB L2 displace each other before anything else — the kernels' code, the KV cache,
-// the activations and partials, which are read again within the step or the next one;
-// evict_normal is the hardware's default. Every weight load of the GEMV-style kernels below goes
-// through ld_weight16 with the policy each kernel reads once, before its wait (a constant-cache
-// miss after the wait would sit on its critical path). The values loaded are the same either way.
-__constant__ int c_weights_evict_first;
-__device__ __forceinline__ unsigned long long weight_policy() {
-  unsigned long long p;
-  if (c_weights_evict_first)
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-  else
-    asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint4 ld_weight16(const bf16* p, unsigned long long pol) {
-  uint4 v;
-  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(pol));
-  return v;
+// A 16-byte piece of a weight row. kEF (set_decode_weights_evict_first): loaded with L2
+// evict_first priority, so that the ~1.4 GB of weights a decode step streams through the 50 MB L2
+// displace each other before anything else there — the kernels' code, the KV cache, activations
+// and partials, which are read again within the step or the next one. Otherwise a plain load
+// (the hardware's default policy). The value is the same either way.
+template <bool kEF>
+__device__ __forceinline__ uint4 ld_weight16(const bf16* p) {
+  if constexpr (kEF) {
+    unsigned long long pol;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+    uint4 v;
+    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(pol));
+    return v;
+  } else {
+    return *reinterpret_cast<const uint4*>(p);
+  }
 }
 // acc[m] += Σ_i w8[i] · x[m, k + i] over one 16-byte piece of weights (8 bf16), the fmaf chain in
 // element order: every GEMV variant below accumulates through this, so they agree bit for bit.
@@ -215,20 +211,19 @@ constexpr int kPreChunks = 8;  // a whole row for K <= 2048
 
 // Lane `lane`'s first kPreChunks pieces of row w (zeros past K or when !live), all loads issued
 // before any is used: one memory round trip per row instead of one per group of unrolled pieces.
+template <bool kEF = false>
 __device__ __forceinline__ void load_row_pieces(uint4 (&wpre)[kPreChunks], const bf16* w, int64_t K,
-                                                int lane, unsigned long long pol,
-                                                bool live = true) {
+                                                int lane, bool live = true) {
 #pragma unroll
   for (int c = 0; c < kPreChunks; c++) {
     const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
-    wpre[c] = live && k < K ? ld_weight16(w + k, pol) : make_uint4(0, 0, 0, 0);
+    wpre[c] = live && k < K ? ld_weight16<kEF>(w + k) : make_uint4(0, 0, 0, 0);
   }
 }
 
-template <int M>
+template <int M, bool kEF = false>
 __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunks], const bf16* x,
-                                  int64_t ldx, const bf16* w, int64_t K, int lane,
-                                  unsigned long long pol) {
+                                  int64_t ldx, const bf16* w, int64_t K, int lane) {
 #pragma unroll
   for (int c = 0; c < kPreChunks; c++) {
     const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
@@ -237,19 +232,19 @@ __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunk
   }
 #pragma unroll 4
   for (int64_t k = int64_t(lane) * 8 + int64_t(kPreChunks) * kWarp * 8; k < K; k += kWarp * 8) {
-    gemv_piece<M>(acc, ld_weight16(w + k, pol), x, ldx, k);
+    gemv_piece<M>(acc, ld_weight16<kEF>(w + k), x, ldx, k);
   }
 }
 
 // One warp per output row o; lanes stride over K in 8-element (16-byte) pieces when `vec` (the
 // first kPreChunks of them loaded together).
-template <int M, bool kVec>
+template <int M, bool kVec, bool kEF = false>
 __device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const bf16* w, int64_t K,
-                              int lane, unsigned long long pol) {
+                              int lane) {
   if (kVec) {
     uint4 wpre[kPreChunks];
-    load_row_pieces(wpre, w, K, lane, pol);
-    gemv_bf16_row_pre<M>(acc, wpre, x, ldx, w, K, lane, pol);
+    load_row_pieces<kEF>(wpre, w, K, lane);
+    gemv_bf16_row_pre<M, kEF>(acc, wpre, x, ldx, w, K, lane);
   } else {
     for (int64_t k = lane; k < K; k += kWarp) {
       const float wk = __bfloat162float(w[k]);
@@ -443,19 +438,19 @@ __device__ bool last_block_done(unsigned* counter, unsigned blocks) {
 // memory (dynamic: the norm's vectors, then M·K bf16 of x); block 0 stores the new residual rows.
 // kStageX: the M input rows are copied into shared memory once per block after the wait and read
 // there (a template choice, so the default kernels carry none of its code or registers).
-template <int M, bool kVec, bool kPre, bool kTail, bool kNormIn = false, bool kStageX = false>
+template <int M, bool kVec, bool kPre, bool kTail, bool kNormIn = false, bool kStageX = false,
+          bool kEF = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     gemv_bf16_kernel(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                      int64_t ldw, const float* bias, int64_t O, int64_t K, TailNorm tn,
                      DecodeNormIn nin, bool early) {
   static_assert(kVec || !kPre, "the register prologue takes the 16-byte path");
-  const unsigned long long wpol = weight_policy();
   const int lane = threadIdx.x % kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   const bool live = o < O;
   const bf16* w = W + (live ? o : 0) * ldw;
   uint4 wpre[kPreChunks];
-  if constexpr (kPre) load_row_pieces(wpre, w, K, lane, wpol, live);
+  if constexpr (kPre) load_row_pieces<kEF>(wpre, w, K, lane, live);
   extern __shared__ __align__(16) float gemv_norm_sh[];  // kNormIn: [5][K] floats, [M][K] bf16
   if constexpr (kNormIn) norm_in_stage(nin, K, gemv_norm_sh);
   early ? pdl_begin_early(DecodeTraceEvent::Gemv) : pdl_begin(DecodeTraceEvent::Gemv);
@@ -480,9 +475,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.f;
     if constexpr (kPre)
-      gemv_bf16_row_pre<M>(acc, wpre, x, ldx, w, K, lane, wpol);
+      gemv_bf16_row_pre<M, kEF>(acc, wpre, x, ldx, w, K, lane);
     else
-      gemv_bf16_row<M, kVec>(acc, x, ldx, w, K, lane, wpol);
+      gemv_bf16_row<M, kVec, kEF>(acc, x, ldx, w, K, lane);
 #pragma unroll
     for (int m = 0; m < M; m++) {
       const float s = warp_sum(acc[m]) + (bias ? bias[o] : 0.f);
@@ -543,11 +538,10 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
 // The SwiGLU kernel reads the router's choice, its predecessor's output, so nothing precedes its
 // pdl_wait; the down kernel, one launch later, loads its expert's weights before its own.
-template <bool kVec>
+template <bool kVec, bool kEF = false>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
                                      int64_t K) {
-  const unsigned long long wpol = weight_policy();
   pdl_begin(DecodeTraceEvent::ExpertSwiglu);
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
@@ -562,13 +556,13 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
   float g[1] = {0.f}, u[1] = {0.f};
   if constexpr (kVec) {  // both rows' loads in flight together
     uint4 wg[kPreChunks], wu[kPreChunks];
-    load_row_pieces(wg, W + i * K, K, lane, wpol);
-    load_row_pieces(wu, W + (I + i) * K, K, lane, wpol);
-    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, W + i * K, K, lane, wpol);
-    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, W + (I + i) * K, K, lane, wpol);
+    load_row_pieces<kEF>(wg, W + i * K, K, lane);
+    load_row_pieces<kEF>(wu, W + (I + i) * K, K, lane);
+    gemv_bf16_row_pre<1, kEF>(g, wg, x + m * ldx, ldx, W + i * K, K, lane);
+    gemv_bf16_row_pre<1, kEF>(u, wu, x + m * ldx, ldx, W + (I + i) * K, K, lane);
   } else {
-    gemv_bf16_row<1, kVec>(g, x + m * ldx, ldx, W + i * K, K, lane, wpol);
-    gemv_bf16_row<1, kVec>(u, x + m * ldx, ldx, W + (I + i) * K, K, lane, wpol);
+    gemv_bf16_row<1, kVec>(g, x + m * ldx, ldx, W + i * K, K, lane);
+    gemv_bf16_row<1, kVec>(u, x + m * ldx, ldx, W + (I + i) * K, K, lane);
   }
   const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
   if (lane == 0) act[m * I + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
@@ -576,12 +570,11 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
 
 // kTail: the block of row m that finishes last (counter tn.counters[m]) runs the post-MLP residual
 // norm of row m over out (the expert combine followed by residual + norm, in one launch).
-template <bool kVec, bool kTail>
+template <bool kVec, bool kTail, bool kEF = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x, const bf16* Wd,
                                int64_t d_stride, const float* gate, const int32_t* choice,
                                int64_t E, bool scaled, int64_t D, int64_t I, TailNorm tn) {
-  const unsigned long long wpol = weight_policy();
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -595,7 +588,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const bool expert = o < D && e >= 0 && e < E;
   const bf16* w = Wd + (expert ? e * d_stride + o * I : 0);
   uint4 wpre[kPreChunks];
-  if constexpr (kVec) load_row_pieces(wpre, w, I, lane, wpol, expert);
+  if constexpr (kVec) load_row_pieces<kEF>(wpre, w, I, lane, expert);
   pdl_begin(DecodeTraceEvent::ExpertDown);
   if (o < D) {
     if (!expert) {
@@ -604,9 +597,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     } else {
       float acc[1] = {0.f};
       if constexpr (kVec)
-        gemv_bf16_row_pre<1>(acc, wpre, act + m * I, I, w, I, lane, wpol);
+        gemv_bf16_row_pre<1, kEF>(acc, wpre, act + m * I, I, w, I, lane);
       else
-        gemv_bf16_row<1, kVec>(acc, act + m * I, I, w, I, lane, wpol);
+        gemv_bf16_row<1, kVec>(acc, act + m * I, I, w, I, lane);
       const float s = warp_sum(acc[0]);
       if (lane == 0) out[m * D + o] = __float2bfloat16(gm * s);
     }
@@ -663,7 +656,6 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
                         unsigned* bar) {
   extern __shared__ __align__(16) float expert_fused_sh[];  // act, [M][I] bf16
   bf16* act_s = reinterpret_cast<bf16*>(expert_fused_sh);
-  const unsigned long long wpol = weight_policy();
   pdl_begin(DecodeTraceEvent::ExpertSwiglu);
   const int lane = threadIdx.x % kWarp;
   // Index arithmetic in 32 bits (M·I and M·D are far below 2^31; decode_experts checks).
@@ -676,8 +668,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
     const int m = w0 < n2 ? w0 / Di : 0, o = w0 < n2 ? w0 % Di : 0;
     const int64_t e = choice[m];
     const bool expert = w0 < n2 && e >= 0 && e < E;
-    load_row_pieces(wd, Wd + (expert ? e * d_stride + int64_t(o) * I : 0), I, lane, wpol,
-                    expert);
+    load_row_pieces(wd, Wd + (expert ? e * d_stride + int64_t(o) * I : 0), I, lane, expert);
   }
   for (int t = w0; t < n1; t += warps) {
     const int m = t / Ii, i = t % Ii;
@@ -690,10 +681,10 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
     const bf16* Wu = Wg + I * D;
     float g[1] = {0.f}, u[1] = {0.f};
     uint4 wg[kPreChunks], wu[kPreChunks];
-    load_row_pieces(wg, Wg, D, lane, wpol);
-    load_row_pieces(wu, Wu, D, lane, wpol);
-    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, Wg, D, lane, wpol);
-    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, Wu, D, lane, wpol);
+    load_row_pieces(wg, Wg, D, lane);
+    load_row_pieces(wu, Wu, D, lane);
+    gemv_bf16_row_pre<1>(g, wg, x + m * ldx, ldx, Wg, D, lane);
+    gemv_bf16_row_pre<1>(u, wu, x + m * ldx, ldx, Wu, D, lane);
     const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
     if (lane == 0) act[m * Ii + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
   }
@@ -715,9 +706,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp, kExpertFusedMinBlocks)
       continue;
     }
     const bf16* w = Wd + e * d_stride + int64_t(o) * I;
-    if (t != w0) load_row_pieces(wd, w, I, lane, wpol);
+    if (t != w0) load_row_pieces(wd, w, I, lane);
     float acc[1] = {0.f};
-    gemv_bf16_row_pre<1>(acc, wd, act_s + m * Ii, I, w, I, lane, wpol);
+    gemv_bf16_row_pre<1>(acc, wd, act_s + m * Ii, I, w, I, lane);
     const float s = warp_sum(acc[0]);
     if (lane == 0) out[m * Di + o] = __float2bfloat16(gm * s);
   }
@@ -1289,7 +1280,7 @@ __global__ void __launch_bounds__(kW* kWarp)
   float* staged = sh + ((G * (nchunks + 1) + 3) / 4) * 4;  // [chunk - c_lo][G][D]
   // The form compiled for kG heads (the decode default) carries neither the staged path nor the
   // general (max, sum) loop below: its launcher takes it only without staging and for at most
-  // kWarp·kAttnMlPerLane chunks, so its code stays small (the code's size shows in the latency).
+  // kAttnExactMaxChunks chunks, so its code stays small (the code's size shows in the latency).
   const bool stage = kG == 0 && stage_chunks > 0 && c_hi - c_lo + 1 <= stage_chunks;
   if (stage) {
     const int n4 = G * D / 4;  // 16-byte pieces per chunk (all G heads)
@@ -1493,7 +1484,6 @@ __global__ void __launch_bounds__(kRouterThreads)
   extern __shared__ __align__(16) float sh[];
   cl_arrive();  // paired with the wait before the first remote write: every peer has started
   unsigned long long* const tr = trace_ptr();
-  const unsigned long long wpol = weight_policy();
   const unsigned q = cl_rank(), cs = cl_size();
   const int64_t m = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
@@ -1601,13 +1591,13 @@ __global__ void __launch_bounds__(kRouterThreads)
     const float st_b = state && has_b ? state[m * R + ob] : 0.f;
     if constexpr (kVecX) {
       uint4 pa[kPreChunks], pb[kPreChunks];
-      load_row_pieces(pa, wa, D, lane, wpol);
-      load_row_pieces(pb, wb, D, lane, wpol, has_b);
-      gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane, wpol);
-      if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane, wpol);
+      load_row_pieces(pa, wa, D, lane);
+      load_row_pieces(pb, wb, D, lane, has_b);
+      gemv_bf16_row_pre<1>(acc, pa, x + m * ldx, ldx, wa, D, lane);
+      if (has_b) gemv_bf16_row_pre<1>(accb, pb, x + m * ldx, ldx, wb, D, lane);
     } else {
-      gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane, wpol);
-      if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane, wpol);
+      gemv_bf16_row<1, false>(acc, x + m * ldx, ldx, wa, D, lane);
+      if (has_b) gemv_bf16_row<1, false>(accb, x + m * ldx, ldx, wb, D, lane);
     }
     finish_row(o, acc[0], st_a);
     if (has_b) finish_row(ob, accb[0], st_b);
@@ -1765,7 +1755,11 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i) {
   return (static_cast<unsigned long long>(u) << 32) | (0xFFFFFFFFu - unsigned(i));
 }
 
-template <int M>
+// kPre (lm_head_greedy's prefetch): each warp's first kPreChunks pieces of its row loaded before
+// the wait, as gemv_bf16_kernel's register prologue — so the blocks of the first wave, which
+// start while the last residual norm still waits on the experts (its early trigger), have their
+// rows in flight when x lands. The same bits.
+template <int M, bool kEF = false, bool kPre = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     gemv_argmax_kernel(float* y32, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                        int64_t ldw, const float* bias, int64_t O, int64_t K,
@@ -1774,12 +1768,18 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + warp;
   const bool live = o < O;
-  const unsigned long long wpol = weight_policy();
+  const bf16* w = W + (live ? o : 0) * ldw;
+  uint4 wpre[kPreChunks];
+  if constexpr (kPre) load_row_pieces<kEF>(wpre, w, K, lane, live);
   pdl_begin(DecodeTraceEvent::Gemv);
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; m++) acc[m] = 0.f;
-  if (live) gemv_bf16_row<M, true>(acc, x, ldx, W + o * ldw, K, lane, wpol);
+  if constexpr (kPre) {
+    if (live) gemv_bf16_row_pre<M, kEF>(acc, wpre, x, ldx, w, K, lane);
+  } else {
+    if (live) gemv_bf16_row<M, true, kEF>(acc, x, ldx, w, K, lane);
+  }
 #pragma unroll
   for (int m = 0; m < M; m++) {
     const float s = warp_sum(acc[m]) + (bias && live ? bias[o] : 0.f);  // as gemv_bf16_kernel
@@ -1907,6 +1907,7 @@ void allow_dynamic_smem(const void* kernel, size_t bytes) {
 // switched off (set_decode_pdl(false), or ZAYA_DECODE_PDL=0 in the environment). Decided once
 // per device on the first launch, which runs eagerly, so a captured step makes no such queries.
 int g_pdl_setting = -1;  // -1: the environment decides; 0 off; 1 on where supported
+bool g_weights_evict_first = false;  // set_decode_weights_evict_first
 
 bool pdl_active() {
   static int cached_dev = -1, cached_setting = -2;
@@ -1983,7 +1984,10 @@ void launch_gemv_bf16(float* y32, bf16* y16, int64_t ldy, const bf16* x, int64_t
                     ldy, x, ldx, W, ldw, bias, O, K, tn, DecodeNormIn{}, early)                  \
          : launch_k(gemv_bf16_kernel<M, V, P, T>, grid, block, 0, st, y32, y16, ldy, x, ldx, W,  \
                     ldw, bias, O, K, tn, DecodeNormIn{}, early))
-  if (tail) {
+  if (pre && !tail && !stage && g_weights_evict_first) {
+    launch_k(gemv_bf16_kernel<M, true, true, false, false, false, true>, grid, block, 0, st, y32,
+             y16, ldy, x, ldx, W, ldw, bias, O, K, tn, DecodeNormIn{}, early);
+  } else if (tail) {
     if (pre)
       ZAYA_GEMV_LAUNCH(true, true, true);
     else if (vec)
@@ -2064,16 +2068,7 @@ void set_decode_pdl(bool on) {
 }
 
 void set_decode_weights_evict_first(bool on) {
-  // Per device; only written when it changes (a copy to the symbol synchronises with the device,
-  // and must not happen inside a stream capture).
-  static int known[64];  // 0: unknown, 1: evict_normal, 2: evict_first
-  int dev = 0;
-  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
-  const int want = on ? 2 : 1;
-  if (dev >= 0 && dev < 64 && known[dev] == want) return;
-  const int v = on ? 1 : 0;
-  ZAYA_CUDA_CHECK(cudaMemcpyToSymbol(c_weights_evict_first, &v, sizeof(v)));
-  if (dev >= 0 && dev < 64) known[dev] = want;
+  g_weights_evict_first = on;
 }
 
 bool decode_trace_built() {
@@ -2228,10 +2223,15 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   const dim3 block(kRowsPerBlock * kWarp);
   const TailNorm tn = tail_norm(rn, out_MD, D);
   const auto down =
-      vec ? (rn ? expert_down_combine_kernel<true, true> : expert_down_combine_kernel<true, false>)
+      vec ? (rn                      ? expert_down_combine_kernel<true, true>
+             : g_weights_evict_first ? expert_down_combine_kernel<true, false, true>
+                                     : expert_down_combine_kernel<true, false>)
           : (rn ? expert_down_combine_kernel<false, true>
                 : expert_down_combine_kernel<false, false>);
-  launch_k(vec ? expert_swiglu_kernel<true> : expert_swiglu_kernel<false>, g1, block, 0, st, act_MI,
+  const auto swiglu = vec ? (g_weights_evict_first ? expert_swiglu_kernel<true, true>
+                                                   : expert_swiglu_kernel<true>)
+                          : expert_swiglu_kernel<false>;
+  launch_k(swiglu, g1, block, 0, st, act_MI,
            x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
   launch_k(down, g2, block, 0, st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E,
            skip_scaled_input, D, I, tn);
@@ -2725,7 +2725,8 @@ bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, in
 
 void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
                     int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
-                    int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist) {
+                    int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist,
+                    bool prefetch) {
   check(lm_head_greedy_supported(M, V, D, x, ldx, W) && keys_M && ids_out && len_B,
         "lm_head_greedy: needs lm_head_greedy_supported, the keys, the ids and the lengths");
   // persist_bytes: the first rows of W marked to stay in L2 across launches (an access policy
@@ -2752,9 +2753,13 @@ void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W,
   cfg.attrs = at;
   cfg.numAttrs = n_at;
   with_rows(M, [&](auto n) {
-    ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, gemv_argmax_kernel<decltype(n)::value>, logits_MV, V,
-                                       x, ldx, W, D, static_cast<const float*>(nullptr), V, D,
-                                       keys_M));
+    constexpr int kM = decltype(n)::value;
+    const auto kernel = prefetch ? (g_weights_evict_first ? gemv_argmax_kernel<kM, true, true>
+                                                          : gemv_argmax_kernel<kM, false, true>)
+                                 : (g_weights_evict_first ? gemv_argmax_kernel<kM, true>
+                                                          : gemv_argmax_kernel<kM, false>);
+    ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits_MV, V, x, ldx, W, D,
+                                       static_cast<const float*>(nullptr), V, D, keys_M));
   });
   launch_k(token_commit_kernel, dim3(1), dim3(kWarp), 0, st, ids_out, hist, len_B, keys_M, int(M));
   ZAYA_CUDA_CHECK(cudaGetLastError());

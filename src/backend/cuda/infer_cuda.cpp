@@ -507,7 +507,8 @@ void CudaInference::Impl::run_decode_step() {
   // position (decode_greedy reads the history once, after its last step).
   if (fused_ends) {
     if (on(DecodeOp::LmHead))
-      lm_head_greedy(logits, x, D, embed, M, V, D, lm_keys, ids, tok_hist, len, st, lm_persist);
+      lm_head_greedy(logits, x, D, embed, M, V, D, lm_keys, ids, tok_hist, len, st, lm_persist,
+                     opt.decode.lm_head_prefetch);
     else
       advance_lengths(len, 1, M, st);
     mark("lm head, argmax, lengths");
@@ -524,7 +525,7 @@ void CudaInference::Impl::run_decode_step() {
 // loading, kernel attributes), then from a graph captured for the current batch size.
 void CudaInference::Impl::decode_launch(int64_t steps) {
   ZAYA_CHECK(steps == 1 || steps == kGraphSteps, "cuda decode: {} steps in one launch", steps);
-  set_decode_weights_evict_first(opt.decode.weights_evict_first);  // read by the kernels as they run
+  set_decode_weights_evict_first(opt.decode.weights_evict_first);  // for the launches below
   if (!opt.graphs || decode_steps_run == 0) {
     for (int64_t i = 0; i < steps; i++) {
       run_decode_step();

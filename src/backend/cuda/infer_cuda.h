@@ -99,11 +99,16 @@ struct DecodeTuning {
   // registers leave room for only part of the down launch's blocks. The same bits. Measured
   // slower on the H200 (2026-12-04): 0.6392/0.6378 against 0.6324/0.6328 ms/step.
   bool fuse_experts = false;
-  // The weight streams of the decode kernels (GEMVs, experts, the router's down projection, the
-  // LM head) loaded with L2 evict_first priority, so that the ~1.4 GB they stream through the 50 MB
-  // L2 each step displace each other before the kernels' code, the KV cache and the activations
+  // The weight streams of the decode kernels (the q|k|v and o GEMVs, the experts, the LM head)
+  // loaded with L2 evict_first priority, so that the ~1.4 GB they stream through the 50 MB L2
+  // each step displace each other before the kernels' code, the KV cache and the activations
   // (set_decode_weights_evict_first). The same bits.
   bool weights_evict_first = false;
+  // The LM head's GEMV loads each warp's row before its programmatic-dependency wait (as the
+  // q|k|v and o GEMVs do), so that its first wave — launched while the last residual norm waits
+  // on the experts, by that norm's early trigger — has ~34 MB of the head's 1.07 GB in flight
+  // before the final hidden state lands. The same bits.
+  bool lm_head_prefetch = false;
   // MiB of the LM head's first rows kept in L2 across steps (a persisting access policy window on
   // its launch, with fused_step_ends; clamped to the device's set-aside limit); 0: none. The
   // same bits. Measured slower on the H200 (same run): 32 MiB 0.6362 against 0.6283 ms/step.

@@ -34,10 +34,11 @@ constexpr int kGemvMaxRows = 8;
 void set_decode_pdl(bool on);
 bool decode_pdl_active();  // on the current device
 
-// The L2 eviction priority of the decode kernels' weight loads on the current device: evict_first
-// (true) or the default evict_normal (false). Read by every launch when it runs (graph replays
-// included), so it applies to later launches; not inside a stream capture. The same bits either
-// way (DecodeTuning::weights_evict_first).
+// The weight loads of the decode launches made after this call (the q|k|v and o GEMVs without a
+// fused tail, the expert SwiGLU and down products, the LM head's greedy GEMV) with L2 evict_first
+// priority (true), or plain loads with the hardware's default policy (false, the initial setting):
+// kernels compiled for each. A graph captured before a change keeps the setting it was captured
+// with. The same bits either way (DecodeTuning::weights_evict_first).
 void set_decode_weights_evict_first(bool on);
 
 // Where a decode kernel stamps the trace: as it passes its programmatic-dependency wait (the
@@ -226,7 +227,9 @@ void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V,
 // one — argmax_rows followed by advance_lengths(len_B, 1, M) in two launches instead of three.
 // lm_head_greedy_supported: M <= 8, D a multiple of 8, 16-byte aligned x and W rows.
 // persist (from set_l2_persisting): the first persist.bytes of W marked to stay in L2 between
-// launches (an access policy window on the GEMV launch; timing only).
+// launches (an access policy window on the GEMV launch; timing only). prefetch: each warp's
+// row of W (its first 2,048 elements) loaded before the launch's programmatic-dependency wait
+// (DecodeTuning::lm_head_prefetch; the same bits).
 struct L2Persist {
   size_t bytes = 0;
   float hit_ratio = 1.f;
@@ -238,7 +241,8 @@ bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, in
                               const bf16* W);
 void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
                     int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
-                    int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist = {});
+                    int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist = {},
+                    bool prefetch = false);
 // The decode step's first launch: h = (table[ids[m]] + b)⊙s (embed_affine_fwd: an id outside
 // [0, V) gives a zero row and sets bad_id_flag to the first such row + 1), then
 // y = norm_w ⊙ h · rstd (decode_residual_norm with a null) — one launch, the same bits as the two.

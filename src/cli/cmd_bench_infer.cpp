@@ -41,7 +41,7 @@ struct BenchInferArgs {
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
-      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first, lm_head_pre;
+      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first, lm_head_pre, lm_head_persist;
   uint64_t seed = 1234;
 };
 
@@ -191,6 +191,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.weights_evict_first = v != 0; }, false},
       {"lm_head_prefetch", &a.lm_head_pre, dflt.lm_head_prefetch,
        [](cuda::DecodeTuning& t, int v) { t.lm_head_prefetch = v != 0; }, false},
+      {"lm_head_persistent", &a.lm_head_persist, dflt.lm_head_persistent,
+       [](cuda::DecodeTuning& t, int v) { t.lm_head_persistent = v != 0; }, false},
       {"lm_head_l2_mib", &a.lm_head_l2, dflt.lm_head_l2_mib,
        [](cuda::DecodeTuning& t, int v) { t.lm_head_l2_mib = v; }, true, "none"},
   };
@@ -413,6 +415,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--lm-head-pre", a.lm_head_pre,
          "also time decode with the LM head's rows loaded before its dependency wait (1), or "
          "after it (0)");
+  on_off("--lm-head-persist", a.lm_head_persist,
+         "also time decode with the LM head as one resident grid striding over its rows (1), or "
+         "one block per 8 rows (0)");
   app.add_option("--lm-head-l2", a.lm_head_l2,
                  "also time decode with this many MiB of the LM head's first rows kept in L2 "
                  "across steps (0: none; clamped to the device's persisting set-aside)")

@@ -420,6 +420,13 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
          t.lm_head_prefetch = !t.lm_head_prefetch;
          t.weights_evict_first = !t.weights_evict_first;
        }},
+      {"LM head as one resident grid, rows loaded after or before its wait",
+       [](DecodeTuning& t) { t.lm_head_persistent = !t.lm_head_persistent; }},
+      {"LM head as one resident grid, rows loaded before its wait",
+       [](DecodeTuning& t) {
+         t.lm_head_persistent = !t.lm_head_persistent;
+         t.lm_head_prefetch = !t.lm_head_prefetch;
+       }},
       {"no early triggers",
        [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
       {"GEMV inputs staged in shared memory", [](DecodeTuning& t) { t.gemv_stage_x = true; }},
@@ -1260,14 +1267,16 @@ TEST(CudaDecodeKernels, FusedStepEndsEqualTheSeparateLaunches) {
     gemv_bf16(lg_ref, nullptr, V, xd, D, Wd, D, nullptr, M, V, D, nullptr);
     argmax_rows(ids_ref, lg_ref, M, V, ws, nullptr, hist_ref, len_ref);
     advance_lengths(len_ref, 1, M, nullptr);
-    for (int call = 0; call < 2; call++) {  // the second call starts from the keys the first left
+    for (int call = 0; call < 4; call++) {  // each call starts from the keys the last one left
       SCOPED_TRACE("call " + std::to_string(call));
       ASSERT_EQ(cudaMemcpy(len_f, len0.data(), size_t(M) * 4, cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemcpy(hist_f, hist0.data(), hist0.size() * 4, cudaMemcpyHostToDevice),
                 cudaSuccess);
-      // The second call with the rows loaded before the wait (the same bits).
+      // Calls 1 and 3 with the rows loaded before the wait, 2 and 3 as one resident grid
+      // striding over the rows (the same bits).
+      ASSERT_EQ(cudaMemset(lg_f, 0xff, size_t(M * V) * sizeof(float)), cudaSuccess);
       lm_head_greedy(lg_f, xd, D, Wd, M, V, D, keys, ids_f, hist_f, len_f, nullptr, {},
-                     call == 1);
+                     call % 2 == 1, call >= 2);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto lg = test_util::download(lg_f, size_t(M * V));
       EXPECT_EQ(lg, test_util::download(lg_ref, size_t(M * V))) << "logits";

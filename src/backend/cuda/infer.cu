@@ -1797,6 +1797,68 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   }
 }
 
+// The LM head's greedy GEMV as a persistent grid (DecodeTuning::lm_head_persistent): as many
+// blocks as fit on the device at once, each warp taking rows o, o + step, ... (step = the grid's
+// warps) with the next row's loads in flight while it sums the current one, and one atomic max
+// per block at the end — instead of ~32K blocks of one row per warp in ~31 waves, each block
+// paying its start, its reduction and its atomic. Each row's sum is gemv_argmax_kernel's (the
+// same pieces, the same fmaf chain, the same bias expression), and the key maximum does not
+// depend on the order rows are visited, so logits and tokens are the same bits. kPre: the first
+// row's loads issued before the wait (weights only).
+template <int M, bool kPre>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    gemv_argmax_persistent_kernel(float* y32, int64_t ldy, const bf16* x, int64_t ldx,
+                                  const bf16* W, int64_t ldw, const float* bias, int64_t O,
+                                  int64_t K, unsigned long long* keys) {
+  __shared__ unsigned long long best[M][kRowsPerBlock];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int64_t step = int64_t(gridDim.x) * kRowsPerBlock;
+  int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + warp;
+  unsigned long long b[M];
+#pragma unroll
+  for (int m = 0; m < M; m++) b[m] = 0ull;
+  uint4 ra[kPreChunks], rb[kPreChunks];
+  auto load = [&](uint4(&r)[kPreChunks], int64_t row) {
+    load_row_pieces(r, W + (row < O ? row : 0) * ldw, K, lane, row < O);
+  };
+  if constexpr (kPre) load(ra, o);
+  pdl_begin(DecodeTraceEvent::Gemv);
+  if constexpr (!kPre) load(ra, o);
+  // Row `row` from `cur`, with the loads of row + step into `nxt` issued first.
+  auto row_step = [&](uint4(&cur)[kPreChunks], uint4(&nxt)[kPreChunks], int64_t row) {
+    load(nxt, row + step);
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.f;
+    gemv_bf16_row_pre<M>(acc, cur, x, ldx, W + row * ldw, K, lane);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+      const float s = warp_sum(acc[m]) + (bias ? bias[row] : 0.f);  // as gemv_argmax_kernel
+      if (lane == 0 && y32) y32[m * ldy + row] = s;
+      const unsigned long long k = argmax_key(s, row);
+      b[m] = b[m] > k ? b[m] : k;
+    }
+  };
+  while (o < O) {  // unrolled by two, so the two register sets swap roles without copies
+    row_step(ra, rb, o);
+    o += step;
+    if (o >= O) break;
+    row_step(rb, ra, o);
+    o += step;
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int m = 0; m < M; m++) best[m][warp] = b[m];
+  }
+  __syncthreads();
+  if (threadIdx.x < M) {
+    unsigned long long v = 0ull;
+#pragma unroll
+    for (int w = 0; w < kRowsPerBlock; w++) v = v > best[threadIdx.x][w] ? v : best[threadIdx.x][w];
+    atomicMax(keys + threadIdx.x, v);
+  }
+}
+
 __global__ void token_commit_kernel(int32_t* ids, int32_t* hist, int32_t* len,
                                     unsigned long long* keys, int M) {
   pdl_begin(DecodeTraceEvent::Advance);
@@ -2726,7 +2788,7 @@ bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, in
 void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
                     int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
                     int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist,
-                    bool prefetch) {
+                    bool prefetch, bool persistent) {
   check(lm_head_greedy_supported(M, V, D, x, ldx, W) && keys_M && ids_out && len_B,
         "lm_head_greedy: needs lm_head_greedy_supported, the keys, the ids and the lengths");
   // persist_bytes: the first rows of W marked to stay in L2 across launches (an access policy
@@ -2754,6 +2816,30 @@ void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W,
   cfg.numAttrs = n_at;
   with_rows(M, [&](auto n) {
     constexpr int kM = decltype(n)::value;
+    if (persistent) {
+      const auto kernel = prefetch ? gemv_argmax_persistent_kernel<kM, true>
+                                   : gemv_argmax_persistent_kernel<kM, false>;
+      // As many blocks as are resident at once on the whole device (queried once per kernel and
+      // device; not inside a capture: the first decode step runs eagerly), at most one per
+      // 8-row group of the head.
+      static int known_dev[2] = {-1, -1}, known_grid[2] = {0, 0};
+      int dev = 0;
+      ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+      const int slot = prefetch ? 1 : 0;
+      if (known_dev[slot] != dev) {
+        int per_sm = 0, sms = 0;
+        ZAYA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, kernel, kRowsPerBlock * kWarp, 0));
+        ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        known_grid[slot] = std::max(1, per_sm * sms);
+        known_dev[slot] = dev;
+      }
+      cfg.gridDim = dim3(unsigned(std::min<int64_t>(known_grid[slot], (V + kRowsPerBlock - 1) /
+                                                                          kRowsPerBlock)));
+      ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits_MV, V, x, ldx, W, D,
+                                         static_cast<const float*>(nullptr), V, D, keys_M));
+      return;
+    }
     const auto kernel = prefetch ? (g_weights_evict_first ? gemv_argmax_kernel<kM, true, true>
                                                           : gemv_argmax_kernel<kM, false, true>)
                                  : (g_weights_evict_first ? gemv_argmax_kernel<kM, true>

@@ -109,6 +109,11 @@ struct DecodeTuning {
   // on the experts, by that norm's early trigger — has ~34 MB of the head's 1.07 GB in flight
   // before the final hidden state lands. The same bits.
   bool lm_head_prefetch = false;
+  // The LM head's greedy GEMV as one resident grid whose warps stride over the head's rows with
+  // the next row's loads in flight (lm_head_greedy's persistent form) instead of ~32K one-row-
+  // per-warp blocks in ~31 waves: it streams the 1.07 GB at ~4.49 TB/s against the ~4.69 TB/s
+  // of reads `zaya bench mem` measures. The same bits.
+  bool lm_head_persistent = false;
   // MiB of the LM head's first rows kept in L2 across steps (a persisting access policy window on
   // its launch, with fused_step_ends; clamped to the device's set-aside limit); 0: none. The
   // same bits. Measured slower on the H200 (same run): 32 MiB 0.6362 against 0.6283 ms/step.

@@ -229,7 +229,9 @@ void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V,
 // persist (from set_l2_persisting): the first persist.bytes of W marked to stay in L2 between
 // launches (an access policy window on the GEMV launch; timing only). prefetch: each warp's
 // row of W (its first 2,048 elements) loaded before the launch's programmatic-dependency wait
-// (DecodeTuning::lm_head_prefetch; the same bits).
+// (DecodeTuning::lm_head_prefetch; the same bits). persistent: one resident grid whose warps
+// stride over the rows, the next row's loads in flight while the current one is summed
+// (DecodeTuning::lm_head_persistent; the same bits).
 struct L2Persist {
   size_t bytes = 0;
   float hit_ratio = 1.f;
@@ -242,7 +244,7 @@ bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, in
 void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
                     int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
                     int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist = {},
-                    bool prefetch = false);
+                    bool prefetch = false, bool persistent = false);
 // The decode step's first launch: h = (table[ids[m]] + b)⊙s (embed_affine_fwd: an id outside
 // [0, V) gives a zero row and sets bad_id_flag to the first such row + 1), then
 // y = norm_w ⊙ h · rstd (decode_residual_norm with a null) — one launch, the same bits as the two.

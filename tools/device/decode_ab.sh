@@ -13,6 +13,9 @@
 #    --lm-head-l2 0,32") and the ablation; with the trace binary: the same run with --trace (the
 #    graph step kernel by kernel).
 # 4. with SASS=1: the decode kernels' SASS from the new binary (cuobjdump), sass_decode.txt.gz.
+# 5. with NCU=1: Nsight Compute's warp stall reasons of the decode kernels (each kernel alone, with
+#    caches flushed and not), and of whole decode graphs (kernels overlapping as they run):
+#    ncu_stalls_{flush,warm}.csv.gz, ncu_graph.csv.gz, summarised by tools/ncu_decode_stalls.py.
 # Results in $OUT (default ./decode_ab_out): summary.txt, bench_infer_new.json and logs.tgz (every
 # log).
 set -u
@@ -85,5 +88,33 @@ if [ "${SASS:-0}" = 1 ]; then
   cuobjdump -res-usage build-ab-new/zaya 2>>"$LOGS/sass.err" |
     grep -A1 -E "decode_|gemv_|expert_" >"$LOGS/res_usage.txt"
   note "sass: $(zcat "$OUT/sass_decode.txt.gz" | grep -c "Function : ") decode kernels in sass_decode.txt.gz"
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  stall_metrics=gpu__time_duration.sum,smsp__inst_executed.sum
+  for why in barrier branch_resolving dispatch_stall drain imc_miss lg_throttle long_scoreboard \
+    math_pipe_throttle membar mio_throttle misc no_instruction not_selected selected \
+    short_scoreboard sleeping tex_throttle wait; do
+    stall_metrics+=",smsp__average_warps_issue_stalled_${why}_per_issue_active.ratio"
+  done
+  small=(bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 3 --warmup 1 --repeats 1)
+  kernels='regex:decode_|expert_|gemv_|token_commit|advance|kv_append|argmax'
+  for cc in all none; do
+    t0=$SECONDS
+    "$ncu_bin" --clock-control none --cache-control "$cc" --kernel-name-base function \
+      --kernel-name "$kernels" --metrics "$stall_metrics" --csv build-ab-new/zaya "${small[@]}" \
+      >"$LOGS/ncu_$cc.csv" 2>"$LOGS/ncu_$cc.err"
+    rc=$?
+    gzip -9c "$LOGS/ncu_$cc.csv" >"$OUT/ncu_stalls_$cc.csv.gz"
+    note "ncu stalls, --cache-control $cc: exit $rc in $((SECONDS - t0)) s"
+    python3 tools/ncu_decode_stalls.py "$LOGS/ncu_$cc.csv" 2>&1 | tee -a "$summary"
+  done
+  t0=$SECONDS
+  "$ncu_bin" --clock-control none --graph-profiling graph --metrics "$stall_metrics" --csv \
+    build-ab-new/zaya "${small[@]}" >"$LOGS/ncu_graph.csv" 2>"$LOGS/ncu_graph.err"
+  rc=$?
+  gzip -9c "$LOGS/ncu_graph.csv" >"$OUT/ncu_graph.csv.gz"
+  note "ncu stalls of whole graphs: exit $rc in $((SECONDS - t0)) s"
+  python3 tools/ncu_decode_stalls.py --each "$LOGS/ncu_graph.csv" 2>&1 | tail -5 | tee -a "$summary"
 fi
 note "total: $SECONDS s"

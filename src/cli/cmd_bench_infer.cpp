@@ -41,7 +41,8 @@ struct BenchInferArgs {
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
-      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first, lm_head_pre, lm_head_persist;
+      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first, lm_head_pre, lm_head_persist,
+      router_async;
   uint64_t seed = 1234;
 };
 
@@ -169,6 +170,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.router_one_per_sm = v != 0; }, false},
       {"router_mlp_regs", &a.router_regs, dflt.router_mlp_regs,
        [](cuda::DecodeTuning& t, int v) { t.router_mlp_regs = v != 0; }, false},
+      {"router_async", &a.router_async, dflt.router_async,
+       [](cuda::DecodeTuning& t, int v) { t.router_async = v != 0; }, false},
       {"fuse_norms", &a.fuse_norms, dflt.fuse_norms,
        [](cuda::DecodeTuning& t, int v) { t.fuse_norms = v != 0; }, false},
       {"fold_qkv_norm", &a.fold_qkv_norm, dflt.fold_qkv_norm,
@@ -429,6 +432,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--router-regs", a.router_regs,
          "also time decode with the router's MLP rows loaded into registers before its wait (1) "
          "or staged in shared memory (0)");
+  on_off("--router-async", a.router_async,
+         "also time decode with the router's stages exchanging their results by st.async "
+         "stores counted on mbarriers (1) or by stores and a cluster barrier per stage (0)");
   on_off("--router-spread", a.router_spread,
          "also time decode with the router's shared memory padded so that each block of "
          "its cluster has an SM to itself (1), or not (0)");

@@ -396,6 +396,13 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
       {"router MLP rows read where they are",
        [](DecodeTuning& t) { t.router_stage = t.router_mlp_regs = false; }},
       {"router blocks one per SM", [](DecodeTuning& t) { t.router_one_per_sm = true; }},
+      {"router stages exchanged by st.async or a cluster barrier (not the default)",
+       [](DecodeTuning& t) { t.router_async = !t.router_async; }},
+      {"router stages by st.async, MLP rows staged in shared memory",
+       [](DecodeTuning& t) {
+         t.router_async = true;
+         t.router_mlp_regs = false;
+       }},
       {"router MLP rows in registers or staged (not the default)",
        [](DecodeTuning& t) { t.router_mlp_regs = !t.router_mlp_regs; }},
       {"residual norms trigger their successor before or after their wait (not the default)",
@@ -722,15 +729,17 @@ TEST(CudaDecodeKernels, RouterMatchesTheHostReferenceAndCpuOps) {
     // So do the layouts (router_stage, router_one_per_sm, router_mlp_regs — which falls back to
     // shared memory where R or E1 is too large or the cluster too small, E1 = 40 and cluster
     // limit 8 with R = 256 here): the same arithmetic in the same order.
-    for (int cl : {8, 4, 2, 1, -1, -2, -3, -4}) {
+    for (int cl : {8, 4, 2, 1, -1, -2, -3, -4, -5, -6, -7, -8}) {
       SCOPED_TRACE("cluster limit " + std::to_string(cl) +
                    " (-1: unstaged, -2: one per SM, -3: MLP rows in registers, -4: the same, "
-                   "clusters of at most 8)");
+                   "clusters of at most 8; -5 to -8: the stages exchanged by st.async, with "
+                   "staged MLP rows, unstaged, in registers, in registers with clusters of 2)");
       DecodeRouterLayout lay;
-      lay.max_cluster = cl > 0 ? cl : cl == -4 ? 8 : 0;
-      lay.stage_mlp = cl != -1;
+      lay.max_cluster = cl > 0 ? cl : cl == -4 ? 8 : cl == -8 ? 2 : 0;
+      lay.stage_mlp = cl != -1 && cl != -6;
       lay.one_per_sm = cl == -2;
-      lay.mlp_regs = cl <= -3;
+      lay.mlp_regs = cl == -3 || cl == -4 || cl <= -7;
+      lay.async_exchange = cl <= -5;
       decode_router(rd, probs, choice, gate, xd, ldx, dwd, dbd, c.state ? sd : nullptr, scd, nwd,
                     eps, f1wd, f1bd, f2wd, f2bd, owd, bald, M, D, R, E1, nullptr, lay);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

@@ -52,8 +52,9 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
 //   1. before pdl_wait() reads nothing but weights (uploaded once at construction, never written
 //      by a kernel) and writes nothing but its own registers and shared memory; the exceptions
 //      are values whose writer is at least two launches back, which by rule 3 completed before
-//      the previous kernel could start: the sequence lengths in decode_attention (only a step's
-//      last launch writes them) and the router's choice and gate in the expert-down kernel;
+//      the previous kernel could start: the sequence lengths in decode_attention and the CCA
+//      finish (only a step's last launch writes them) and the router's choice and gate in the
+//      expert-down kernel;
 //   2. has every thread call pdl_wait() (griddepcontrol.wait: returns once the previous kernel
 //      has completed and its memory is visible) before its first read of an activation, cache,
 //      counter or length, and before its first global store or atomic;
@@ -827,14 +828,40 @@ __global__ void __launch_bounds__(kConvWarps* kWarp)
 // shared memory: d + 1 floats.
 constexpr int kQkvThreads = 128;
 
+// The rotation of this thread's first kRopePre pairs j = threadIdx.x + i·blockDim.x (j < r/2) at
+// position pos: a function of the position alone, so decode_qkv_finish_kernel computes it before
+// its wait (the length was written at least two launches back) instead of after the norm.
+constexpr int kRopePre = 2;
+struct RopePre {
+  float c[kRopePre], s[kRopePre];
+};
+__device__ __forceinline__ void rope_angle(float& c, float& s, int64_t pos, float theta, int r,
+                                           int j) {
+  const float inv = 1.0f / powf(theta, float(2 * j) / float(r));
+  const float f = float(pos) * inv;
+  c = cosf(f), s = sinf(f);
+}
+__device__ __forceinline__ RopePre rope_pre(int64_t pos, float theta, int r) {
+  RopePre t;
+#pragma unroll
+  for (int i = 0; i < kRopePre; i++) {
+    const int j = int(threadIdx.x) + i * int(blockDim.x);
+    t.c[i] = 1.f, t.s[i] = 0.f;
+    if (j < r / 2) rope_angle(t.c[i], t.s[i], pos, theta, r, j);
+  }
+  return t;
+}
+
 // Head hh (< Hq: query head; else key head hh − Hq) of row m after the convolutions, by the whole
 // block: the mean skip added to the head's conv outputs ch[0, d), QK-norm (first warp), RoPE at
-// position pos, stored to q_out or the cache. v: d + 1 floats of shared memory. Starts and ends
-// with every thread of the block (barriers inside).
+// position pos, stored to q_out or the cache. temp_h: the key head's temperature (1 for a query
+// head); pre: the thread's rotations at pos (rope_pre), or null to compute them here. v: d + 1
+// floats of shared memory. Starts and ends with every thread of the block (barriers inside).
 __device__ __forceinline__ void qkv_finish_head(bf16* q_out, bf16* kcache, const float* ch,
-                                                const bf16* row, const float* temp, int64_t pos,
+                                                const bf16* row, float temp_h, int64_t pos,
                                                 int64_t cap, float theta, int r, int Hq, int Hkv,
-                                                int d, int m, int hh, float* v) {
+                                                int d, int m, int hh, float* v,
+                                                const RopePre* pre = nullptr) {
   const int G = Hq / Hkv, QD = Hq * d;
   // Mean skip: mq[h] = (q0[h] + k0[h/G]) / 2 added to the conv output; mk[g] = mean of its mq.
   for (int j = threadIdx.x; j < d; j += blockDim.x) {
@@ -860,7 +887,7 @@ __device__ __forceinline__ void qkv_finish_head(bf16* q_out, bf16* kcache, const
     ss = warp_sum(ss);
     if (threadIdx.x == 0) {
       const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
-      v[d] = sqrtf(float(d)) * (hh < Hq ? 1.f : temp[hh - Hq]) / nrm;
+      v[d] = sqrtf(float(d)) * temp_h / nrm;
     }
   }
   __syncthreads();
@@ -868,11 +895,13 @@ __device__ __forceinline__ void qkv_finish_head(bf16* q_out, bf16* kcache, const
   const int h2 = r / 2;
   bf16* out = hh < Hq ? q_out + (int64_t(m) * Hq + hh) * d
                       : kcache + ((int64_t(m) * cap + pos) * Hkv + (hh - Hq)) * d;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+  for (int j = threadIdx.x, i = 0; j < d; j += blockDim.x, i++) {
     if (j < h2) {  // the pair (j, j + h2)
-      const float inv = 1.0f / powf(theta, float(2 * j) / float(r));
-      const float f = float(pos) * inv;
-      const float c = cosf(f), s = sinf(f);
+      float c, s;
+      if (pre && i < kRopePre)
+        c = pre->c[i], s = pre->s[i];
+      else
+        rope_angle(c, s, pos, theta, r, j);
       const float x0 = v[j] * a, x1 = v[j + h2] * a;
       out[j] = __float2bfloat16(x0 * c - x1 * s);
       out[j + h2] = __float2bfloat16(x1 * c + x0 * s);
@@ -911,10 +940,14 @@ __global__ void __launch_bounds__(kQkvThreads)
                              const int32_t* len, int64_t cap, float theta, int r, int Hq, int Hkv,
                              int d, float* hist, int P) {
   extern __shared__ float sh[];
-  pdl_begin(DecodeTraceEvent::CcaFinish);
   const int m = blockIdx.y, hh = blockIdx.x;
   const int QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2;
+  // Before the wait: the length (written at least two launches back, by the step's last launch),
+  // the key head's temperature (a weight) and the rotations at this position.
   const int64_t pos = len[m];
+  const float temp_h = hh >= Hq && hh < Hq + Hkv ? temp[hh - Hq] : 1.f;
+  const RopePre pre = rope_pre(pos, theta, r);
+  pdl_begin(DecodeTraceEvent::CcaFinish);
   const bf16* row = qkv + int64_t(m) * ld;
   if (hh >= Hq + Hkv) {
     const int i = (hh - Hq - Hkv) * kQkvThreads + int(threadIdx.x);
@@ -922,8 +955,8 @@ __global__ void __launch_bounds__(kQkvThreads)
     if (hist && P > 0 && i < C) conv_hist_advance(hist, row, P, C, m, i);
     return;
   }
-  qkv_finish_head(q_out, kcache, conv + int64_t(m) * C + int64_t(hh) * d, row, temp, pos, cap,
-                  theta, r, Hq, Hkv, d, m, hh, sh);
+  qkv_finish_head(q_out, kcache, conv + int64_t(m) * C + int64_t(hh) * d, row, temp_h, pos, cap,
+                  theta, r, Hq, Hkv, d, m, hh, sh, &pre);
 }
 
 // The convolutions and the finish in one launch (DecodeTuning::fuse_cca): block hh < Hq + Hkv
@@ -990,7 +1023,8 @@ __global__ void __launch_bounds__(kConvFinWarps* kWarp)
   }
   __syncthreads();
   for (int m = 0; m < M; m++)
-    qkv_finish_head(q_out, kcache, y_s + m * d, qkv + int64_t(m) * ld, temp, len[m], cap, theta, r,
+    qkv_finish_head(q_out, kcache, y_s + m * d, qkv + int64_t(m) * ld,
+                    hh >= Hq ? temp[hh - Hq] : 1.f, len[m], cap, theta, r,
                     Hq, Hkv, d, m, hh, v);
 }
 
@@ -1035,6 +1069,67 @@ __device__ __forceinline__ void cl_wait() {
 __device__ __forceinline__ void cl_sync() {
   cl_arrive();
   cl_wait();
+}
+
+// Exchange through distributed shared memory without a cluster barrier per round (sm_90): the
+// writer stores into a peer's shared memory with st.async, which counts the bytes against an
+// mbarrier in that peer's shared memory (complete_tx), and the reader waits for its mbarrier's
+// phase to complete — once every expected byte has landed. A release/acquire cluster barrier
+// compiles to a GPU-scope memory barrier (MEMBAR.ALL.GPU: the block waits for its outstanding
+// global stores too) plus the barrier round itself; this costs neither. kAsyncDsmem is false in the
+// PTX fallback (pre-sm_90 targets), whose callers then take the barrier form.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kAsyncDsmem = false;
+#else
+constexpr bool kAsyncDsmem = true;
+#endif
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+#endif
+// Thread-wise: initialise mbarrier `bar` for one arrival and make that arrival now, expecting
+// `bytes` of st.async stores.
+__device__ __forceinline__ void xbar_init_expect(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+#endif
+}
+// The initialisations above made visible to the cluster's other blocks (before the cluster
+// barrier that precedes their first store), and that barrier's relaxed arrive.
+__device__ __forceinline__ void xbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cl_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+#endif
+}
+// v stored at p's offset in the shared memory of block `rank`, counted on that block's `bar`.
+__device__ __forceinline__ void st_async_f32(float* p, uint64_t* bar, unsigned rank, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t rp, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rp) : "r"(smem_addr(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rb) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(rp),
+               "r"(__float_as_uint(v)), "r"(rb)
+               : "memory");
+#endif
+}
+// Until phase 0 of this block's `bar` completes (each mbarrier here is used once per launch).
+__device__ __forceinline__ void xbar_wait(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n XBAR_WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+      " @!done bra XBAR_WAIT_%=;\n}\n" ::"r"(smem_addr(bar))
+      : "memory");
+#endif
 }
 
 // Split-context attention, one launch: block (chunk, kv head g, sequence m) handles `ch` keys of
@@ -1473,7 +1568,12 @@ __host__ __device__ inline int64_t router_smem_floats(int64_t R, int64_t E1, int
 // E1 ≤ kRouterRegClassRows·kRouterWarps (decode_router checks).
 constexpr int kRouterRegK = 8, kRouterRegRows = 2, kRouterRegClassRows = 3;
 
-template <bool kVecX, bool kRegs>
+// kAsync: the stages' results go to the other blocks with st.async against an mbarrier per stage
+// (xbar_*) instead of generic stores and a cluster barrier after each stage; the last stage's
+// (fc2) only to rank 0, which computes the class logits, so the other blocks exit once they have
+// sent it (every store into a block lands before that block's last wait completes, and the last
+// stage stores into rank 0 alone). The same arithmetic in the same order: the same bits.
+template <bool kVecX, bool kRegs, bool kAsync = false>
 __global__ void __launch_bounds__(kRouterThreads)
     decode_router_kernel(float* r, float* probs, int32_t* choice, float* gate, const bf16* x,
                          int64_t ldx, const bf16* Wd, const float* bd, const float* state,
@@ -1482,9 +1582,21 @@ __global__ void __launch_bounds__(kRouterThreads)
                          const float* out_w, const float* bal, int D, int R, int E1, bool stage,
                          bool vec_w) {
   extern __shared__ __align__(16) float sh[];
-  cl_arrive();  // paired with the wait before the first remote write: every peer has started
-  unsigned long long* const tr = trace_ptr();
+  constexpr bool kA = kAsync && kAsyncDsmem;
+  __shared__ __align__(8) uint64_t xbar[3];  // kA: v, h1, h2 (rank 0) complete
   const unsigned q = cl_rank(), cs = cl_size();
+  if constexpr (kA) {
+    if (threadIdx.x == 0) {
+      xbar_init_expect(xbar + 0, unsigned(R) * 4u);
+      xbar_init_expect(xbar + 1, unsigned(R) * 4u);
+      if (q == 0) xbar_init_expect(xbar + 2, unsigned(R) * 4u);
+      xbar_init_fence();
+    }
+    cl_arrive_relaxed();  // paired with the wait before the first remote write
+  } else {
+    cl_arrive();  // paired with the wait before the first remote write: every peer has started
+  }
+  unsigned long long* const tr = trace_ptr();
   const int64_t m = blockIdx.y;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
   const int rpb = int((R + int(cs) - 1) / int(cs));
@@ -1577,7 +1689,12 @@ __global__ void __launch_bounds__(kRouterThreads)
       trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
       cl_wait(), waited = true;
     }
-    for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(v + o, t) = s;
+    for (unsigned t = unsigned(lane); t < cs; t += kWarp) {
+      if constexpr (kA)
+        st_async_f32(v + o, xbar + 0, t, s);
+      else
+        *cl_map(v + o, t) = s;
+    }
   };
   for (int o = o0 + warp; o < o1; o += 2 * kRouterWarps) {
     const int ob = o + kRouterWarps;
@@ -1606,7 +1723,10 @@ __global__ void __launch_bounds__(kRouterThreads)
     trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
     cl_wait();
   }
-  cl_sync();
+  if constexpr (kA)
+    xbar_wait(xbar + 0);
+  else
+    cl_sync();
   trace_slot(ts, 2, DecodeTraceEvent::RouterDown);
   // Stage 1: RMSNorm of the full v (every block the same, in the same order).
   float ss = 0.f;
@@ -1626,8 +1746,20 @@ __global__ void __launch_bounds__(kRouterThreads)
   const float* wop = stage ? wo : out_w;
   // One MLP stage: this block's rows o of W (registers, or wp rows in shared or global memory)
   // against the full vector in, + bias, exact GELU, the result to every block of the cluster.
+  // kA: the result counted on `bar` of each receiver; `all` false: rank 0 receives it alone.
+  auto send = [&](float* out, uint64_t* bar, bool all, int o, float s) {
+    if constexpr (kA) {
+      if (all) {
+        for (unsigned t = unsigned(lane); t < cs; t += kWarp) st_async_f32(out + o, bar, t, s);
+      } else if (lane == 0) {
+        st_async_f32(out + o, bar, 0u, s);
+      }
+    } else {
+      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(out + o, t) = s;
+    }
+  };
   auto mlp_stage = [&](const float(&wr)[kRouterRegRows][kRouterRegK], const float* wp,
-                       const float* in, const float* bias, float* out) {
+                       const float* in, const float* bias, float* out, uint64_t* bar, bool all) {
     if constexpr (kRegs) {
 #pragma unroll
       for (int j = 0; j < kRouterRegRows; j++) {
@@ -1638,7 +1770,7 @@ __global__ void __launch_bounds__(kRouterThreads)
         for (int i = 0; i < kRouterRegK; i++)
           if (lane + i * kWarp < R) s = fmaf(wr[j][i], in[lane + i * kWarp], s);
         s = kern::gelu_erf(warp_sum(s) + bias[o - o0]);
-        for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(out + o, t) = s;
+        send(out, bar, all, o, s);
       }
     } else {
       for (int o = o0 + warp; o < o1; o += kRouterWarps) {
@@ -1646,15 +1778,23 @@ __global__ void __launch_bounds__(kRouterThreads)
         float s = 0.f;
         for (int k = lane; k < R; k += kWarp) s = fmaf(w[k], in[k], s);
         s = kern::gelu_erf(warp_sum(s) + bias[o - o0]);
-        for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(out + o, t) = s;
+        send(out, bar, all, o, s);
       }
     }
   };
-  mlp_stage(w1r, w1p, rn, sb1, h1);
-  cl_sync();
+  mlp_stage(w1r, w1p, rn, sb1, h1, xbar + 1, true);
+  if constexpr (kA)
+    xbar_wait(xbar + 1);
+  else
+    cl_sync();
   trace_slot(ts, 3, DecodeTraceEvent::RouterFc1);
-  mlp_stage(w2r, w2p, h1, sb2, h2);
-  cl_sync();  // no remote access after this: the other blocks may exit
+  mlp_stage(w2r, w2p, h1, sb2, h2, xbar + 2, false);
+  if constexpr (kA) {
+    if (q != 0) return;  // h2 goes to rank 0 alone; nothing is stored into this block any more
+    xbar_wait(xbar + 2);
+  } else {
+    cl_sync();  // no remote access after this: the other blocks may exit
+  }
   trace_slot(ts, 4, DecodeTraceEvent::RouterFc2);
   if (q != 0) return;
   if constexpr (kRegs) {
@@ -2612,7 +2752,7 @@ struct RouterLaunch {
   bool ok = true;     // kRegs: the chosen cluster leaves at most kRouterRegRows rows per warp
 };
 
-template <bool kVecX, bool kRegs>
+template <bool kVecX, bool kRegs, bool kAsync>
 RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay) {
   const int max_cs = lay.max_cluster > 0 ? lay.max_cluster : 16;
   static RouterLaunch cached;
@@ -2638,7 +2778,7 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay)
         size_t(router_smem_floats(R, E1, stage ? (R + cs - 1) / cs : R, stage)) * sizeof(float);
     return lay.one_per_sm ? std::max(b, spread) : b;
   };
-  const auto kernel = decode_router_kernel<kVecX, kRegs>;
+  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync>;
   const bool stage_mlp = lay.stage_mlp && !kRegs;  // registers instead of shared memory
   const int64_t reg_rows = int64_t(kRouterRegRows) * kRouterWarps;
   L.cs = 1;
@@ -2679,16 +2819,17 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay)
   return L;
 }
 
-// Launches the router; false (nothing launched) when the register form cannot take this size.
-template <bool kVecX, bool kRegs>
+// Launches the router; false (nothing launched) when the register form cannot take this size, or
+// the st.async form (kAsync) finds no cluster of more than one block.
+template <bool kVecX, bool kRegs, bool kAsync>
 bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, bool vec_w, const DecodeRouterLayout& lay, cudaStream_t st) {
-  const RouterLaunch L = router_launch<kVecX, kRegs>(R, E1, lay);
-  if (!L.ok) return false;
+  const RouterLaunch L = router_launch<kVecX, kRegs, kAsync>(R, E1, lay);
+  if (!L.ok || (kAsync && L.cs < 2)) return false;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[2];
   unsigned n = 0;
@@ -2709,7 +2850,7 @@ bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = n;
-  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX, kRegs>, r_MR, probs_ME1,
+  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX, kRegs, kAsync>, r_MR, probs_ME1,
                                      choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
                                      scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
                                      balancing_E1, int(D), int(R), int(E1), L.stage, vec_w));
@@ -2733,19 +2874,27 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   // mlp_regs where the register form takes the size (else the shared-memory layout).
   const bool regs = lay.mlp_regs && R % kWarp == 0 && R <= int64_t(kRouterRegK) * kWarp &&
                     E1 <= int64_t(kRouterRegClassRows) * kRouterWarps;
-  auto go = [&](auto vx, auto rg) {
-    return launch_router<decltype(vx)::value, decltype(rg)::value>(
+  // Each form falls back to the next: st.async exchange (lay.async_exchange, where the cluster
+  // has more than one block), then registers (where the sizes allow), then shared memory.
+  auto go = [&](auto vx, auto rg, auto as) {
+    return launch_router<decltype(vx)::value, decltype(rg)::value, decltype(as)::value>(
         r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
         norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1, vec_w, lay,
         st);
   };
   using T = std::true_type;
   using F = std::false_type;
-  if (vec_x) {
-    if (!(regs && go(T{}, T{}))) go(T{}, F{});
-  } else {
-    if (!(regs && go(F{}, T{}))) go(F{}, F{});
-  }
+  const bool as = lay.async_exchange;
+  auto with_x = [&](auto vx) {
+    if (regs && as && go(vx, T{}, T{})) return;
+    if (regs && go(vx, T{}, F{})) return;
+    if (as && go(vx, F{}, T{})) return;
+    go(vx, F{}, F{});
+  };
+  if (vec_x)
+    with_x(T{});
+  else
+    with_x(F{});
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -332,7 +332,8 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv) {
                   li > 0 ? rp : nullptr, l.r_scale, l.r_norm, float(s.c.rms_norm_eps), l.fc1_w,
                   l.fc1_b, l.fc2_w, l.fc2_b, l.out_w, l.balancing, N, s.D, s.R, s.E1, s.st,
                   DecodeRouterLayout{s.opt.decode.router_cluster, s.opt.decode.router_stage,
-                                     s.opt.decode.router_one_per_sm, s.opt.decode.router_mlp_regs});
+                                     s.opt.decode.router_one_per_sm, s.opt.decode.router_mlp_regs,
+                                     s.opt.decode.router_async});
     return;
   }
   s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R, GemmType::BF16,

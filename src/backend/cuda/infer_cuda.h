@@ -50,6 +50,12 @@ struct DecodeTuning {
   // Measured on the H200 (8 layers, 1,097 keys, one process): 0.6421 against 0.6527 ms/step
   // (attention split), 0.6472 against 0.6653 (attention cluster) — the default.
   bool router_mlp_regs = true;
+  // The router's stages hand their results to the cluster's other blocks with st.async stores
+  // counted on an mbarrier per stage (DecodeRouterLayout::async_exchange) instead of stores and a
+  // cluster barrier per stage, whose release is a GPU-scope memory barrier (MEMBAR.ALL.GPU in the
+  // SASS: Nsight Compute put 13% of the router's stall cycles on it, and 9% on barriers). The
+  // same bits. Not yet measured on a GPU: off.
+  bool router_async = false;
   // The post-attention and post-MLP residual norms in the last block of the o projection and of
   // the expert combine (true), or as launches of their own (false, the default: 0.669 against
   // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.

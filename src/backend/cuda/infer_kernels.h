@@ -276,6 +276,10 @@ struct DecodeRouterLayout {
   // multiple of 32 up to 256, E + 1 ≤ 24 and the cluster leaves ≤ 16 rows per block; else the
   // layout above); the same bits.
   bool mlp_regs = false;
+  // The stages' results exchanged with st.async stores counted on an mbarrier per stage instead
+  // of generic stores and a cluster barrier (whose release compiles to a GPU-scope memory
+  // barrier) after each stage; only where the cluster has more than one block. The same bits.
+  bool async_exchange = false;
 };
 void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,

@@ -108,17 +108,23 @@ struct DecodeTuning {
   // The weight streams of the decode kernels (the q|k|v and o GEMVs, the experts, the LM head)
   // loaded with L2 evict_first priority, so that the ~1.4 GB they stream through the 50 MB L2
   // each step displace each other before the kernels' code, the KV cache and the activations
-  // (set_decode_weights_evict_first). The same bits.
+  // (set_decode_weights_evict_first). The same bits. Measured on the H200 (2026-12-04, one
+  // process, alternating): 0.6184/0.6180 against 0.6161/0.6151 ms/step without — +2.5 µs, off.
   bool weights_evict_first = false;
   // The LM head's GEMV loads each warp's row before its programmatic-dependency wait (as the
   // q|k|v and o GEMVs do), so that its first wave — launched while the last residual norm waits
   // on the experts, by that norm's early trigger — has ~34 MB of the head's 1.07 GB in flight
-  // before the final hidden state lands. The same bits.
+  // before the final hidden state lands. The same bits. Measured on the H200 (2026-12-04, three
+  // calls): +3 to +4 µs/step in one, −2.5 and −3.4 µs in two others — within the noise, off.
   bool lm_head_prefetch = false;
   // The LM head's greedy GEMV as one resident grid whose warps stride over the head's rows with
   // the next row's loads in flight (lm_head_greedy's persistent form) instead of ~32K one-row-
   // per-warp blocks in ~31 waves: it streams the 1.07 GB at ~4.49 TB/s against the ~4.69 TB/s
-  // of reads `zaya bench mem` measures. The same bits.
+  // of reads `zaya bench mem` measures. The same bits. Measured on the H200 (2026-12-04):
+  // 0.691–0.706 against 0.612–0.615 ms/step (+80–90 µs), off. Likely causes, not separated: at
+  // 105 registers two 8-warp blocks fit an SM (32 rows in flight against ~40 for five blocks of
+  // the one-row-per-warp launch at 48), and each warp's rows lie a grid apart in memory, where
+  // the waves of that launch walk the matrix in order.
   bool lm_head_persistent = false;
   // MiB of the LM head's first rows kept in L2 across steps (a persisting access policy window on
   // its launch, with fused_step_ends; clamped to the device's set-aside limit); 0: none. The

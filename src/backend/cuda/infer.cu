@@ -1121,12 +1121,13 @@ __device__ __forceinline__ void st_async_f32(float* p, uint64_t* bar, unsigned r
                : "memory");
 #endif
 }
-// Until phase 0 of this block's `bar` completes (each mbarrier here is used once per launch).
+// Until phase 0 of this block's `bar` completes (each mbarrier here is used once per launch), with
+// acquire semantics at cluster scope: the other blocks' stores counted on it are visible after.
 __device__ __forceinline__ void xbar_wait(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
       "{\n .reg .pred done;\n XBAR_WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], 0;\n"
       " @!done bra XBAR_WAIT_%=;\n}\n" ::"r"(smem_addr(bar))
       : "memory");
 #endif

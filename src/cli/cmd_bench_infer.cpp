@@ -41,8 +41,8 @@ struct BenchInferArgs {
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
-      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first, lm_head_pre, lm_head_persist,
-      router_async;
+      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first, lm_head_pre,
+      lm_head_persist, router_async;
   uint64_t seed = 1234;
 };
 

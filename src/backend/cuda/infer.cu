@@ -1024,8 +1024,7 @@ __global__ void __launch_bounds__(kConvFinWarps* kWarp)
   __syncthreads();
   for (int m = 0; m < M; m++)
     qkv_finish_head(q_out, kcache, y_s + m * d, qkv + int64_t(m) * ld,
-                    hh >= Hq ? temp[hh - Hq] : 1.f, len[m], cap, theta, r,
-                    Hq, Hkv, d, m, hh, v);
+                    hh >= Hq ? temp[hh - Hq] : 1.f, len[m], cap, theta, r, Hq, Hkv, d, m, hh, v);
 }
 
 // Thread-block clusters (sm_90): this block's rank, the cluster's size, a peer block's shared
@@ -1115,10 +1114,13 @@ __device__ __forceinline__ void st_async_f32(float* p, uint64_t* bar, unsigned r
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t rp, rb;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rp) : "r"(smem_addr(p)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rb) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(rp),
-               "r"(__float_as_uint(v)), "r"(rb)
-               : "memory");
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(rb)
+               : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(rp),
+      "r"(__float_as_uint(v)), "r"(rb)
+      : "memory");
 #endif
 }
 // Until phase 0 of this block's `bar` completes (each mbarrier here is used once per launch), with
@@ -2109,7 +2111,7 @@ void allow_dynamic_smem(const void* kernel, size_t bytes) {
 // Programmatic dependent launch: used on devices of compute capability 9.0 and later unless
 // switched off (set_decode_pdl(false), or ZAYA_DECODE_PDL=0 in the environment). Decided once
 // per device on the first launch, which runs eagerly, so a captured step makes no such queries.
-int g_pdl_setting = -1;  // -1: the environment decides; 0 off; 1 on where supported
+int g_pdl_setting = -1;              // -1: the environment decides; 0 off; 1 on where supported
 bool g_weights_evict_first = false;  // set_decode_weights_evict_first
 
 bool pdl_active() {
@@ -2425,17 +2427,15 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   const dim3 g2{unsigned((D + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)};
   const dim3 block(kRowsPerBlock * kWarp);
   const TailNorm tn = tail_norm(rn, out_MD, D);
-  const auto down =
-      vec ? (rn                      ? expert_down_combine_kernel<true, true>
-             : g_weights_evict_first ? expert_down_combine_kernel<true, false, true>
-                                     : expert_down_combine_kernel<true, false>)
-          : (rn ? expert_down_combine_kernel<false, true>
-                : expert_down_combine_kernel<false, false>);
-  const auto swiglu = vec ? (g_weights_evict_first ? expert_swiglu_kernel<true, true>
-                                                   : expert_swiglu_kernel<true>)
-                          : expert_swiglu_kernel<false>;
-  launch_k(swiglu, g1, block, 0, st, act_MI,
-           x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
+  const auto down = vec ? (rn                      ? expert_down_combine_kernel<true, true>
+                           : g_weights_evict_first ? expert_down_combine_kernel<true, false, true>
+                                                   : expert_down_combine_kernel<true, false>)
+                        : (rn ? expert_down_combine_kernel<false, true>
+                              : expert_down_combine_kernel<false, false>);
+  const auto swiglu =
+      vec ? (g_weights_evict_first ? expert_swiglu_kernel<true, true> : expert_swiglu_kernel<true>)
+          : expert_swiglu_kernel<false>;
+  launch_k(swiglu, g1, block, 0, st, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
   launch_k(down, g2, block, 0, st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E,
            skip_scaled_input, D, I, tn);
   ZAYA_CUDA_CHECK(cudaGetLastError());
@@ -2688,7 +2688,7 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
   const bool exact = exact_heads && pipe == 1 && d == 128 && G == 4 && stage == 0 &&
                      nchunks <= kAttnExactMaxChunks;
-  const auto kernel = exact ? decode_attn_kernel<128, 1, kAttnWarps, false, 4>
+  const auto kernel = exact       ? decode_attn_kernel<128, 1, kAttnWarps, false, 4>
                       : pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4, kAttnWarps, false>
                                      : d == 64 ? decode_attn_kernel<64, 4, kAttnWarps, false>
                                                : decode_attn_kernel<32, 4, kAttnWarps, false>)
@@ -2851,10 +2851,10 @@ bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = n;
-  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX, kRegs, kAsync>, r_MR, probs_ME1,
-                                     choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
-                                     scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
-                                     balancing_E1, int(D), int(R), int(E1), L.stage, vec_w));
+  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX, kRegs, kAsync>, r_MR,
+                                     probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R,
+                                     state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b,
+                                     out_w, balancing_E1, int(D), int(R), int(E1), L.stage, vec_w));
   return true;
 }
 
@@ -2978,14 +2978,14 @@ void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W,
       const int slot = prefetch ? 1 : 0;
       if (known_dev[slot] != dev) {
         int per_sm = 0, sms = 0;
-        ZAYA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &per_sm, kernel, kRowsPerBlock * kWarp, 0));
+        ZAYA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel,
+                                                                      kRowsPerBlock * kWarp, 0));
         ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         known_grid[slot] = std::max(1, per_sm * sms);
         known_dev[slot] = dev;
       }
-      cfg.gridDim = dim3(unsigned(std::min<int64_t>(known_grid[slot], (V + kRowsPerBlock - 1) /
-                                                                          kRowsPerBlock)));
+      cfg.gridDim = dim3(
+          unsigned(std::min<int64_t>(known_grid[slot], (V + kRowsPerBlock - 1) / kRowsPerBlock)));
       ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits_MV, V, x, ldx, W, D,
                                          static_cast<const float*>(nullptr), V, D, keys_M));
       return;

@@ -1680,6 +1680,26 @@ __global__ void __launch_bounds__(kRouterThreads)
   pdl_trigger();
   const TraceSlots ts = trace_reserve(tr, DecodeTraceEvent::Router);
   __syncthreads();  // the small vectors are in shared memory
+  // A stage's result row o to every block of the cluster (all) or to rank 0 alone: with st.async
+  // counted on `bar` of each receiver (kA), else with stores that the stage's cluster barrier
+  // (exchanged) publishes; then the wait until this block holds every row of the stage.
+  auto send = [&](float* out, uint64_t* bar, bool all, int o, float s) {
+    if constexpr (kA) {
+      if (all) {
+        for (unsigned t = unsigned(lane); t < cs; t += kWarp) st_async_f32(out + o, bar, t, s);
+      } else if (lane == 0) {
+        st_async_f32(out + o, bar, 0u, s);
+      }
+    } else {
+      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(out + o, t) = s;
+    }
+  };
+  auto exchanged = [&](uint64_t* bar) {
+    if constexpr (kA)
+      xbar_wait(bar);
+    else
+      cl_sync();
+  };
   // Stage 0: the down projection and the EDA state, rows [o0, o1).
   // A warp's rows o and o + kRouterWarps are read together (both rows' loads in flight at once),
   // then finished in that order.
@@ -1692,12 +1712,7 @@ __global__ void __launch_bounds__(kRouterThreads)
       trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
       cl_wait(), waited = true;
     }
-    for (unsigned t = unsigned(lane); t < cs; t += kWarp) {
-      if constexpr (kA)
-        st_async_f32(v + o, xbar + 0, t, s);
-      else
-        *cl_map(v + o, t) = s;
-    }
+    send(v, xbar + 0, true, o, s);
   };
   for (int o = o0 + warp; o < o1; o += 2 * kRouterWarps) {
     const int ob = o + kRouterWarps;
@@ -1726,10 +1741,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
     cl_wait();
   }
-  if constexpr (kA)
-    xbar_wait(xbar + 0);
-  else
-    cl_sync();
+  exchanged(xbar + 0);
   trace_slot(ts, 2, DecodeTraceEvent::RouterDown);
   // Stage 1: RMSNorm of the full v (every block the same, in the same order).
   float ss = 0.f;
@@ -1748,19 +1760,8 @@ __global__ void __launch_bounds__(kRouterThreads)
   const float* w2p = stage ? w2 : g2;
   const float* wop = stage ? wo : out_w;
   // One MLP stage: this block's rows o of W (registers, or wp rows in shared or global memory)
-  // against the full vector in, + bias, exact GELU, the result to every block of the cluster.
-  // kA: the result counted on `bar` of each receiver; `all` false: rank 0 receives it alone.
-  auto send = [&](float* out, uint64_t* bar, bool all, int o, float s) {
-    if constexpr (kA) {
-      if (all) {
-        for (unsigned t = unsigned(lane); t < cs; t += kWarp) st_async_f32(out + o, bar, t, s);
-      } else if (lane == 0) {
-        st_async_f32(out + o, bar, 0u, s);
-      }
-    } else {
-      for (unsigned t = unsigned(lane); t < cs; t += kWarp) *cl_map(out + o, t) = s;
-    }
-  };
+  // against the full vector in, + bias, exact GELU, the result sent to every block of the cluster
+  // or to rank 0 alone (all).
   auto mlp_stage = [&](const float(&wr)[kRouterRegRows][kRouterRegK], const float* wp,
                        const float* in, const float* bias, float* out, uint64_t* bar, bool all) {
     if constexpr (kRegs) {
@@ -1786,10 +1787,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     }
   };
   mlp_stage(w1r, w1p, rn, sb1, h1, xbar + 1, true);
-  if constexpr (kA)
-    xbar_wait(xbar + 1);
-  else
-    cl_sync();
+  exchanged(xbar + 1);
   trace_slot(ts, 3, DecodeTraceEvent::RouterFc1);
   mlp_stage(w2r, w2p, h1, sb2, h2, xbar + 2, false);
   if constexpr (kA) {

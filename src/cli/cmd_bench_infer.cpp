@@ -41,8 +41,8 @@ struct BenchInferArgs {
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
-      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, evict_first, lm_head_pre,
-      lm_head_persist, router_async;
+      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem,
+      evict_first, lm_head_pre, lm_head_persist, router_async;
   uint64_t seed = 1234;
 };
 
@@ -188,6 +188,10 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.fuse_cca = v != 0; }, false},
       {"attn_exact_heads", &a.attn_exact, dflt.attn_exact_heads,
        [](cuda::DecodeTuning& t, int v) { t.attn_exact_heads = v != 0; }, false},
+      {"attn_finish", &a.attn_finish, dflt.attn_finish,
+       [](cuda::DecodeTuning& t, int v) { t.attn_finish = v != 0; }, false},
+      {"expert_down_smem", &a.down_smem, dflt.expert_down_smem,
+       [](cuda::DecodeTuning& t, int v) { t.expert_down_smem = v != 0; }, false},
       {"fuse_experts", &a.fuse_experts, dflt.fuse_experts,
        [](cuda::DecodeTuning& t, int v) { t.fuse_experts = v != 0; }, false},
       {"weights_evict_first", &a.evict_first, dflt.weights_evict_first,
@@ -375,9 +379,9 @@ int bench_infer_cli(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(0, 256));
   app.add_option("--attn-pipes", a.attn_pipes,
-                 "also time decode with these attention passes in flight (1, 4)")
+                 "also time decode with these attention passes in flight (1, 2, 4)")
       ->delimiter(',')
-      ->check(CLI::IsMember({1, 4}));
+      ->check(CLI::IsMember({1, 2, 4}));
   on_off("--attn-stage", a.attn_stage,
          "also time decode with the attention combine staging the chunk partials in "
          "shared memory beside its (max, sum) pass (1), or loading them after it (0)");
@@ -409,6 +413,12 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--attn-exact", a.attn_exact,
          "also time decode with the attention kernel compiled for exactly 4 query heads per kv "
          "head (1), or for up to 8 (0)");
+  on_off("--attn-finish", a.attn_finish,
+         "also time decode with the CCA finish folded into the attention launch (1), or as a "
+         "launch of its own (0)");
+  on_off("--down-smem", a.down_smem,
+         "also time decode with the expert-down launch staging its weight rows in shared "
+         "memory before its wait (1), or in registers (0)");
   on_off("--fuse-experts", a.fuse_experts,
          "also time decode with the expert SwiGLU and down products as one launch with a grid "
          "barrier (1), or as two launches (0)");

@@ -359,7 +359,8 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
        {DecodeTraceEvent::Router, DecodeTraceEvent::RouterSums, DecodeTraceEvent::RouterDown,
         DecodeTraceEvent::RouterFc1, DecodeTraceEvent::RouterFc2, DecodeTraceEvent::RouterLogits,
         DecodeTraceEvent::RouterSelect, DecodeTraceEvent::ExpertSwiglu,
-        DecodeTraceEvent::ExpertDown, DecodeTraceEvent::Attention, DecodeTraceEvent::AttnPartials,
+        DecodeTraceEvent::ExpertDown, DecodeTraceEvent::ExpertActDone, DecodeTraceEvent::Attention,
+        DecodeTraceEvent::AttnScores, DecodeTraceEvent::AttnPV, DecodeTraceEvent::AttnPartials,
         DecodeTraceEvent::AttnCombine, DecodeTraceEvent::CcaFinish})
     EXPECT_EQ(per_step(e), n * NL) << decode_trace_event_name(e);
   // The convolutions run inside the finish's launch with DecodeTuning::fuse_cca, in one of their
@@ -388,6 +389,7 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
       {"router clusters of 4", [](DecodeTuning& t) { t.router_cluster = 4; }},
       {"no router cluster", [](DecodeTuning& t) { t.router_cluster = 1; }},
       {"4 attention passes in flight", [](DecodeTuning& t) { t.attn_pipe = 4; }},
+      {"2 attention passes in flight", [](DecodeTuning& t) { t.attn_pipe = 2; }},
       {"residual norms fused or alone (not the default)",
        [](DecodeTuning& t) { t.fuse_norms = !t.fuse_norms; }},
       {"post-MLP norm folded into the q|k|v GEMV", [](DecodeTuning& t) { t.fold_qkv_norm = true; }},
@@ -437,6 +439,15 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
       {"no early triggers",
        [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
       {"GEMV inputs staged in shared memory", [](DecodeTuning& t) { t.gemv_stage_x = true; }},
+      {"expert-down rows staged in shared memory or registers (not the default)",
+       [](DecodeTuning& t) { t.expert_down_smem = !t.expert_down_smem; }},
+      {"CCA finish folded into the attention or a launch of its own (not the default)",
+       [](DecodeTuning& t) { t.attn_finish = !t.attn_finish; }},
+      {"CCA finish folded into the attention, 2 passes in flight",
+       [](DecodeTuning& t) {
+         t.attn_finish = !t.attn_finish;
+         t.attn_pipe = 2;
+       }},
   };
   for (const auto& [what, set] : choices) {
     DecodeTuning t;
@@ -466,7 +477,7 @@ TEST_P(CudaInfer, BadInputIsRefused) {
   t.router_cluster = 3;
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
   t.router_cluster = 0;
-  t.attn_pipe = 2;
+  t.attn_pipe = 3;
   EXPECT_THROW(inf.set_decode_tuning(t), Error);
   t.attn_pipe = 1;
   t.fuse_norms = t.fold_qkv_norm = true;  // one or the other
@@ -586,6 +597,11 @@ TEST(CudaDecodeKernels, ExpertsMatchTheHostReference) {
       }
       expect_bf16_ulp("act", act_h, act_ref, act_sl);
       expect_bf16_ulp("out", out_h, out_ref, out_sl);
+      // The down launch with its rows staged in shared memory: the same bits.
+      decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, nullptr, nullptr,
+                     true);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(test_util::download_bf16(out, size_t(M * D)), out_h) << "down rows staged";
     }
 }
 
@@ -959,6 +975,95 @@ TEST(CudaDecodeKernels, FusedCcaEqualsConvThenFinish) {
   }
 }
 
+// The CCA finish folded into the attention (decode_attention_finish, DecodeTuning::attn_finish)
+// against decode_qkv_finish followed by decode_attention, bit for bit: the output, both caches
+// (whole buffers), the delayed values and the advanced history; the exact form (4 heads per kv
+// head, d 128) with one and two passes in flight, the general one at other shapes, partial and
+// full rotary dims, windows, rows whose new token opens or closes a chunk.
+TEST(CudaDecodeKernels, AttentionWithFinishEqualsFinishThenAttention) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  struct Case {
+    std::vector<int32_t> pos;
+    int64_t Hkv, G, d, r, window, cap;
+    int chunk, pipe;
+  };
+  const std::vector<Case> cases = {
+      {{1096}, 2, 4, 128, 64, 0, 1100, 0, 1},     {{1096}, 2, 4, 128, 64, 0, 1100, 0, 2},
+      {{32, 31, 0}, 2, 4, 128, 64, 0, 96, 16, 2}, {{47, 200}, 2, 4, 128, 128, 40, 320, 32, 1},
+      {{5, 63}, 2, 2, 64, 32, 0, 128, 16, 1},     {{100}, 1, 8, 32, 32, 0, 128, 0, 1},
+      {{17, 0, 64}, 4, 1, 64, 0, 16, 80, 16, 4}};
+  std::mt19937_64 g(97);
+  for (const Case& c : cases) {
+    const int64_t M = int64_t(c.pos.size()), Hkv = c.Hkv, Hq = Hkv * c.G, d = c.d, r = c.r;
+    const int64_t QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2, ld = C + KD + 8, P = 2;
+    const int64_t cap = c.cap;
+    SCOPED_TRACE("M " + std::to_string(M) + " pos0 " + std::to_string(c.pos[0]) + " Hq " +
+                 std::to_string(Hq) + " Hkv " + std::to_string(Hkv) + " d " + std::to_string(d) +
+                 " chunk " + std::to_string(c.chunk) + " pipe " + std::to_string(c.pipe));
+    ASSERT_TRUE(decode_attention_finish_supported(Hq, Hkv, d, r));
+    const auto qkv = test_util::random_uniform(g, size_t(M * ld), -1.f, 1.f, true);
+    const auto conv = test_util::random_uniform(g, size_t(M * C), -1.f, 1.f);
+    const auto hist = test_util::random_uniform(g, size_t(M * P * C), -1.f, 1.f);
+    const auto temp = test_util::random_uniform(g, size_t(Hkv), 0.5f, 2.f);
+    const auto vd0 = test_util::random_uniform(g, size_t(M * VH), -1.f, 1.f);
+    const auto kc0 = test_util::random_uniform(g, size_t(M * cap * KD), -2.f, 2.f, true);
+    const auto vc0 = test_util::random_uniform(g, size_t(M * cap * KD), -1.f, 1.f, true);
+    test_util::DeviceArena ar;
+    const bf16* qd = ar.up_bf16(qkv);
+    const float *convd = ar.up(conv), *tempd = ar.up(temp);
+    const int32_t* lend = ar.up(c.pos);
+    struct Side {
+      float *hist, *vd;
+      bf16 *kc, *vc, *q, *o;
+      char* ws;
+    };
+    const size_t wsb = decode_attention_workspace_bytes(M, Hq, d, cap);
+    auto side = [&]() {
+      return Side{ar.up(hist),
+                  ar.up(vd0),
+                  ar.up_bf16(kc0),
+                  ar.up_bf16(vc0),
+                  ar.alloc<bf16>(size_t(M * QD)),
+                  ar.alloc<bf16>(size_t(M * QD)),
+                  ar.alloc<char>(wsb)};
+    };
+    const Side ref = side(), got = side();
+    ASSERT_TRUE(qd && convd && tempd && lend && ref.hist && ref.vd && ref.kc && ref.vc && ref.q &&
+                ref.o && ref.ws && got.hist && got.vd && got.kc && got.vc && got.q && got.o &&
+                got.ws);
+    ASSERT_EQ(cudaMemset(ref.ws, 0, wsb), cudaSuccess);
+    ASSERT_EQ(cudaMemset(got.ws, 0, wsb), cudaSuccess);
+    const float theta = 10000.f;
+    decode_qkv_finish(ref.q, ref.kc, ref.vc, ref.vd, ref.hist, P, convd, qd, ld, tempd, lend, cap,
+                      theta, r, M, Hq, Hkv, d, nullptr);
+    decode_attention(ref.o, ref.q, ref.kc, ref.vc, lend, cap, c.window, M, Hq, Hkv, d, ref.ws,
+                     nullptr, c.chunk, c.pipe);
+    decode_attention_finish(got.o, got.kc, got.vc, got.vd, got.hist, P, convd, qd, ld, tempd, lend,
+                            cap, theta, r, c.window, M, Hq, Hkv, d, got.ws, nullptr, c.chunk,
+                            c.pipe);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto o_got = test_util::download_bf16(got.o, size_t(M * QD));
+    EXPECT_EQ(o_got, test_util::download_bf16(ref.o, size_t(M * QD))) << "attention output";
+    EXPECT_EQ(test_util::download_bf16(got.kc, kc0.size()),
+              test_util::download_bf16(ref.kc, kc0.size()))
+        << "k cache";
+    EXPECT_EQ(test_util::download_bf16(got.vc, vc0.size()),
+              test_util::download_bf16(ref.vc, vc0.size()))
+        << "v cache";
+    EXPECT_EQ(test_util::download(got.vd, vd0.size()), test_util::download(ref.vd, vd0.size()))
+        << "delayed value";
+    const auto h_got = test_util::download(got.hist, hist.size());
+    EXPECT_EQ(h_got, test_util::download(ref.hist, hist.size())) << "history";
+    EXPECT_NE(h_got, hist) << "the history advanced";
+    // A second launch on the same workspace (the counters back at zero) gives the same output.
+    decode_attention_finish(got.o, got.kc, got.vc, got.vd, got.hist, P, convd, qd, ld, tempd, lend,
+                            cap, theta, r, c.window, M, Hq, Hkv, d, got.ws, nullptr, c.chunk,
+                            c.pipe);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(test_util::download_bf16(got.o, size_t(M * QD)), o_got) << "relaunch";
+  }
+}
+
 // decode_attention in one launch: against double at the bench shape (1097 keys, automatic chunks
 // of 16) and short, windowed, batched contexts, also with 16, 64 and 256 keys per chunk; a second
 // launch on the same workspace (the counters must be back at zero), with four passes' K rows
@@ -1041,6 +1146,14 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
                        false, false, true);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "compiled for 4 heads per kv head";
+      // 2 passes in flight, in the exact form and in the general one.
+      decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 2,
+                       false, false, true);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "2 passes, 4 heads per kv head";
+      decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 2);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "2 passes in flight";
       expect_bf16_ulp("o", o_h, ref_d, slack);
     }
     // The cluster form (its own chunks, combined in shared memory): against the reference, and

@@ -551,6 +551,7 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
   const int64_t e = choice[m];
   if (e < 0 || e >= E) {
     if (lane == 0) act[m * I + i] = __float2bfloat16(0.f);
+    trace_mark(trace_ptr(), DecodeTraceEvent::ExpertActDone);
     return;
   }
   const bf16* W = Wgu + e * gu_stride;
@@ -567,15 +568,23 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
   }
   const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
   if (lane == 0) act[m * I + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
+  trace_mark(trace_ptr(), DecodeTraceEvent::ExpertActDone);  // block (0, 0, 0), its warp 0
 }
 
 // kTail: the block of row m that finishes last (counter tn.counters[m]) runs the post-MLP residual
 // norm of row m over out (the expert combine followed by residual + norm, in one launch).
-template <bool kVec, bool kTail, bool kEF = false>
+// kSmem (with kVec; DecodeTuning::expert_down_smem): the prologue copies each lane's first
+// kPreChunks pieces of its weight row into shared memory with cp.async instead of loading them
+// into registers, so that a block holds ~30 registers a thread instead of ~50 and the whole launch
+// can be resident beside the SwiGLU launch it follows (whose 82 registers a thread leave room for
+// about one more 50-register block per SM): every down row streams while the SwiGLU runs. After the
+// wait each lane moves its own pieces into registers (the same pieces, the same sums).
+template <bool kVec, bool kTail, bool kEF = false, bool kSmem = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x, const bf16* Wd,
                                int64_t d_stride, const float* gate, const int32_t* choice,
                                int64_t E, bool scaled, int64_t D, int64_t I, TailNorm tn) {
+  static_assert(!kSmem || (kVec && !kEF), "the shared-memory prologue is the 16-byte path's");
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -589,8 +598,26 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const bool expert = o < D && e >= 0 && e < E;
   const bf16* w = Wd + (expert ? e * d_stride + o * I : 0);
   uint4 wpre[kPreChunks];
-  if constexpr (kVec) load_row_pieces<kEF>(wpre, w, I, lane, expert);
-  pdl_begin(DecodeTraceEvent::ExpertDown);
+  if constexpr (kSmem) {
+    // [warp][piece][lane]: a warp's 16-byte pieces of one piece index are 512 contiguous bytes.
+    __shared__ uint4 wsh[kRowsPerBlock][kPreChunks][kWarp];
+    const int warp = threadIdx.x / kWarp;
+#pragma unroll
+    for (int c = 0; c < kPreChunks; c++) {
+      const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
+      if (expert && k < I) cp_async16(&wsh[warp][c][lane], w + k);
+    }
+    pdl_begin(DecodeTraceEvent::ExpertDown);
+    cp_async_wait_all();  // this lane's own copies: visible to it without a barrier
+#pragma unroll
+    for (int c = 0; c < kPreChunks; c++) {
+      const int64_t k = int64_t(lane) * 8 + int64_t(c) * kWarp * 8;
+      wpre[c] = expert && k < I ? wsh[warp][c][lane] : make_uint4(0, 0, 0, 0);
+    }
+  } else {
+    if constexpr (kVec) load_row_pieces<kEF>(wpre, w, I, lane, expert);
+    pdl_begin(DecodeTraceEvent::ExpertDown);
+  }
   if (o < D) {
     if (!expert) {
       if (lane == 0)
@@ -852,6 +879,25 @@ __device__ __forceinline__ RopePre rope_pre(int64_t pos, float theta, int r) {
   return t;
 }
 
+// The finish's per-element arithmetic with its roundings spelled out (never contracted or
+// reordered by the compiler), so that every kernel that finishes a head — decode_qkv_finish, the
+// fused CCA launch and the attention with the finish folded in — gives the same bits: the squares
+// of the QK-norm, the head's scale a = √d·temp/max(‖v‖, ε), and the rotated pair
+// (x0·c − x1·s, x1·c + x0·s) with x = v·a.
+__device__ __forceinline__ float qk_square_acc(float v, float ss) {
+  return __fmaf_rn(v, v, ss);
+}
+__device__ __forceinline__ float qk_scale(float ss, float temp_h, int d) {
+  const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
+  return __fdiv_rn(__fmul_rn(sqrtf(float(d)), temp_h), nrm);
+}
+__device__ __forceinline__ void rope_rotate(float v0, float v1, float a, float c, float s, bf16& y0,
+                                            bf16& y1) {
+  const float x0 = __fmul_rn(v0, a), x1 = __fmul_rn(v1, a);
+  y0 = __float2bfloat16(__fmaf_rn(x0, c, -__fmul_rn(x1, s)));
+  y1 = __float2bfloat16(__fmaf_rn(x1, c, __fmul_rn(x0, s)));
+}
+
 // Head hh (< Hq: query head; else key head hh − Hq) of row m after the convolutions, by the whole
 // block: the mean skip added to the head's conv outputs ch[0, d), QK-norm (first warp), RoPE at
 // position pos, stored to q_out or the cache. temp_h: the key head's temperature (1 for a query
@@ -883,12 +929,9 @@ __device__ __forceinline__ void qkv_finish_head(bf16* q_out, bf16* kcache, const
   // QK-norm (the first warp: lane-strided squares, butterfly sum), then RoPE, then store.
   if (threadIdx.x < kWarp) {
     float ss = 0.f;
-    for (int j = threadIdx.x; j < d; j += kWarp) ss += v[j] * v[j];
+    for (int j = threadIdx.x; j < d; j += kWarp) ss = qk_square_acc(v[j], ss);
     ss = warp_sum(ss);
-    if (threadIdx.x == 0) {
-      const float nrm = fmaxf(sqrtf(ss), FLT_EPSILON);
-      v[d] = sqrtf(float(d)) * temp_h / nrm;
-    }
+    if (threadIdx.x == 0) v[d] = qk_scale(ss, temp_h, d);
   }
   __syncthreads();
   const float a = v[d];
@@ -902,11 +945,9 @@ __device__ __forceinline__ void qkv_finish_head(bf16* q_out, bf16* kcache, const
         c = pre->c[i], s = pre->s[i];
       else
         rope_angle(c, s, pos, theta, r, j);
-      const float x0 = v[j] * a, x1 = v[j + h2] * a;
-      out[j] = __float2bfloat16(x0 * c - x1 * s);
-      out[j + h2] = __float2bfloat16(x1 * c + x0 * s);
+      rope_rotate(v[j], v[j + h2], a, c, s, out[j], out[j + h2]);
     } else if (j >= r) {
-      out[j] = __float2bfloat16(v[j] * a);
+      out[j] = __float2bfloat16(__fmul_rn(v[j], a));
     }
   }
   __syncthreads();  // v is reused by the caller
@@ -1173,14 +1214,113 @@ __device__ __forceinline__ void load_bf16_vals(float (&f)[PER], const bf16* p) {
   }
 }
 
+// The CCA finish folded into the attention (kFin, DecodeTuning::attn_finish): what
+// decode_qkv_finish reads and writes besides q, which then never leaves shared memory.
+struct AttnFinishArgs {
+  const float* conv = nullptr;  // [M, C] convolution outputs
+  const bf16* qkv = nullptr;    // rows q0 | k0 | v_cur | v_del, stride ld
+  int64_t ld = 0;
+  const float* temp = nullptr;        // [Hkv] key temperatures
+  bf16 *kc = nullptr, *vc = nullptr;  // the caches (the kernel's kcache, vcache), written at pos
+  float* vd_last = nullptr;           // [M, VH]
+  float* hist = nullptr;              // [M, P, C] or null
+  int P = 0;
+  float theta = 0.f;
+  int r = 0;
+};
+// Shared memory of the folded finish after the attention's own arrays: the group's G + 1 heads
+// before the rotation ([G + 1][D] floats), their scales (G + 1 <= kAttnMaxG + 1, in 16 floats,
+// which keeps what follows 64-byte aligned), and the new key and value rows as the cache holds
+// them (2·D bf16 = D floats).
+constexpr int kAttnFinishScales = 16;
+static_assert(kAttnFinishScales >= kAttnMaxG + 1, "a scale per head of the group and the key");
+__host__ __device__ constexpr int attn_finish_floats(int G, int D) {
+  return (G + 1) * D + kAttnFinishScales + D;
+}
+
+// The finish of kv head g's group for row m by the whole block, into shared memory (kFin): the
+// mean skip, QK-norm and RoPE of the G query heads, whose rounded values land in qs pre-scaled as
+// the attention reads q (float(bf16(·))·scale), and of the key head, whose cache row lands in kn;
+// the value row of the new token in vn — those two only when `own` (the block whose chunk holds
+// pos: the previous token's delayed values it reads are overwritten by that block alone). The same
+// per-element arithmetic as qkv_finish_head and qkv_finish_value (the same bits).
+template <int D>
+__device__ __forceinline__ void attn_finish_group(float* qs, bf16* kn, bf16* vn, float* vb,
+                                                  const AttnFinishArgs& f, bool own, int m, int g,
+                                                  int G, int Hq, int Hkv, int64_t pos,
+                                                  const RopePre& pre, float temp_g, float scale,
+                                                  int warp, int lane, int nwarps) {
+  const int QD = Hq * D, KD = Hkv * D, C = QD + KD, VH = KD / 2;
+  const bf16* row = f.qkv + int64_t(m) * f.ld;
+  const float* cv = f.conv + int64_t(m) * C;
+  float* sc = vb + (G + 1) * D;    // the heads' scales
+  const int nh = own ? G + 1 : G;  // the key head (index G) only for the owner
+  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    const float k0 = __bfloat162float(row[QD + g * D + j]);
+    float sk = 0.f;
+    for (int t = 0; t < G; t++) {
+      const int h = g * G + t;
+      const float mq = (__bfloat162float(row[h * D + j]) + k0) * 0.5f;
+      vb[t * D + j] = cv[h * D + j] + mq;
+      sk += mq;
+    }
+    if (own) {
+      vb[G * D + j] = cv[QD + g * D + j] + sk / float(G);
+      const int e = g * D + j;  // this element of the value row
+      vn[j] = e < VH ? row[C + e] : __float2bfloat16(f.vd_last[int64_t(m) * VH + e - VH]);
+    }
+  }
+  __syncthreads();
+  for (int t = warp; t < nh; t += nwarps) {
+    float ss = 0.f;
+    for (int j = lane; j < D; j += kWarp) ss = qk_square_acc(vb[t * D + j], ss);
+    ss = warp_sum(ss);
+    if (lane == 0) sc[t] = qk_scale(ss, t < G ? 1.f : temp_g, D);
+  }
+  __syncthreads();
+  const int h2 = f.r / 2;
+  for (int j = threadIdx.x, i = 0; j < D; j += blockDim.x, i++) {
+    if (j >= h2 && j < f.r) continue;  // the second of a pair: done by its first
+    float c = 1.f, s = 0.f;
+    if (j < h2) {
+      if (i < kRopePre)
+        c = pre.c[i], s = pre.s[i];
+      else
+        rope_angle(c, s, pos, f.theta, f.r, j);
+    }
+    for (int t = 0; t < nh; t++) {
+      const float a = sc[t];
+      bf16 y0, y1;
+      if (j < h2)
+        rope_rotate(vb[t * D + j], vb[t * D + j + h2], a, c, s, y0, y1);
+      else
+        y0 = __float2bfloat16(__fmul_rn(vb[t * D + j], a));
+      if (t < G) {
+        qs[t * D + j] = __bfloat162float(y0) * scale;
+        if (j < h2) qs[t * D + j + h2] = __bfloat162float(y1) * scale;
+      } else {
+        kn[j] = y0;
+        if (j < h2) kn[j + h2] = y1;
+      }
+    }
+  }
+  __syncthreads();
+}
+
 // kG > 0: the query heads per kv head fixed at compile time (the loops over heads then hold kG
 // heads' code instead of kAttnMaxG's with a runtime bound; the same arithmetic); 0: Hq / Hkv.
-template <int D, int kPipe, int kW, bool kCluster, int kG = 0>
+// kFin: the CCA finish of the block's group folded in (AttnFinishArgs; the split form only): every
+// visible block finishes its group's heads itself after the wait (q never goes through memory),
+// uses the new key and value from shared memory for the token at pos, and the block whose chunk
+// holds pos writes them to the caches, moves the group's delayed values on and advances the
+// group's convolution history — what decode_qkv_finish does, the same bits.
+template <int D, int kPipe, int kW, bool kCluster, int kG = 0, bool kFin = false>
 __global__ void __launch_bounds__(kW* kWarp)
     decode_attn_kernel(bf16* o, float* part_o, float* part_ml, unsigned* counters, const bf16* q,
                        const bf16* kcache, const bf16* vcache, const int32_t* len, int64_t cap,
                        int64_t window, int Hq, int Hkv, int ch, int nchunks, int flag_at,
-                       int stage_chunks, int cbuf_at) {
+                       int stage_chunks, int cbuf_at, AttnFinishArgs fin) {
+  static_assert(!(kFin && kCluster), "the finish folds into the split form only");
   constexpr int PER = D / 8;     // key values per lane in the score pass
   constexpr int PV = D / kWarp;  // value dims per lane in the P·V pass
   constexpr int kThreads = kW * kWarp;
@@ -1212,7 +1352,14 @@ __global__ void __launch_bounds__(kW* kWarp)
   // len is written only by the last launch of a step (advance_lengths), which completed before the
   // previous kernel could start (see the PDL rules above), so it is final here: read before the
   // wait.
-  const int64_t pos = __ldcg(len + m);     // the new token (already in the cache) is at pos
+  const int64_t pos = __ldcg(len + m);  // the new token (already in the cache) is at pos
+  // kFin: the rotations at pos and the key temperature (a weight) before the wait too.
+  RopePre rpre{};
+  float temp_g = 1.f;
+  if constexpr (kFin) {
+    rpre = rope_pre(pos, fin.theta, fin.r);
+    temp_g = fin.temp[g];
+  }
   pdl_begin(DecodeTraceEvent::Attention);  // q and the cache come from earlier kernels
   if constexpr (kCluster) cl_wait();       // every block of the cluster has started
   constexpr int kGMax = kG > 0 ? kG : kAttnMaxG;
@@ -1239,13 +1386,20 @@ __global__ void __launch_bounds__(kW* kWarp)
     // kPipe passes of 16 keys at a time: their K rows are loaded together, then scored pass by
     // pass in the same order. A group past the chunk's end reads key 0 again (all lanes stay
     // converged for the shuffles) and stores nothing.
+    // kFin: the new token's key and value rows (index jpos of the chunk, if it holds pos) come
+    // from shared memory, where the folded finish puts them; the loads issued before it are
+    // patched once it is done.
+    float* const fvb = po + kW * G * D;  // kFin: attn_finish_floats(G, D) floats
+    bf16* const kn = reinterpret_cast<bf16*>(fvb + (G + 1) * D + kAttnFinishScales);
+    bf16* const vn = kn + D;
+    const int jpos = kFin && pos >= kb && pos < ke ? int(pos - kb) : -1;
     float kf[kPipe][PER];
     auto load_k = [&](int j0) {
 #pragma unroll
       for (int p = 0; p < kPipe; p++) {
         const int j = j0 + p * kKeysPerPass + warp * 4 + grp;
         const int64_t at = int64_t(j < n ? j : 0) * row + sub * PER;
-        load_bf16_vals<PER>(kf[p], kbase + at);
+        load_bf16_vals<PER>(kf[p], kFin && j == jpos ? kn + sub * PER : kbase + at);
         prefetch_l2(vbase + at);  // the P·V pass reads this row next
       }
     };
@@ -1257,9 +1411,39 @@ __global__ void __launch_bounds__(kW* kWarp)
       const int j = warp + i * kW;
       if (j < n) load_bf16_vals<PV>(vpre[i], vbase + int64_t(j) * row + lane * PV);
     }
-    for (int i = threadIdx.x; i < G * D; i += kThreads)
-      qs[i] = __bfloat162float(q[(int64_t(m) * Hq + int64_t(g) * G) * D + i]) * scale;
-    __syncthreads();
+    if constexpr (kFin) {
+      attn_finish_group<D>(qs, kn, vn, fvb, fin, jpos >= 0, m, g, G, Hq, Hkv, pos, rpre, temp_g,
+                           scale, warp, lane, kW);
+      if (jpos >= 0) {  // the rows loaded above for key jpos were the cache's old ones
+#pragma unroll
+        for (int p = 0; p < kPipe; p++)
+          if (p * kKeysPerPass + warp * 4 + grp == jpos) load_bf16_vals<PER>(kf[p], kn + sub * PER);
+#pragma unroll
+        for (int i = 0; i < kVPre; i++)
+          if (warp + i * kW == jpos) load_bf16_vals<PV>(vpre[i], vn + lane * PV);
+        // This block owns the new token of (g, m): its cache rows, the group's share of the
+        // delayed values (read above by the thread that overwrites them) and the group's
+        // convolution history (the convolutions, a launch back, have read it).
+        const int QD = Hq * D, KD = Hkv * D, C = QD + KD, VH = KD / 2;
+        const bf16* qrow = fin.qkv + int64_t(m) * fin.ld;
+        const int64_t at = ((int64_t(m) * cap + pos) * Hkv + g) * D;
+        for (int j = threadIdx.x; j < D; j += kThreads) {
+          fin.kc[at + j] = kn[j];
+          fin.vc[at + j] = vn[j];
+          const int e = g * D + j;
+          if (e >= VH) fin.vd_last[int64_t(m) * VH + e - VH] = __bfloat162float(qrow[C + e]);
+          if (fin.hist && fin.P > 0) {
+            for (int t = 0; t < G; t++)
+              conv_hist_advance(fin.hist, qrow, fin.P, C, m, (g * G + t) * D + j);
+            conv_hist_advance(fin.hist, qrow, fin.P, C, m, QD + g * D + j);
+          }
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < G * D; i += kThreads)
+        qs[i] = __bfloat162float(q[(int64_t(m) * Hq + int64_t(g) * G) * D + i]) * scale;
+      __syncthreads();
+    }
     for (int j0 = 0; j0 < n; j0 += kPipe * kKeysPerPass) {
       if (j0 > 0) load_k(j0);
 #pragma unroll
@@ -1280,6 +1464,7 @@ __global__ void __launch_bounds__(kW* kWarp)
       }
     }
     __syncthreads();
+    trace_mark(trace_ptr(), DecodeTraceEvent::AttnScores);  // block (0, 0, 0)
     // Per head: max and sum over the chunk (one warp per head), probabilities in place.
     for (int t = warp; t < G; t += kW) {
       float mx = -INFINITY;
@@ -1325,9 +1510,11 @@ __global__ void __launch_bounds__(kW* kWarp)
 #pragma unroll 4  // a warp's next 4 keys: their V loads in flight together
     for (int j = warp + kVPre * kW; j < n; j += kW) {
       float vf[PV];
-      load_bf16_vals<PV>(vf, vbase + int64_t(j) * row + lane * PV);
+      load_bf16_vals<PV>(vf,
+                         kFin && j == jpos ? vn + lane * PV : vbase + int64_t(j) * row + lane * PV);
       pv_key(j, vf);
     }
+    trace_mark(trace_ptr(), DecodeTraceEvent::AttnPV);  // block (0, 0, 0), its warp 0
 #pragma unroll
     for (int t = 0; t < kGMax; t++) {
       if (t >= G) break;
@@ -2297,9 +2484,12 @@ const char* decode_trace_event_name(DecodeTraceEvent ev) {
     case DecodeTraceEvent::GemvF32: return "gemv_f32";
     case DecodeTraceEvent::ExpertSwiglu: return "expert_swiglu";
     case DecodeTraceEvent::ExpertDown: return "expert_down";
+    case DecodeTraceEvent::ExpertActDone: return "expert_act_done";
     case DecodeTraceEvent::CcaConv: return "cca_conv";
     case DecodeTraceEvent::CcaFinish: return "cca_finish";
     case DecodeTraceEvent::Attention: return "attention";
+    case DecodeTraceEvent::AttnScores: return "attn_scores";
+    case DecodeTraceEvent::AttnPV: return "attn_pv";
     case DecodeTraceEvent::AttnPartials: return "attn_partials";
     case DecodeTraceEvent::AttnCombine: return "attn_combine";
     case DecodeTraceEvent::Norm: return "residual_norm";
@@ -2405,7 +2595,7 @@ bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I) {
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn, unsigned* fused_barrier) {
+                    const DecodeResidualNorm* rn, unsigned* fused_barrier, bool down_smem) {
   check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
   check(!rn || M <= kGemvMaxRows, "decode_experts: the fused residual norm takes M <= 8");
   const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
@@ -2427,7 +2617,8 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   const TailNorm tn = tail_norm(rn, out_MD, D);
   const auto down = vec ? (rn                      ? expert_down_combine_kernel<true, true>
                            : g_weights_evict_first ? expert_down_combine_kernel<true, false, true>
-                                                   : expert_down_combine_kernel<true, false>)
+                           : down_smem ? expert_down_combine_kernel<true, false, false, true>
+                                       : expert_down_combine_kernel<true, false>)
                         : (rn ? expert_down_combine_kernel<false, true>
                               : expert_down_combine_kernel<false, false>);
   const auto swiglu =
@@ -2639,19 +2830,23 @@ bool launch_attn_cluster(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, con
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(
       &cfg, kernel, o_MHd, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
       static_cast<unsigned*>(nullptr), q_MHd, kcache, vcache, len_B, cap, window, int(Hq), int(Hkv),
-      int(plan.ch), plan.cs, int(plan.floats - 1), 0, int(plan.cbuf_at)));
+      int(plan.ch), plan.cs, int(plan.floats - 1), 0, int(plan.cbuf_at), AttnFinishArgs{}));
   return true;
 }
 
-void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
+namespace {
+
+// decode_attention, and with fin (the split form only) decode_attention_finish.
+void attention_launch(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
-                      bool stage_combine, bool cluster, bool exact_heads) {
+                      bool stage_combine, bool cluster, bool exact_heads,
+                      const AttnFinishArgs* fin) {
   const int64_t G = Hq / Hkv;
   check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
             (d == 32 || d == 64 || d == 128),
         "decode_attention: needs M <= 8, Hq/Hkv <= 8 and a head dim of 32, 64 or 128");
-  if (cluster && chunk == 0) {
+  if (cluster && chunk == 0 && !fin) {
     const bool done = d == 128  ? launch_attn_cluster<128>(o_MHd, q_MHd, kcache, vcache, len_B, cap,
                                                           window, M, Hq, Hkv, st)
                       : d == 64 ? launch_attn_cluster<64>(o_MHd, q_MHd, kcache, vcache, len_B, cap,
@@ -2665,7 +2860,8 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
   }
   check(chunk == 0 || (chunk % kAttnKeysPerPass == 0 && chunk <= kAttnMaxChunk),
         "decode_attention: keys per chunk must be a multiple of 16 up to 256 (0: automatic)");
-  check(pipe == 1 || pipe == 4, "decode_attention: passes in flight must be 1 or 4");
+  check(pipe == 1 || pipe == 2 || pipe == 4,
+        "decode_attention: passes in flight must be 1, 2 or 4");
   const int ch = chunk > 0 ? chunk : attn_chunk(M, Hkv, cap);
   const int nchunks = int((cap + ch - 1) / ch);
   unsigned* counters = static_cast<unsigned*>(ws);
@@ -2674,30 +2870,74 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
   // The main pass's arrays, or the combine's weights, whichever is larger; then the flag.
   // stage_combine: room for the partial rows of up to `stage` chunks (at most kAttnStageBytes), so
   // that a combine over that many visible chunks stages them in one round.
+  // The folded finish: no staged combine, and one pass in flight outside the exact form.
   const int64_t stage =
-      stage_combine && aligned16(part_o)
+      stage_combine && !fin && aligned16(part_o)
           ? std::min<int64_t>(nchunks, kAttnStageBytes / (G * d * int64_t(sizeof(float))))
           : 0;
   const int64_t combine =
       stage > 0 ? (G * (nchunks + 1) + 3) / 4 * 4 + stage * G * d : G * (nchunks + 1);
-  const size_t smem =
-      size_t(std::max<int64_t>(G * d + G * ch + kAttnWarps * G * d, combine) + 1) * sizeof(float);
+  const int64_t main_pass =
+      G * d + G * ch + kAttnWarps * G * d + (fin ? attn_finish_floats(int(G), int(d)) : 0);
+  const size_t smem = size_t(std::max<int64_t>(main_pass, combine) + 1) * sizeof(float);
   const int flag_at = int(smem / sizeof(float)) - 1;
   const dim3 grid{unsigned(nchunks), unsigned(Hkv), unsigned(M)};
-  const bool exact = exact_heads && pipe == 1 && d == 128 && G == 4 && stage == 0 &&
+  const bool exact = exact_heads && pipe <= 2 && d == 128 && G == 4 && stage == 0 &&
                      nchunks <= kAttnExactMaxChunks;
-  const auto kernel = exact       ? decode_attn_kernel<128, 1, kAttnWarps, false, 4>
-                      : pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4, kAttnWarps, false>
-                                     : d == 64 ? decode_attn_kernel<64, 4, kAttnWarps, false>
-                                               : decode_attn_kernel<32, 4, kAttnWarps, false>)
-                                  : (d == 128  ? decode_attn_kernel<128, 1, kAttnWarps, false>
-                                     : d == 64 ? decode_attn_kernel<64, 1, kAttnWarps, false>
-                                               : decode_attn_kernel<32, 1, kAttnWarps, false>);
+  const auto kernel =
+      fin         ? (exact      ? (pipe == 2 ? decode_attn_kernel<128, 2, kAttnWarps, false, 4, true>
+                                             : decode_attn_kernel<128, 1, kAttnWarps, false, 4, true>)
+                     : d == 128 ? decode_attn_kernel<128, 1, kAttnWarps, false, 0, true>
+                     : d == 64  ? decode_attn_kernel<64, 1, kAttnWarps, false, 0, true>
+                                : decode_attn_kernel<32, 1, kAttnWarps, false, 0, true>)
+      : exact     ? (pipe == 2 ? decode_attn_kernel<128, 2, kAttnWarps, false, 4>
+                               : decode_attn_kernel<128, 1, kAttnWarps, false, 4>)
+      : pipe == 4 ? (d == 128  ? decode_attn_kernel<128, 4, kAttnWarps, false>
+                     : d == 64 ? decode_attn_kernel<64, 4, kAttnWarps, false>
+                               : decode_attn_kernel<32, 4, kAttnWarps, false>)
+      : pipe == 2 ? (d == 128  ? decode_attn_kernel<128, 2, kAttnWarps, false>
+                     : d == 64 ? decode_attn_kernel<64, 2, kAttnWarps, false>
+                               : decode_attn_kernel<32, 2, kAttnWarps, false>)
+                  : (d == 128  ? decode_attn_kernel<128, 1, kAttnWarps, false>
+                     : d == 64 ? decode_attn_kernel<64, 1, kAttnWarps, false>
+                               : decode_attn_kernel<32, 1, kAttnWarps, false>);
   if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_k(kernel, grid, dim3(kAttnThreads), smem, st, o_MHd, part_o, part_ml, counters, q_MHd,
            kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at, int(stage),
-           0);
+           0, fin ? *fin : AttnFinishArgs{});
   ZAYA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
+                      const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
+                      int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
+                      bool stage_combine, bool cluster, bool exact_heads) {
+  attention_launch(o_MHd, q_MHd, kcache, vcache, len_B, cap, window, M, Hq, Hkv, d, ws, st, chunk,
+                   pipe, stage_combine, cluster, exact_heads, nullptr);
+}
+
+bool decode_attention_finish_supported(int64_t Hq, int64_t Hkv, int64_t d, int64_t r) {
+  // rope_pre covers pairs j < kRopePre·kAttnThreads; the value row splits into halves.
+  return Hkv > 0 && Hq % Hkv == 0 && Hq / Hkv <= kAttnMaxG && (d == 32 || d == 64 || d == 128) &&
+         r >= 0 && r <= d && r % 2 == 0 && (Hkv * d) % 2 == 0;
+}
+
+void decode_attention_finish(bf16* o_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,
+                             float* hist_BPC, int64_t P, const float* conv_MC, const bf16* qkv,
+                             int64_t ld, const float* temp_G, const int32_t* len_B, int64_t cap,
+                             float theta, int64_t r, int64_t window, int64_t M, int64_t Hq,
+                             int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
+                             bool exact_heads) {
+  check(decode_attention_finish_supported(Hq, Hkv, d, r),
+        "decode_attention_finish: needs Hq/Hkv <= 8, a head dim of 32, 64 or 128 and an even "
+        "rotary dim up to it");
+  AttnFinishArgs f;
+  f.conv = conv_MC, f.qkv = qkv, f.ld = ld, f.temp = temp_G, f.kc = kcache, f.vc = vcache;
+  f.vd_last = vd_last_B, f.hist = hist_BPC, f.P = int(P), f.theta = theta, f.r = int(r);
+  attention_launch(o_MHd, nullptr, kcache, vcache, len_B, cap, window, M, Hq, Hkv, d, ws, st, chunk,
+                   pipe, false, false, exact_heads, &f);
 }
 
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,

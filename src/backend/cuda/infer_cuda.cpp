@@ -164,8 +164,8 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
                  t.router_cluster == 4 || t.router_cluster == 8 || t.router_cluster == 16,
              "cuda inference: router cluster size must be 1, 2, 4, 8 or 16 (0: automatic), got {}",
              t.router_cluster);
-  ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 4,
-             "cuda inference: attention passes in flight must be 1 or 4, got {}", t.attn_pipe);
+  ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 2 || t.attn_pipe == 4,
+             "cuda inference: attention passes in flight must be 1, 2 or 4, got {}", t.attn_pipe);
   ZAYA_CHECK(!(t.fuse_norms && t.fold_qkv_norm),
              "cuda inference: the post-MLP residual norm is either fused into the expert launch "
              "(fuse_norms) or folded into the next q|k|v GEMV (fold_qkv_norm), not both");
@@ -451,8 +451,13 @@ void CudaInference::Impl::run_decode_step() {
                 opt.decode.gemv_stage_x);
     }
     mark("qkv, o projections");
-    if (opt.decode.fuse_cca && on(DecodeOp::CcaConv) && on(DecodeOp::CcaFinish) &&
-        decode_conv_finish_supported(M, Hq, Hkv, d, c.cca_time0, c.cca_time1, rot, l.conv_g_w)) {
+    const bool cca_fused =
+        opt.decode.fuse_cca && on(DecodeOp::CcaConv) && on(DecodeOp::CcaFinish) &&
+        decode_conv_finish_supported(M, Hq, Hkv, d, c.cca_time0, c.cca_time1, rot, l.conv_g_w);
+    // attn_finish: the finish runs inside the attention's launch (both must be on).
+    const bool fin = opt.decode.attn_finish && !cca_fused && on(DecodeOp::CcaFinish) &&
+                     on(DecodeOp::Attention) && decode_attention_finish_supported(Hq, Hkv, d, rot);
+    if (cca_fused) {
       decode_conv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, qkv, LD, l.conv_dw_w, l.conv_dw_b,
                          l.conv_g_w, l.conv_g_b, l.temp, len, opt.max_context, float(rs.theta), rot,
                          M, Hq, Hkv, d, c.cca_time0, c.cca_time1, st);
@@ -461,12 +466,17 @@ void CudaInference::Impl::run_decode_step() {
         decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C,
                     d, c.cca_time0, c.cca_time1, st);
       mark("cca conv");
-      if (on(DecodeOp::CcaFinish))
+      if (on(DecodeOp::CcaFinish) && !fin)
         decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
                           opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
     }
     mark("cca qk-norm, rope, cache");
-    if (on(DecodeOp::Attention))
+    if (fin)
+      decode_attention_finish(o, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
+                              opt.max_context, float(rs.theta), rot, window, M, Hq, Hkv, d, attn_ws,
+                              st, opt.decode.attn_chunk, opt.decode.attn_pipe,
+                              opt.decode.attn_exact_heads);
+    else if (on(DecodeOp::Attention))
       decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
                        opt.decode.attn_chunk, opt.decode.attn_pipe, opt.decode.attn_stage_combine,
                        opt.decode.attn_cluster, opt.decode.attn_exact_heads);
@@ -496,7 +506,8 @@ void CudaInference::Impl::run_decode_step() {
       decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
                      c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
                      opt.decode.fuse_norms ? &pm : nullptr,
-                     opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr);
+                     opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
+                     opt.decode.expert_down_smem);
       // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
       if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
         decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,

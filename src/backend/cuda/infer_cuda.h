@@ -27,7 +27,8 @@ struct DecodeTuning {
   // Keys per split-context attention block (a multiple of 16 up to 256); 0: chosen from the cache
   // capacity (decode_attention).
   int attn_chunk = 0;
-  // 16-key passes of an attention block whose K rows are loaded together (1 or 4); the same bits.
+  // 16-key passes of an attention block whose K rows are loaded together (1, 2 or 4; 2 covers a
+  // 32-key chunk in one round trip); the same bits.
   int attn_pipe = 1;
   // The attention's combining block stages the chunk partials in shared memory beside its (max,
   // sum) pass (decode_attention's stage_combine); the same bits.
@@ -99,12 +100,24 @@ struct DecodeTuning {
   // H200 (8 layers, 1,097 keys, one process, alternating, 2026-12-04): 0.6165/0.6158/0.6160
   // against 0.6272/0.6255/0.6253 ms/step — the default.
   bool attn_exact_heads = true;
+  // The CCA finish (mean skip, QK-norm, RoPE, cache and history writes) folded into the split
+  // attention launch (decode_attention_finish): each attention block finishes its kv head's group
+  // itself after the wait, so q never goes through memory and the finish's launch, with its kernel
+  // boundary on the critical path (~3.9 µs from the finish passing its wait to the attention
+  // passing its own, in the trace of 2026-12-04), is gone. Not with fuse_cca. The same bits.
+  bool attn_finish = false;
   // The expert SwiGLU and down products as one launch with a grid barrier between them
   // (decode_experts' one-launch form, where it applies; not with fuse_norms): the down rows load
   // beside the SwiGLU rows instead of after the first launch, whose 16 MB of rows held in
   // registers leave room for only part of the down launch's blocks. The same bits. Measured
   // slower on the H200 (2026-12-04): 0.6392/0.6378 against 0.6324/0.6328 ms/step.
   bool fuse_experts = false;
+  // The expert-down launch's prologue puts its weight rows into shared memory with cp.async
+  // instead of registers (decode_experts' down_smem): ~30 instead of ~50 registers a thread, so
+  // that the whole launch can be resident beside the SwiGLU launch (82 registers a thread, 2–3
+  // blocks an SM) and all 8 MB of down rows stream while the SwiGLU runs, not about half. The
+  // same bits.
+  bool expert_down_smem = false;
   // The weight streams of the decode kernels (the q|k|v and o GEMVs, the experts, the LM head)
   // loaded with L2 evict_first priority, so that the ~1.4 GB they stream through the 50 MB L2
   // each step displace each other before the kernels' code, the KV cache and the activations

@@ -44,13 +44,16 @@ void set_decode_weights_evict_first(bool on);
 // Where a decode kernel stamps the trace: as it passes its programmatic-dependency wait (the
 // kernel kinds), and the router also after each of its stages (cluster barriers) and its choice.
 enum class DecodeTraceEvent : unsigned {
-  Gemv,          // gemv_bf16 (q|k|v, o projection, LM head)
-  GemvF32,       // gemv_f32
-  ExpertSwiglu,  // decode_experts, first launch
-  ExpertDown,    // decode_experts, second launch
+  Gemv,           // gemv_bf16 (q|k|v, o projection, LM head)
+  GemvF32,        // gemv_f32
+  ExpertSwiglu,   // decode_experts, first launch
+  ExpertDown,     // decode_experts, second launch
+  ExpertActDone,  // decode_experts, first launch: block 0 has stored its act rows
   CcaConv,
   CcaFinish,
   Attention,
+  AttnScores,    // chunk 0 of the first kv head: its scores are in shared memory
+  AttnPV,        // chunk 0 of the first kv head: its P·V sums are in registers
   AttnPartials,  // chunk 0 of the first kv head has stored its partials (before the counter)
   AttnCombine,   // the combining block of the first kv head starts the combine
   Norm,          // decode_residual_norm
@@ -137,10 +140,14 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 // the same bits. A zero-filled word that only this stream's expert launches use (the
 // last of the decode_tail_counter_bytes words is meant for it); every launch leaves its low 31
 // bits zero.
+// down_smem (two launches, without rn or evict_first weights): the down launch's prologue copies
+// its weight rows into shared memory (cp.async) instead of registers, so that more of its blocks
+// are resident beside the SwiGLU launch and load their rows while it runs; the same bits.
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn = nullptr, unsigned* fused_barrier = nullptr);
+                    const DecodeResidualNorm* rn = nullptr, unsigned* fused_barrier = nullptr,
+                    bool down_smem = false);
 // Whether the one-launch form applies on the current device (D, I multiples of 8, act within
 // 48 KB of shared memory, the grid resident at once); 16-byte aligned pointers are needed too.
 bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);
@@ -180,7 +187,7 @@ void decode_conv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_
 // filled once before the first call (the kernel leaves its counters at zero again). o bf16
 // [M,Hq,d]; d 32, 64 or 128; M <= 8. chunk: keys per split block (a multiple of 16 up to 256); 0
 // picks it from the cache capacity (about one block per SM in all). pipe: 16-key passes whose K
-// rows are loaded together (1 or 4); the same scores in the same order either way.
+// rows are loaded together (1, 2 or 4); the same scores in the same order either way.
 // stage_combine: the combining block copies the visible chunks' partial rows into shared memory
 // (cp.async, beside its pass over the chunks' max and sum) when they fit in 96 KiB, instead of
 // loading them after that pass; the same sums in the same order. cluster (with chunk 0): the
@@ -192,13 +199,28 @@ void decode_conv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_
 // before the launch's programmatic-dependency wait: the kernel launched just before this one must
 // not write it (in a decode step only the step's last launch, advance_lengths, does).
 // exact_heads: a kernel compiled for exactly 4 query heads per kv head where that and the split
-// form with d = 128 and pipe 1 apply (smaller code; the same bits).
+// form with d = 128 and pipe 1 or 2 apply (smaller code; the same bits).
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
                       int pipe = 1, bool stage_combine = false, bool cluster = false,
                       bool exact_heads = false);
+// decode_qkv_finish followed by decode_attention (the split form) in one launch, the same bits:
+// every block of the attention finishes the heads of its kv head's group itself after the wait
+// (mean skip, QK-norm, RoPE; q never goes through memory), takes the new token's key and value
+// rows from shared memory, and the block whose chunk holds position len_B[m] writes them to the
+// caches and, for its group, moves the delayed values on and advances the convolution history.
+// Arguments as the two functions'; the cluster form and staged combine do not apply, and pipe 4
+// runs as 1. decode_attention_finish_supported: Hq/Hkv <= 8, d 32, 64 or 128, an even rotary
+// dim r <= d.
+bool decode_attention_finish_supported(int64_t Hq, int64_t Hkv, int64_t d, int64_t r);
+void decode_attention_finish(bf16* o_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,
+                             float* hist_BPC, int64_t P, const float* conv_MC, const bf16* qkv,
+                             int64_t ld, const float* temp_G, const int32_t* len_B, int64_t cap,
+                             float theta, int64_t r, int64_t window, int64_t M, int64_t Hq,
+                             int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
+                             int pipe = 1, bool exact_heads = true);
 // Decode rows (block per row): h = (a + hb)⊙hs + (h + rb)⊙rs in place (skipped when a is null),
 // then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
 // early_trigger: under programmatic dependent launch the next launch may start its prologue before

@@ -539,7 +539,9 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
 // The SwiGLU kernel reads the router's choice, its predecessor's output, so nothing precedes its
 // pdl_wait; the down kernel, one launch later, loads its expert's weights before its own.
-template <bool kVec, bool kEF = false>
+// kBeside: the twin launched before the down launch with its rows in shared memory (the same
+// code; its own function, so that its shared-memory carveout can be set apart from the default's).
+template <bool kVec, bool kEF = false, bool kBeside = false>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
                                      int64_t K) {
@@ -2293,6 +2295,20 @@ void allow_dynamic_smem(const void* kernel, size_t bytes) {
   done.push_back({kernel, dev, bytes});
 }
 
+// Asks for the largest shared-memory carveout on kernel's launches (once per kernel and device):
+// an SM changes its L1/shared split only when idle, so a launch that uses no shared memory may
+// otherwise run under a split that leaves no room for a successor's blocks beside it.
+void prefer_max_smem(const void* kernel) {
+  static std::vector<std::pair<const void*, int>> done;
+  int dev = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
+  for (const auto& [k, d] : done)
+    if (k == kernel && d == dev) return;
+  ZAYA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       int(cudaSharedmemCarveoutMaxShared)));
+  done.emplace_back(kernel, dev);
+}
+
 // Programmatic dependent launch: used on devices of compute capability 9.0 and later unless
 // switched off (set_decode_pdl(false), or ZAYA_DECODE_PDL=0 in the environment). Decided once
 // per device on the first launch, which runs eagerly, so a captured step makes no such queries.
@@ -2621,9 +2637,16 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
                                        : expert_down_combine_kernel<true, false>)
                         : (rn ? expert_down_combine_kernel<false, true>
                               : expert_down_combine_kernel<false, false>);
+  const bool staged = vec && !rn && !g_weights_evict_first && down_smem;
   const auto swiglu =
-      vec ? (g_weights_evict_first ? expert_swiglu_kernel<true, true> : expert_swiglu_kernel<true>)
+      staged ? expert_swiglu_kernel<true, false, true>
+      : vec
+          ? (g_weights_evict_first ? expert_swiglu_kernel<true, true> : expert_swiglu_kernel<true>)
           : expert_swiglu_kernel<false>;
+  if (staged) {  // room for the down launch's 32 KB blocks beside the SwiGLU's
+    prefer_max_smem(reinterpret_cast<const void*>(swiglu));
+    prefer_max_smem(reinterpret_cast<const void*>(down));
+  }
   launch_k(swiglu, g1, block, 0, st, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
   launch_k(down, g2, block, 0, st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E,
            skip_scaled_input, D, I, tn);

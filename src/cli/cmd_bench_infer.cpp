@@ -41,7 +41,7 @@ struct BenchInferArgs {
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
-      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem,
+      fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
       evict_first, lm_head_pre, lm_head_persist, router_async;
   uint64_t seed = 1234;
 };
@@ -190,6 +190,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.attn_exact_heads = v != 0; }, false},
       {"attn_finish", &a.attn_finish, dflt.attn_finish,
        [](cuda::DecodeTuning& t, int v) { t.attn_finish = v != 0; }, false},
+      {"smem_carveout", &a.carveout, dflt.smem_carveout,
+       [](cuda::DecodeTuning& t, int v) { t.smem_carveout = v; }, true, "0"},
       {"expert_down_smem", &a.down_smem, dflt.expert_down_smem,
        [](cuda::DecodeTuning& t, int v) { t.expert_down_smem = v != 0; }, false},
       {"fuse_experts", &a.fuse_experts, dflt.fuse_experts,
@@ -416,6 +418,11 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--attn-finish", a.attn_finish,
          "also time decode with the CCA finish folded into the attention launch (1), or as a "
          "launch of its own (0)");
+  app.add_option("--carveout", a.carveout,
+                 "also time decode with every decode kernel asking for this shared-memory "
+                 "carveout (percent of the largest; -1: the driver's choice per kernel)")
+      ->delimiter(',')
+      ->check(CLI::Range(-1, 100));
   on_off("--down-smem", a.down_smem,
          "also time decode with the expert-down launch staging its weight rows in shared "
          "memory before its wait (1), or in registers (0)");

@@ -539,9 +539,7 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
 // The SwiGLU kernel reads the router's choice, its predecessor's output, so nothing precedes its
 // pdl_wait; the down kernel, one launch later, loads its expert's weights before its own.
-// kBeside: the twin launched before the down launch with its rows in shared memory (the same
-// code; its own function, so that its shared-memory carveout can be set apart from the default's).
-template <bool kVec, bool kEF = false, bool kBeside = false>
+template <bool kVec, bool kEF = false>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
                                      int64_t K) {
@@ -2295,18 +2293,33 @@ void allow_dynamic_smem(const void* kernel, size_t bytes) {
   done.push_back({kernel, dev, bytes});
 }
 
-// Asks for the largest shared-memory carveout on kernel's launches (once per kernel and device):
-// an SM changes its L1/shared split only when idle, so a launch that uses no shared memory may
-// otherwise run under a split that leaves no room for a successor's blocks beside it.
-void prefer_max_smem(const void* kernel) {
-  static std::vector<std::pair<const void*, int>> done;
+// The decode kernels' preferred shared-memory carveout (set_decode_smem_carveout): -1, the
+// driver's choice per kernel, or a percentage of the largest shared-memory configuration that
+// every decode launch asks for, so that consecutive kernels want the same L1/shared split. Applied
+// as each kernel is launched (once per kernel, device and value; the first step after a change
+// runs eagerly, so a captured step sets nothing).
+int g_smem_carveout = -1;
+void apply_carveout(const void* kernel) {
+  struct Set {
+    const void* kernel;
+    int device, value;
+  };
+  static std::vector<Set> set;
   int dev = 0;
   ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
-  for (const auto& [k, d] : done)
-    if (k == kernel && d == dev) return;
-  ZAYA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       int(cudaSharedmemCarveoutMaxShared)));
-  done.emplace_back(kernel, dev);
+  for (Set& e : set)
+    if (e.kernel == kernel && e.device == dev) {
+      if (e.value != g_smem_carveout) {
+        ZAYA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             g_smem_carveout));
+        e.value = g_smem_carveout;
+      }
+      return;
+    }
+  if (g_smem_carveout != -1)
+    ZAYA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         g_smem_carveout));
+  set.push_back({kernel, dev, g_smem_carveout});
 }
 
 // Programmatic dependent launch: used on devices of compute capability 9.0 and later unless
@@ -2350,6 +2363,7 @@ void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cuda
   at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = pdl_active() ? 1 : 0;
+  apply_carveout(reinterpret_cast<const void*>(kernel));
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
@@ -2471,6 +2485,12 @@ void gemv_bf16_any(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64
 
 void set_decode_pdl(bool on) {
   g_pdl_setting = on ? 1 : 0;
+}
+
+void set_decode_smem_carveout(int percent) {
+  check(percent >= -1 && percent <= 100,
+        "decode shared-memory carveout: -1 (the driver's choice) or 0 to 100 percent");
+  g_smem_carveout = percent;
 }
 
 void set_decode_weights_evict_first(bool on) {
@@ -2637,16 +2657,9 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
                                        : expert_down_combine_kernel<true, false>)
                         : (rn ? expert_down_combine_kernel<false, true>
                               : expert_down_combine_kernel<false, false>);
-  const bool staged = vec && !rn && !g_weights_evict_first && down_smem;
   const auto swiglu =
-      staged ? expert_swiglu_kernel<true, false, true>
-      : vec
-          ? (g_weights_evict_first ? expert_swiglu_kernel<true, true> : expert_swiglu_kernel<true>)
+      vec ? (g_weights_evict_first ? expert_swiglu_kernel<true, true> : expert_swiglu_kernel<true>)
           : expert_swiglu_kernel<false>;
-  if (staged) {  // room for the down launch's 32 KB blocks beside the SwiGLU's
-    prefer_max_smem(reinterpret_cast<const void*>(swiglu));
-    prefer_max_smem(reinterpret_cast<const void*>(down));
-  }
   launch_k(swiglu, g1, block, 0, st, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
   launch_k(down, g2, block, 0, st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E,
            skip_scaled_input, D, I, tn);
@@ -2850,6 +2863,7 @@ bool launch_attn_cluster(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, con
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = n;
+  apply_carveout(reinterpret_cast<const void*>(kernel));
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(
       &cfg, kernel, o_MHd, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
       static_cast<unsigned*>(nullptr), q_MHd, kcache, vcache, len_B, cap, window, int(Hq), int(Hkv),
@@ -3112,6 +3126,7 @@ bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = n;
+  apply_carveout(reinterpret_cast<const void*>(decode_router_kernel<kVecX, kRegs, kAsync>));
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX, kRegs, kAsync>, r_MR,
                                      probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R,
                                      state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b,
@@ -3247,6 +3262,7 @@ void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W,
       }
       cfg.gridDim = dim3(
           unsigned(std::min<int64_t>(known_grid[slot], (V + kRowsPerBlock - 1) / kRowsPerBlock)));
+      apply_carveout(reinterpret_cast<const void*>(kernel));
       ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits_MV, V, x, ldx, W, D,
                                          static_cast<const float*>(nullptr), V, D, keys_M));
       return;
@@ -3255,6 +3271,7 @@ void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W,
                                                           : gemv_argmax_kernel<kM, false, true>)
                                  : (g_weights_evict_first ? gemv_argmax_kernel<kM, true>
                                                           : gemv_argmax_kernel<kM, false>);
+    apply_carveout(reinterpret_cast<const void*>(kernel));
     ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits_MV, V, x, ldx, W, D,
                                        static_cast<const float*>(nullptr), V, D, keys_M));
   });

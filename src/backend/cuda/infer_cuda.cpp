@@ -164,6 +164,10 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
                  t.router_cluster == 4 || t.router_cluster == 8 || t.router_cluster == 16,
              "cuda inference: router cluster size must be 1, 2, 4, 8 or 16 (0: automatic), got {}",
              t.router_cluster);
+  ZAYA_CHECK(t.smem_carveout >= -1 && t.smem_carveout <= 100,
+             "cuda inference: the shared-memory carveout must be -1 (the driver's choice) or 0 "
+             "to 100 percent, got {}",
+             t.smem_carveout);
   ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 2 || t.attn_pipe == 4,
              "cuda inference: attention passes in flight must be 1, 2 or 4, got {}", t.attn_pipe);
   ZAYA_CHECK(!(t.fuse_norms && t.fold_qkv_norm),
@@ -538,6 +542,7 @@ void CudaInference::Impl::run_decode_step() {
 void CudaInference::Impl::decode_launch(int64_t steps) {
   ZAYA_CHECK(steps == 1 || steps == kGraphSteps, "cuda decode: {} steps in one launch", steps);
   set_decode_weights_evict_first(opt.decode.weights_evict_first);  // for the launches below
+  set_decode_smem_carveout(opt.decode.smem_carveout);
   if (!opt.graphs || decode_steps_run == 0) {
     for (int64_t i = 0; i < steps; i++) {
       run_decode_step();

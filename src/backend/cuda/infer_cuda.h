@@ -28,8 +28,11 @@ struct DecodeTuning {
   // capacity (decode_attention).
   int attn_chunk = 0;
   // 16-key passes of an attention block whose K rows are loaded together (1, 2 or 4; 2 covers a
-  // 32-key chunk in one round trip); the same bits.
-  int attn_pipe = 1;
+  // 32-key chunk, the automatic size at ~1K keys, in one round trip after the wait); the same
+  // bits. Measured on the H200 (8 layers, 1,097 keys, one process, 2026-12-05): 2 passes 0.6105
+  // against 0.6170 ms/step with the router's cluster barriers, 0.5945 against 0.6031 with its
+  // st.async exchange — the default.
+  int attn_pipe = 2;
   // The attention's combining block stages the chunk partials in shared memory beside its (max,
   // sum) pass (decode_attention's stage_combine); the same bits.
   bool attn_stage_combine = false;
@@ -55,8 +58,10 @@ struct DecodeTuning {
   // counted on an mbarrier per stage (DecodeRouterLayout::async_exchange) instead of stores and a
   // cluster barrier per stage, whose release is a GPU-scope memory barrier (MEMBAR.ALL.GPU in the
   // SASS: Nsight Compute put 13% of the router's stall cycles on it, and 9% on barriers). The
-  // same bits. Not yet measured on a GPU: off.
-  bool router_async = false;
+  // same bits. Measured on the H200 (8 layers, 1,097 keys, one process, 2026-12-05): 0.6031
+  // against 0.6170 ms/step (one attention pass in flight), 0.5945 against 0.6105 (two) — the
+  // default.
+  bool router_async = true;
   // The post-attention and post-MLP residual norms in the last block of the o projection and of
   // the expert combine (true), or as launches of their own (false, the default: 0.669 against
   // 0.698 ms per step on the H200, docs/PERFORMANCE.md); the same bits.
@@ -105,6 +110,8 @@ struct DecodeTuning {
   // itself after the wait, so q never goes through memory and the finish's launch, with its kernel
   // boundary on the critical path (~3.9 µs from the finish passing its wait to the attention
   // passing its own, in the trace of 2026-12-04), is gone. Not with fuse_cca. The same bits.
+  // Measured slower on the H200 (2026-12-05, one process): +8 to +17 µs/step in every
+  // combination with the other choices of that run (0.6269 against 0.6170 ms/step alone).
   bool attn_finish = false;
   // The expert SwiGLU and down products as one launch with a grid barrier between them
   // (decode_experts' one-launch form, where it applies; not with fuse_norms): the down rows load
@@ -114,10 +121,16 @@ struct DecodeTuning {
   bool fuse_experts = false;
   // The expert-down launch's prologue puts its weight rows into shared memory with cp.async
   // instead of registers (decode_experts' down_smem): ~30 instead of ~50 registers a thread, so
-  // that the whole launch can be resident beside the SwiGLU launch (82 registers a thread, 2–3
-  // blocks an SM) and all 8 MB of down rows stream while the SwiGLU runs, not about half. The
-  // same bits.
+  // that more of the launch can be resident beside the SwiGLU launch (82 registers a thread, 2–3
+  // blocks an SM) and stream its rows while the SwiGLU runs. The same bits. Measured much slower
+  // on the H200 (2026-12-05, one process, with the SwiGLU and down launches then asking for the
+  // largest shared-memory carveout): +65 µs/step (0.6817 against 0.6170 ms/step).
   bool expert_down_smem = false;
+  // The preferred shared-memory carveout of every decode kernel (set_decode_smem_carveout): -1
+  // leaves it to the driver per kernel; 0–100 percent asks the same split of all of them, so that
+  // a kernel's blocks never wait for an SM to drain before its L1/shared split can change. The
+  // same bits.
+  int smem_carveout = -1;
   // The weight streams of the decode kernels (the q|k|v and o GEMVs, the experts, the LM head)
   // loaded with L2 evict_first priority, so that the ~1.4 GB they stream through the 50 MB L2
   // each step displace each other before the kernels' code, the KV cache and the activations

@@ -41,6 +41,13 @@ bool decode_pdl_active();  // on the current device
 // with. The same bits either way (DecodeTuning::weights_evict_first).
 void set_decode_weights_evict_first(bool on);
 
+// The preferred shared-memory carveout of the decode launches made after this call: -1 (the
+// initial setting) leaves it to the driver per kernel; 0–100 asks every decode kernel for that
+// percentage of the largest shared-memory configuration, so that kernels which overlap under
+// programmatic dependent launch want the same L1/shared split (an SM changes its split only when
+// idle). The same bits either way (DecodeTuning::smem_carveout).
+void set_decode_smem_carveout(int percent);
+
 // Where a decode kernel stamps the trace: as it passes its programmatic-dependency wait (the
 // kernel kinds), and the router also after each of its stages (cluster barriers) and its choice.
 enum class DecodeTraceEvent : unsigned {

@@ -122,14 +122,16 @@ struct DecodeTuning {
   // The expert-down launch's prologue puts its weight rows into shared memory with cp.async
   // instead of registers (decode_experts' down_smem): ~30 instead of ~50 registers a thread, so
   // that more of the launch can be resident beside the SwiGLU launch (82 registers a thread, 2–3
-  // blocks an SM) and stream its rows while the SwiGLU runs. The same bits. Measured much slower
-  // on the H200 (2026-12-05, one process, with the SwiGLU and down launches then asking for the
-  // largest shared-memory carveout): +65 µs/step (0.6817 against 0.6170 ms/step).
+  // blocks an SM) and stream its rows while the SwiGLU runs. The same bits. Measured slower on
+  // the H200 (2026-12-05, one process): +9 µs/step under the driver's carveout (0.6000 against
+  // 0.5908 ms/step), +65 µs with the two expert launches asking for the largest one.
   bool expert_down_smem = false;
   // The preferred shared-memory carveout of every decode kernel (set_decode_smem_carveout): -1
   // leaves it to the driver per kernel; 0–100 percent asks the same split of all of them, so that
   // a kernel's blocks never wait for an SM to drain before its L1/shared split can change. The
-  // same bits.
+  // same bits. Measured on the H200 (2026-12-05, one process): 100% 0.6586, 0% 0.5938 against
+  // 0.5908 ms/step with the driver's choice — the largest split's small L1 costs far more than
+  // any mismatch between neighbours, so the driver's choice stays.
   int smem_carveout = -1;
   // The weight streams of the decode kernels (the q|k|v and o GEMVs, the experts, the LM head)
   // loaded with L2 evict_first priority, so that the ~1.4 GB they stream through the 50 MB L2

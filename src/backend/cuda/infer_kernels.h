@@ -45,7 +45,7 @@ void set_decode_weights_evict_first(bool on);
 // initial setting) leaves it to the driver per kernel; 0–100 asks every decode kernel for that
 // percentage of the largest shared-memory configuration, so that kernels which overlap under
 // programmatic dependent launch want the same L1/shared split (an SM changes its split only when
-// idle). The same bits either way (DecodeTuning::smem_carveout).
+// idle). The same bits either way (DecodeTuning::smem_carveout; measured slower, see there).
 void set_decode_smem_carveout(int percent);
 
 // Where a decode kernel stamps the trace: as it passes its programmatic-dependency wait (the
@@ -149,7 +149,8 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 // bits zero.
 // down_smem (two launches, without rn or evict_first weights): the down launch's prologue copies
 // its weight rows into shared memory (cp.async) instead of registers, so that more of its blocks
-// are resident beside the SwiGLU launch and load their rows while it runs; the same bits.
+// are resident beside the SwiGLU launch and load their rows while it runs; the same bits
+// (DecodeTuning::expert_down_smem; measured slower).
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,

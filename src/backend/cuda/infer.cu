@@ -768,6 +768,24 @@ __device__ __forceinline__ float conv_depthwise(const bf16* qkv, int64_t ld, con
   }
   return s;
 }
+// The same sum in two parts, in the same order (the same bits): the bias and the history's terms
+// (pi = j + jj < P, the earlier tokens, which come first), which need nothing of the current
+// token, then the current token's (pi >= P; at most one).
+__device__ __forceinline__ float conv_depthwise_hist(const float* hist, const float* wdw,
+                                                     const float* bdw, int mm, int c, int j, int t0,
+                                                     int P, int C) {
+  float s = bdw[c];
+  for (int jj = 0; jj < t0 && j + jj < P; jj++)
+    s = fmaf(wdw[c * t0 + jj], hist[(int64_t(mm) * P + j + jj) * C + c], s);
+  return s;
+}
+__device__ __forceinline__ float conv_depthwise_token(float s, const bf16* qkv, int64_t ld,
+                                                      const float* wdw, int mm, int c, int j,
+                                                      int t0, int P) {
+  for (int jj = P > j ? P - j : 0; jj < t0; jj++)
+    s = fmaf(wdw[c * t0 + jj], __bfloat162float(qkv[int64_t(mm) * ld + c]), s);
+  return s;
+}
 
 // Weight row wr (K = d·t1 floats) of one output channel into a lane's registers (NV float4 per
 // lane at k = 4·lane + 128·i), and the channel's sums over u_s [M][K] for every row: the
@@ -830,10 +848,17 @@ __global__ void __launch_bounds__(kConvWarps* kWarp)
   const float* wr = wg + int64_t(co) * K;
   float4 wv[NV > 0 ? NV : 1];
   conv_row_load<NV>(wv, wr, lane);
-  pdl_begin(DecodeTraceEvent::CcaConv);  // qkv and the history come from earlier kernels
+  // Before the wait: the depthwise sums' bias and history terms into shared memory. The history
+  // was last written by this layer's CCA finish of the step before (its writer completed long
+  // before this launch's predecessor started); the weights are never written.
   for (int e = threadIdx.x; e < M * K; e += blockDim.x) {
     const int mm = e / K, k = e % K;
-    u_s[e] = conv_depthwise(qkv, ld, hist, wdw, bdw, mm, c0 + k / t1, k % t1, t0, P, C);
+    u_s[e] = conv_depthwise_hist(hist, wdw, bdw, mm, c0 + k / t1, k % t1, t0, P, C);
+  }
+  pdl_begin(DecodeTraceEvent::CcaConv);                    // qkv comes from the previous kernel
+  for (int e = threadIdx.x; e < M * K; e += blockDim.x) {  // each thread its own elements
+    const int mm = e / K, k = e % K;
+    u_s[e] = conv_depthwise_token(u_s[e], qkv, ld, wdw, mm, c0 + k / t1, k % t1, t0, P);
   }
   __syncthreads();
   float acc[kGemvMaxRows];

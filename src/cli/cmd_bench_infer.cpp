@@ -42,7 +42,7 @@ struct BenchInferArgs {
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
       fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
-      evict_first, lm_head_pre, lm_head_persist, router_async;
+      down_l2, evict_first, lm_head_pre, lm_head_persist, router_async;
   uint64_t seed = 1234;
 };
 
@@ -192,6 +192,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.attn_finish = v != 0; }, false},
       {"smem_carveout", &a.carveout, dflt.smem_carveout,
        [](cuda::DecodeTuning& t, int v) { t.smem_carveout = v; }, true, "0"},
+      {"expert_down_l2", &a.down_l2, dflt.expert_down_l2,
+       [](cuda::DecodeTuning& t, int v) { t.expert_down_l2 = v != 0; }, false},
       {"expert_down_smem", &a.down_smem, dflt.expert_down_smem,
        [](cuda::DecodeTuning& t, int v) { t.expert_down_smem = v != 0; }, false},
       {"fuse_experts", &a.fuse_experts, dflt.fuse_experts,
@@ -423,6 +425,9 @@ int bench_infer_cli(int argc, char** argv) {
                  "carveout (percent of the largest; -1: the driver's choice per kernel)")
       ->delimiter(',')
       ->check(CLI::Range(-1, 100));
+  on_off("--down-l2", a.down_l2,
+         "also time decode with the SwiGLU launch hinting the chosen expert's down rows towards "
+         "L2 (1), or not (0)");
   on_off("--down-smem", a.down_smem,
          "also time decode with the expert-down launch staging its weight rows in shared "
          "memory before its wait (1), or in registers (0)");

@@ -443,6 +443,8 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.smem_carveout = 100; }},
       {"every decode kernel asking for no shared-memory carveout beyond what it needs",
        [](DecodeTuning& t) { t.smem_carveout = 0; }},
+      {"expert-down rows hinted towards L2 by the SwiGLU launch or not (not the default)",
+       [](DecodeTuning& t) { t.expert_down_l2 = !t.expert_down_l2; }},
       {"expert-down rows staged in shared memory or registers (not the default)",
        [](DecodeTuning& t) { t.expert_down_smem = !t.expert_down_smem; }},
       {"CCA finish folded into the attention or a launch of its own (not the default)",
@@ -606,6 +608,12 @@ TEST(CudaDecodeKernels, ExpertsMatchTheHostReference) {
                      true);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(test_util::download_bf16(out, size_t(M * D)), out_h) << "down rows staged";
+      // The SwiGLU launch hinting the down rows towards L2: the same bits.
+      decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, nullptr, nullptr,
+                     false, true);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(test_util::download_bf16(act, size_t(M * I)), act_h) << "down rows hinted: act";
+      EXPECT_EQ(test_util::download_bf16(out, size_t(M * D)), out_h) << "down rows hinted";
     }
 }
 

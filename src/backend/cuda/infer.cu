@@ -539,10 +539,15 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // out[m,o] = gate[m] · (act[m]·Wd_e[o]), or gate[m]·x[m,o] (scaled-input skip) or 0 for skips.
 // The SwiGLU kernel reads the router's choice, its predecessor's output, so nothing precedes its
 // pdl_wait; the down kernel, one launch later, loads its expert's weights before its own.
-template <bool kVec, bool kEF = false>
+// kPreDown (with kVec; DecodeTuning::expert_down_l2): once the choice is known, each warp also
+// hints its share of the expert's down rows (Wd, [E, D, I], rows i, i + I, ... < D) towards L2
+// after issuing its own loads, so that the down launch's blocks that cannot be resident beside this
+// one (registers) find their rows in L2 when they start. A hint: the values are the same.
+template <bool kVec, bool kEF = false, bool kPreDown = false>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
-                                     int64_t K) {
+                                     int64_t K, const bf16* Wd, int64_t d_stride, int64_t D) {
+  static_assert(!kPreDown || kVec, "the down-row hints ride with the 16-byte path");
   pdl_begin(DecodeTraceEvent::ExpertSwiglu);
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
@@ -560,6 +565,10 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
     uint4 wg[kPreChunks], wu[kPreChunks];
     load_row_pieces<kEF>(wg, W + i * K, K, lane);
     load_row_pieces<kEF>(wu, W + (I + i) * K, K, lane);
+    if constexpr (kPreDown)  // 128-byte lines of down rows i, i + I, ... of expert e
+      for (int64_t o = i; o < D; o += I)
+        for (int64_t k = int64_t(lane) * 64; k < I; k += int64_t(kWarp) * 64)
+          prefetch_l2(Wd + e * d_stride + o * I + k);
     gemv_bf16_row_pre<1, kEF>(g, wg, x + m * ldx, ldx, W + i * K, K, lane);
     gemv_bf16_row_pre<1, kEF>(u, wu, x + m * ldx, ldx, W + (I + i) * K, K, lane);
   } else {
@@ -2656,7 +2665,8 @@ bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I) {
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn, unsigned* fused_barrier, bool down_smem) {
+                    const DecodeResidualNorm* rn, unsigned* fused_barrier, bool down_smem,
+                    bool down_l2) {
   check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
   check(!rn || M <= kGemvMaxRows, "decode_experts: the fused residual norm takes M <= 8");
   const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
@@ -2682,10 +2692,12 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
                                        : expert_down_combine_kernel<true, false>)
                         : (rn ? expert_down_combine_kernel<false, true>
                               : expert_down_combine_kernel<false, false>);
-  const auto swiglu =
-      vec ? (g_weights_evict_first ? expert_swiglu_kernel<true, true> : expert_swiglu_kernel<true>)
-          : expert_swiglu_kernel<false>;
-  launch_k(swiglu, g1, block, 0, st, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D);
+  const auto swiglu = !vec                    ? expert_swiglu_kernel<false>
+                      : g_weights_evict_first ? expert_swiglu_kernel<true, true>
+                      : down_l2               ? expert_swiglu_kernel<true, false, true>
+                                              : expert_swiglu_kernel<true>;
+  launch_k(swiglu, g1, block, 0, st, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D,
+           down_EDI, D * I, D);
   launch_k(down, g2, block, 0, st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M, E,
            skip_scaled_input, D, I, tn);
   ZAYA_CUDA_CHECK(cudaGetLastError());

@@ -511,7 +511,7 @@ void CudaInference::Impl::run_decode_step() {
                      c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
                      opt.decode.fuse_norms ? &pm : nullptr,
                      opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
-                     opt.decode.expert_down_smem);
+                     opt.decode.expert_down_smem, opt.decode.expert_down_l2);
       // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
       if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
         decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,

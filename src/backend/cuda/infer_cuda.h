@@ -126,6 +126,12 @@ struct DecodeTuning {
   // the H200 (2026-12-05, one process): +9 µs/step under the driver's carveout (0.6000 against
   // 0.5908 ms/step), +65 µs with the two expert launches asking for the largest one.
   bool expert_down_smem = false;
+  // The SwiGLU launch hints the chosen expert's down rows (8 MB at ZAYA1's size) towards L2 once it
+  // has read the router's choice (decode_experts' down_l2), so that the down launch's blocks that
+  // only become resident as SwiGLU blocks retire (its 50 registers a thread beside the SwiGLU's
+  // 82 leave room for about half of them) load their rows from L2. The same bits. Not yet measured
+  // on a GPU: off.
+  bool expert_down_l2 = false;
   // The preferred shared-memory carveout of every decode kernel (set_decode_smem_carveout): -1
   // leaves it to the driver per kernel; 0–100 percent asks the same split of all of them, so that
   // a kernel's blocks never wait for an SM to drain before its L1/shared split can change. The

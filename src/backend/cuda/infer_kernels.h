@@ -150,12 +150,15 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 // down_smem (two launches, without rn or evict_first weights): the down launch's prologue copies
 // its weight rows into shared memory (cp.async) instead of registers, so that more of its blocks
 // are resident beside the SwiGLU launch and load their rows while it runs; the same bits
-// (DecodeTuning::expert_down_smem; measured slower).
+// (DecodeTuning::expert_down_smem; measured slower). down_l2 (two launches, 16-byte path, without
+// evict_first weights): the SwiGLU launch hints the chosen expert's down rows towards L2 once it
+// has read the choice, so that down blocks that start late find them there; the same bits
+// (DecodeTuning::expert_down_l2).
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
                     const DecodeResidualNorm* rn = nullptr, unsigned* fused_barrier = nullptr,
-                    bool down_smem = false);
+                    bool down_smem = false, bool down_l2 = false);
 // Whether the one-launch form applies on the current device (D, I multiples of 8, act within
 // 48 KB of shared memory, the grid resident at once); 16-byte aligned pointers are needed too.
 bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);

@@ -587,7 +587,8 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
 // into registers, so that a block holds ~30 registers a thread instead of ~50 and the whole launch
 // can be resident beside the SwiGLU launch it follows (whose 82 registers a thread leave room for
 // about one more 50-register block per SM): every down row streams while the SwiGLU runs. After the
-// wait each lane moves its own pieces into registers (the same pieces, the same sums).
+// wait each lane moves its own pieces into registers (the same pieces, the same sums). Measured
+// slower on the H200 (DecodeTuning::expert_down_smem), so off.
 template <bool kVec, bool kTail, bool kEF = false, bool kSmem = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x, const bf16* Wd,

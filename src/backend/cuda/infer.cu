@@ -2994,9 +2994,9 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
 }
 
 bool decode_attention_finish_supported(int64_t Hq, int64_t Hkv, int64_t d, int64_t r) {
-  // rope_pre covers pairs j < kRopePre·kAttnThreads; the value row splits into halves.
+  // The attention's head dims and group sizes; rotary pairs (j, j + r/2) within the head.
   return Hkv > 0 && Hq % Hkv == 0 && Hq / Hkv <= kAttnMaxG && (d == 32 || d == 64 || d == 128) &&
-         r >= 0 && r <= d && r % 2 == 0 && (Hkv * d) % 2 == 0;
+         r >= 0 && r <= d && r % 2 == 0;
 }
 
 void decode_attention_finish(bf16* o_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,

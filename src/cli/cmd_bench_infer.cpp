@@ -42,7 +42,8 @@ struct BenchInferArgs {
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
       fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
-      down_l2, evict_first, lm_head_pre, lm_head_persist, router_async;
+      down_l2, evict_first, lm_head_pre, lm_head_persist, router_async, router_norm,
+      expert_stage_x, router_stage_x;
   uint64_t seed = 1234;
 };
 
@@ -172,6 +173,12 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.router_mlp_regs = v != 0; }, false},
       {"router_async", &a.router_async, dflt.router_async,
        [](cuda::DecodeTuning& t, int v) { t.router_async = v != 0; }, false},
+      {"expert_stage_x", &a.expert_stage_x, dflt.expert_stage_x,
+       [](cuda::DecodeTuning& t, int v) { t.expert_stage_x = v != 0; }, false},
+      {"router_stage_x", &a.router_stage_x, dflt.router_stage_x,
+       [](cuda::DecodeTuning& t, int v) { t.router_stage_x = v != 0; }, false},
+      {"router_norm", &a.router_norm, dflt.router_norm,
+       [](cuda::DecodeTuning& t, int v) { t.router_norm = v != 0; }, false},
       {"fuse_norms", &a.fuse_norms, dflt.fuse_norms,
        [](cuda::DecodeTuning& t, int v) { t.fuse_norms = v != 0; }, false},
       {"fold_qkv_norm", &a.fold_qkv_norm, dflt.fold_qkv_norm,
@@ -457,6 +464,15 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--router-async", a.router_async,
          "also time decode with the router's stages exchanging their results by st.async "
          "stores counted on mbarriers (1) or by stores and a cluster barrier per stage (0)");
+  on_off("--expert-stage-x", a.expert_stage_x,
+         "also time decode with the expert launches staging their input row in shared memory "
+         "(1) or reading it from global memory in every warp (0)");
+  on_off("--router-stage-x", a.router_stage_x,
+         "also time decode with the router staging its row of x in shared memory (1) or "
+         "reading it from global memory in every warp (0)");
+  on_off("--router-norm", a.router_norm,
+         "also time decode with the post-attention residual norm computed by the router's "
+         "cluster (1) or by a launch of its own before it (0)");
   on_off("--router-spread", a.router_spread,
          "also time decode with the router's shared memory padded so that each block of "
          "its cluster has an SM to itself (1), or not (0)");

@@ -405,6 +405,19 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
          t.router_async = true;
          t.router_mlp_regs = false;
        }},
+      {"post-attention norm computed by the router's cluster or launched alone (not the "
+       "default)",
+       [](DecodeTuning& t) { t.router_norm = !t.router_norm; }},
+      {"post-attention norm in the router, router clusters of at most 8",
+       [](DecodeTuning& t) {
+         t.router_norm = !t.router_norm;
+         t.router_cluster = 8;
+       }},
+      {"post-attention norm in the router, without early triggers",
+       [](DecodeTuning& t) {
+         t.router_norm = !t.router_norm;
+         t.norm_early_trigger = false;
+       }},
       {"router MLP rows in registers or staged (not the default)",
        [](DecodeTuning& t) { t.router_mlp_regs = !t.router_mlp_regs; }},
       {"residual norms trigger their successor before or after their wait (not the default)",
@@ -438,7 +451,19 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        }},
       {"no early triggers",
        [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
-      {"GEMV inputs staged in shared memory", [](DecodeTuning& t) { t.gemv_stage_x = true; }},
+      {"GEMV inputs staged in shared memory or not (not the default)",
+       [](DecodeTuning& t) { t.gemv_stage_x = !t.gemv_stage_x; }},
+      {"expert inputs staged in shared memory or not (not the default)",
+       [](DecodeTuning& t) { t.expert_stage_x = !t.expert_stage_x; }},
+      {"router input staged in shared memory or not (not the default)",
+       [](DecodeTuning& t) { t.router_stage_x = !t.router_stage_x; }},
+      {"router input staged, router clusters of at most 4",
+       [](DecodeTuning& t) {
+         t.router_stage_x = !t.router_stage_x;
+         t.router_cluster = 4;
+       }},
+      {"expert and GEMV inputs staged in shared memory",
+       [](DecodeTuning& t) { t.expert_stage_x = t.gemv_stage_x = true; }},
       {"every decode kernel asking for the largest shared-memory carveout",
        [](DecodeTuning& t) { t.smem_carveout = 100; }},
       {"every decode kernel asking for no shared-memory carveout beyond what it needs",

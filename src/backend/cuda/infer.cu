@@ -543,17 +543,32 @@ __global__ void gemv_f32_kernel(float* y, int64_t ldy, const float* x, int64_t l
 // hints its share of the expert's down rows (Wd, [E, D, I], rows i, i + I, ... < D) towards L2
 // after issuing its own loads, so that the down launch's blocks that cannot be resident beside this
 // one (registers) find their rows in L2 when they start. A hint: the values are the same.
-template <bool kVec, bool kEF = false, bool kPreDown = false>
+// kStage (with kVec; DecodeTuning::expert_stage_x): the block copies its row of x (K bf16) into
+// shared memory once, beside the choice's load, and every warp reads it there instead of each
+// requesting the same lines from L1/L2 (gemv_bf16's stage_x); the same sums.
+template <bool kVec, bool kEF = false, bool kPreDown = false, bool kStage = false>
 __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, const bf16* Wgu,
                                      int64_t gu_stride, const int32_t* choice, int64_t E, int64_t I,
                                      int64_t K, const bf16* Wd, int64_t d_stride, int64_t D) {
   static_assert(!kPreDown || kVec, "the down-row hints ride with the 16-byte path");
+  static_assert(!kStage || kVec, "the staged row takes the 16-byte path");
   pdl_begin(DecodeTraceEvent::ExpertSwiglu);
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  // kStage: the choice's load is issued first, so that it and the row's copy take one round trip.
+  const int32_t ce = kStage ? choice[m] : 0;
+  const bf16* xrow = x + m * ldx;  // kStage: its copy in shared memory
+  if constexpr (kStage) {
+    extern __shared__ __align__(16) float expert_x_sh[];
+    uint4* xs = reinterpret_cast<uint4*>(expert_x_sh);
+    for (int64_t j = threadIdx.x; j < K / 8; j += blockDim.x)
+      xs[j] = reinterpret_cast<const uint4*>(x + m * ldx)[j];
+    __syncthreads();
+    xrow = reinterpret_cast<const bf16*>(xs);
+  }
   if (i >= I) return;
-  const int64_t e = choice[m];
+  const int64_t e = kStage ? ce : choice[m];
   if (e < 0 || e >= E) {
     if (lane == 0) act[m * I + i] = __float2bfloat16(0.f);
     trace_mark(trace_ptr(), DecodeTraceEvent::ExpertActDone);
@@ -569,11 +584,11 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
       for (int64_t o = i; o < D; o += I)
         for (int64_t k = int64_t(lane) * 64; k < I; k += int64_t(kWarp) * 64)
           prefetch_l2(Wd + e * d_stride + o * I + k);
-    gemv_bf16_row_pre<1, kEF>(g, wg, x + m * ldx, ldx, W + i * K, K, lane);
-    gemv_bf16_row_pre<1, kEF>(u, wu, x + m * ldx, ldx, W + (I + i) * K, K, lane);
+    gemv_bf16_row_pre<1, kEF>(g, wg, xrow, ldx, W + i * K, K, lane);
+    gemv_bf16_row_pre<1, kEF>(u, wu, xrow, ldx, W + (I + i) * K, K, lane);
   } else {
-    gemv_bf16_row<1, kVec>(g, x + m * ldx, ldx, W + i * K, K, lane);
-    gemv_bf16_row<1, kVec>(u, x + m * ldx, ldx, W + (I + i) * K, K, lane);
+    gemv_bf16_row<1, kVec>(g, xrow, ldx, W + i * K, K, lane);
+    gemv_bf16_row<1, kVec>(u, xrow, ldx, W + (I + i) * K, K, lane);
   }
   const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
   if (lane == 0) act[m * I + i] = __float2bfloat16(gs / (1.0f + expf(-gs)) * us);
@@ -589,12 +604,15 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
 // about one more 50-register block per SM): every down row streams while the SwiGLU runs. After the
 // wait each lane moves its own pieces into registers (the same pieces, the same sums). Measured
 // slower on the H200 (DecodeTuning::expert_down_smem), so off.
-template <bool kVec, bool kTail, bool kEF = false, bool kSmem = false>
+// kStage (with kVec; DecodeTuning::expert_stage_x): the block copies its row of act (I bf16) into
+// shared memory once after the wait, and every warp reads it there; the same sums.
+template <bool kVec, bool kTail, bool kEF = false, bool kSmem = false, bool kStage = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x, const bf16* Wd,
                                int64_t d_stride, const float* gate, const int32_t* choice,
                                int64_t E, bool scaled, int64_t D, int64_t I, TailNorm tn) {
   static_assert(!kSmem || (kVec && !kEF), "the shared-memory prologue is the 16-byte path's");
+  static_assert(!kStage || (kVec && !kSmem), "the staged row takes the register prologue");
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
   const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
@@ -628,6 +646,15 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     if constexpr (kVec) load_row_pieces<kEF>(wpre, w, I, lane, expert);
     pdl_begin(DecodeTraceEvent::ExpertDown);
   }
+  const bf16* arow = act + m * I;  // kStage: its copy in shared memory
+  if constexpr (kStage) {
+    extern __shared__ __align__(16) float expert_act_sh[];
+    uint4* as = reinterpret_cast<uint4*>(expert_act_sh);
+    for (int64_t j = threadIdx.x; j < I / 8; j += blockDim.x)
+      as[j] = reinterpret_cast<const uint4*>(act + m * I)[j];
+    __syncthreads();
+    arow = reinterpret_cast<const bf16*>(as);
+  }
   if (o < D) {
     if (!expert) {
       if (lane == 0)
@@ -635,9 +662,9 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     } else {
       float acc[1] = {0.f};
       if constexpr (kVec)
-        gemv_bf16_row_pre<1, kEF>(acc, wpre, act + m * I, I, w, I, lane);
+        gemv_bf16_row_pre<1, kEF>(acc, wpre, arow, I, w, I, lane);
       else
-        gemv_bf16_row<1, kVec>(acc, act + m * I, I, w, I, lane);
+        gemv_bf16_row<1, kVec>(acc, arow, I, w, I, lane);
       const float s = warp_sum(acc[0]);
       if (lane == 0) out[m * D + o] = __float2bfloat16(gm * s);
     }
@@ -1196,6 +1223,24 @@ __device__ __forceinline__ void st_async_f32(float* p, uint64_t* bar, unsigned r
   asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(rp),
       "r"(__float_as_uint(v)), "r"(rb)
+      : "memory");
+#endif
+}
+// Four floats (16-byte aligned p) stored at p's offset in the shared memory of block `rank`,
+// counted on that block's `bar`.
+__device__ __forceinline__ void st_async_f32x4(float* p, uint64_t* bar, unsigned rank,
+                                               const float (&v)[4]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t rp, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rp) : "r"(smem_addr(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(rb)
+               : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
+      "[%5];\n" ::"r"(rp),
+      "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])),
+      "r"(__float_as_uint(v[3])), "r"(rb)
       : "memory");
 #endif
 }
@@ -1798,23 +1843,49 @@ constexpr int kRouterRegK = 8, kRouterRegRows = 2, kRouterRegClassRows = 3;
 // (fc2) only to rank 0, which computes the class logits, so the other blocks exit once they have
 // sent it (every store into a block lands before that block's last wait completes, and the last
 // stage stores into rank 0 alone). The same arithmetic in the same order: the same bits.
-template <bool kVecX, bool kRegs, bool kAsync = false>
+//
+// kNorm (with kVecX, kRegs and kAsync; DecodeTuning::router_norm): the post-attention residual
+// norm `nin` computed by the cluster itself instead of a launch of its own before it. The norm
+// kernel's 256 threads are spread over the cluster's blocks — block q plays threads
+// [q·tpb, (q+1)·tpb), tpb = 256/cs, each thread the float4 groups t, t + 256, ... of
+// decode_residual_norm_kernel — so each block reads only its share of the row (its five vectors
+// copied into shared memory before the wait), stores that share of h_out and of x_out, and sends
+// w ⊙ h' (the products the norm rounds before its rstd) and each played thread's sum of squares to
+// every block with st.async. Every block then reduces the 256 sums in the norm kernel's order
+// (a butterfly per warp of 32, then the 8 warps' sums in order), so rstd and x are the norm
+// kernel's bits; the down projection reads x from shared memory.
+__host__ __device__ inline int64_t router_norm_floats(int64_t cs, int64_t D) {
+  const int64_t nk = (D / 4 + kRouterThreads - 1) / kRouterThreads;  // groups per played thread
+  return 5 * (kRouterThreads / cs) * nk * 4 + D + kRouterThreads + (D + 1) / 2;
+}
+__host__ __device__ inline int64_t round4(int64_t n) {
+  return (n + 3) / 4 * 4;
+}
+
+// kStageX (with kVecX, kRegs and kAsync, not kNorm; DecodeRouterLayout::stage_x): the block copies
+// its row of x into shared memory once after the wait, beside its down-projection rows' loads, and
+// its warps read x there (gemv_bf16's stage_x); the same sums.
+template <bool kVecX, bool kRegs, bool kAsync = false, bool kNorm = false, bool kStageX = false>
 __global__ void __launch_bounds__(kRouterThreads)
     decode_router_kernel(float* r, float* probs, int32_t* choice, float* gate, const bf16* x,
                          int64_t ldx, const bf16* Wd, const float* bd, const float* state,
                          const float* scale, const float* norm_w, float eps, const float* fc1_w,
                          const float* fc1_b, const float* fc2_w, const float* fc2_b,
                          const float* out_w, const float* bal, int D, int R, int E1, bool stage,
-                         bool vec_w) {
+                         bool vec_w, DecodeNormIn nin) {
+  static_assert(!kNorm || (kVecX && kRegs && kAsync), "the folded norm rides on the st.async form");
+  static_assert(!kStageX || (kVecX && kRegs && kAsync && !kNorm), "x staged: the st.async form");
   extern __shared__ __align__(16) float sh[];
   constexpr bool kA = kAsync && kAsyncDsmem;
-  __shared__ __align__(8) uint64_t xbar[3];  // kA: v, h1, h2 (rank 0) complete
+  constexpr bool kN = kNorm && kA;
+  __shared__ __align__(8) uint64_t xbar[4];  // kA: v, h1, h2 (rank 0) complete; kN: the norm's
   const unsigned q = cl_rank(), cs = cl_size();
   if constexpr (kA) {
     if (threadIdx.x == 0) {
       xbar_init_expect(xbar + 0, unsigned(R) * 4u);
       xbar_init_expect(xbar + 1, unsigned(R) * 4u);
       if (q == 0) xbar_init_expect(xbar + 2, unsigned(R) * 4u);
+      if constexpr (kN) xbar_init_expect(xbar + 3, unsigned(D + kRouterThreads) * 4u);
       xbar_init_fence();
     }
     cl_arrive_relaxed();  // paired with the wait before the first remote write
@@ -1898,6 +1969,25 @@ __global__ void __launch_bounds__(kRouterThreads)
   for (int i = threadIdx.x; i < R; i += kRouterThreads) snw[i] = norm_w[i];
   if (q == 0 && bal)
     for (int i = threadIdx.x; i < E1; i += kRouterThreads) sbal[i] = bal[i];
+  // kN: the norm's shared memory after the layout above (w1.. unused: kRegs), its vectors now.
+  const int tpb = kRouterThreads / int(cs);                           // norm threads played here
+  const int nk = (D / 4 + kRouterThreads - 1) / kRouterThreads;       // their float4 groups
+  float* const nv = sh + round4(router_smem_floats(R, E1, rpb, false));  // [5][tpb][nk][4]
+  float* const wh = nv + 5 * tpb * nk * 4;                            // [D]: w ⊙ h'
+  float* const ssp = wh + D;                                          // [256]: sums of squares
+  bf16* const xs = reinterpret_cast<bf16*>(ssp + kRouterThreads);     // [D]: x
+  const int vt = int(q) * tpb + int(threadIdx.x);  // the norm thread this one plays (< tpb)
+  if constexpr (kN) {
+    if (int(threadIdx.x) < tpb)
+      for (int k = 0; k < nk; k++) {
+        const int i = 4 * (vt + k * kRouterThreads);
+        if (i >= D) break;
+        const float* vecs[5] = {nin.hs, nin.hb, nin.rs, nin.rb, nin.norm_w};
+#pragma unroll
+        for (int j = 0; j < 5; j++)
+          cp_async16(nv + ((j * tpb + int(threadIdx.x)) * nk + k) * 4, vecs[j] + i);
+      }
+  }
   pdl_wait();
   pdl_trigger();
   const TraceSlots ts = trace_reserve(tr, DecodeTraceEvent::Router);
@@ -1936,7 +2026,98 @@ __global__ void __launch_bounds__(kRouterThreads)
     }
     send(v, xbar + 0, true, o, s);
   };
-  for (int o = o0 + warp; o < o1; o += 2 * kRouterWarps) {
+  if constexpr (kN) {
+    // One pair of rows per warp (kRegs: rpb <= 2·kRouterWarps). Their loads come after the
+    // norm's exchange, from L2 (hinted there before the wait): held in registers across it they
+    // would take the block to ~220 registers a thread, and a block that large only becomes
+    // resident on an SM with nothing else on it.
+    const int o = o0 + warp, ob = o + kRouterWarps;
+    const bool has_a = o < o1, has_b = ob < o1;
+    const bf16* wa = Wd + int64_t(has_a ? o : o0) * D;
+    const bf16* wb = Wd + int64_t(has_b ? ob : o0) * D;
+    cl_wait();  // every peer has started: remote stores from here on
+    waited = true;
+    if (int(threadIdx.x) < tpb) {
+      // Norm thread vt: its groups' h' and x as decode_residual_norm_kernel computes them.
+      using kern::load4;
+      float hv[kRowVec][4], av[kRowVec][4];
+#pragma unroll
+      for (int k = 0; k < kRowVec; k++) {
+        const int i = 4 * (vt + k * kRouterThreads);
+        if (k >= nk || i >= D) break;
+        load4(nin.h_in + m * D + i, hv[k]), load4(nin.a + m * D + i, av[k]);
+      }
+      cp_async_wait_all();  // this thread's own vector copies
+      float ss = 0.f;
+#pragma unroll
+      for (int k = 0; k < kRowVec; k++) {
+        const int i = 4 * (vt + k * kRouterThreads);
+        if (k >= nk || i >= D) break;
+        const float* v0 = nv + (int(threadIdx.x) * nk + k) * 4;  // hs; then hb, rs, rb, w
+        const int vs = tpb * nk * 4;
+        float p[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          hv[k][e] = residual_elem(av[k][e], v0[vs + e], v0[e], hv[k][e], v0[3 * vs + e],
+                                   v0[2 * vs + e]);
+          ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
+          p[e] = __fmul_rn(v0[4 * vs + e], hv[k][e]);
+        }
+        kern::store4(nin.h_out + m * D + i, hv[k]);
+        for (unsigned t = 0; t < cs; t++) st_async_f32x4(wh + i, xbar + 3, t, p);
+      }
+      for (unsigned t = 0; t < cs; t++) st_async_f32(ssp + vt, xbar + 3, t, ss);
+    }
+    xbar_wait(xbar + 3);
+    trace_slot(ts, 1, DecodeTraceEvent::RouterSums);  // here: the norm's exchange complete
+    // rstd as block_sum_rows reduces: each warp of 32 norm threads by butterfly, then in order.
+    float tot = 0.f;
+    for (int w = 0; w < kRouterThreads / kWarp; w++) tot += warp_sum(ssp[w * kWarp + lane]);
+    const float rstd = norm_rstd(tot, D, nin.eps);
+    for (int i = 4 * int(threadIdx.x); i < D; i += 4 * kRouterThreads) {
+      float xv[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) xv[e] = __fmul_rn(wh[i + e], rstd);
+      kern::store4(xs + i, xv);
+      // x_out: this block's own groups (the SwiGLU and the skip path read it after this launch).
+      const int g = i / 4 % kRouterThreads;
+      if (g >= int(q) * tpb && g < int(q + 1) * tpb) kern::store4(nin.x_out + m * D + i, xv);
+    }
+    uint4 pa[kPreChunks], pb[kPreChunks];
+    load_row_pieces(pa, wa, D, lane, has_a);
+    load_row_pieces(pb, wb, D, lane, has_b);
+    const float st_a = state && has_a ? state[m * R + o] : 0.f;
+    const float st_b = state && has_b ? state[m * R + ob] : 0.f;
+    __syncthreads();  // x complete in shared memory
+    float acc[1] = {0.f}, accb[1] = {0.f};
+    if (has_a) gemv_bf16_row_pre<1>(acc, pa, xs, 0, wa, D, lane);
+    if (has_b) gemv_bf16_row_pre<1>(accb, pb, xs, 0, wb, D, lane);
+    if (has_a) finish_row(o, acc[0], st_a);
+    if (has_b) finish_row(ob, accb[0], st_b);
+  }
+  if constexpr (kStageX) {
+    // One pair of rows per warp (kRegs), their loads issued with the copy of x.
+    const int o = o0 + warp, ob = o + kRouterWarps;
+    const bool has_a = o < o1, has_b = ob < o1;
+    const bf16* wa = Wd + int64_t(has_a ? o : o0) * D;
+    const bf16* wb = Wd + int64_t(has_b ? ob : o0) * D;
+    uint4 pa[kPreChunks], pb[kPreChunks];
+    load_row_pieces(pa, wa, D, lane, has_a);
+    load_row_pieces(pb, wb, D, lane, has_b);
+    const float st_a = state && has_a ? state[m * R + o] : 0.f;
+    const float st_b = state && has_b ? state[m * R + ob] : 0.f;
+    uint4* const x16 = reinterpret_cast<uint4*>(nv);  // [D] bf16
+    for (int j = int(threadIdx.x); j < D / 8; j += kRouterThreads)
+      x16[j] = reinterpret_cast<const uint4*>(x + m * ldx)[j];
+    __syncthreads();
+    float acc[1] = {0.f}, accb[1] = {0.f};
+    const bf16* xr = reinterpret_cast<const bf16*>(x16);
+    if (has_a) gemv_bf16_row_pre<1>(acc, pa, xr, 0, wa, D, lane);
+    if (has_b) gemv_bf16_row_pre<1>(accb, pb, xr, 0, wb, D, lane);
+    if (has_a) finish_row(o, acc[0], st_a);
+    if (has_b) finish_row(ob, accb[0], st_b);
+  }
+  for (int o = o0 + warp; !kN && !kStageX && o < o1; o += 2 * kRouterWarps) {
     const int ob = o + kRouterWarps;
     const bool has_b = ob < o1;
     float acc[1] = {0.f}, accb[1] = {0.f};
@@ -2667,7 +2848,7 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
                     const DecodeResidualNorm* rn, unsigned* fused_barrier, bool down_smem,
-                    bool down_l2) {
+                    bool down_l2, bool stage_x) {
   check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
   check(!rn || M <= kGemvMaxRows, "decode_experts: the fused residual norm takes M <= 8");
   const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
@@ -2687,6 +2868,18 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   const dim3 g2{unsigned((D + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)};
   const dim3 block(kRowsPerBlock * kWarp);
   const TailNorm tn = tail_norm(rn, out_MD, D);
+  // stage_x: the plain 16-byte forms only, with each row within 48 KB of shared memory.
+  const bool stage = stage_x && vec && !rn && !g_weights_evict_first && !down_smem && !down_l2 &&
+                     std::max(D, I) * int64_t(sizeof(bf16)) <= 48 * 1024;
+  if (stage) {
+    launch_k(expert_swiglu_kernel<true, false, false, true>, g1, block, size_t(D) * sizeof(bf16),
+             st, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D, down_EDI, D * I, D);
+    launch_k(expert_down_combine_kernel<true, false, false, false, true>, g2, block,
+             size_t(I) * sizeof(bf16), st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M,
+             E, skip_scaled_input, D, I, tn);
+    ZAYA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const auto down = vec ? (rn                      ? expert_down_combine_kernel<true, true>
                            : g_weights_evict_first ? expert_down_combine_kernel<true, false, true>
                            : down_smem ? expert_down_combine_kernel<true, false, false, true>
@@ -3064,19 +3257,22 @@ struct RouterLaunch {
   size_t smem = 0;
   bool stage = true;  // the MLP weights go through shared memory
   bool ok = true;     // kRegs: the chosen cluster leaves at most kRouterRegRows rows per warp
+  int64_t norm_D = 0;  // kNorm: the folded norm's row width (its shared memory)
 };
 
-template <bool kVecX, bool kRegs, bool kAsync>
-RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay) {
+template <bool kVecX, bool kRegs, bool kAsync, bool kNorm = false, bool kStageX = false>
+RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay,
+                           int64_t norm_D = 0) {
   const int max_cs = lay.max_cluster > 0 ? lay.max_cluster : 16;
   static RouterLaunch cached;
   int dev = 0;
   ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
   if (cached.R == R && cached.E1 == E1 && cached.device == dev && cached.max_cs == max_cs &&
-      cached.stage_mlp == lay.stage_mlp && cached.one_per_sm == lay.one_per_sm)
+      cached.stage_mlp == lay.stage_mlp && cached.one_per_sm == lay.one_per_sm &&
+      cached.norm_D == norm_D)
     return cached;
   RouterLaunch L;
-  L.R = R, L.E1 = E1, L.device = dev, L.max_cs = max_cs;
+  L.R = R, L.E1 = E1, L.device = dev, L.max_cs = max_cs, L.norm_D = norm_D;
   L.stage_mlp = lay.stage_mlp, L.one_per_sm = lay.one_per_sm;
   int major = 0, max_smem = 0, sm_smem = 0;
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -3088,11 +3284,14 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay)
   const size_t spread =
       size_t(sm_smem / 2 + 1024) <= size_t(max_smem) ? size_t(sm_smem / 2 + 1024) : size_t(0);
   auto smem_for = [&](int cs, bool stage) {
-    const size_t b =
-        size_t(router_smem_floats(R, E1, stage ? (R + cs - 1) / cs : R, stage)) * sizeof(float);
+    const int64_t rpb = stage || kNorm || kStageX ? (R + cs - 1) / cs : R;
+    const int64_t extra = kNorm ? router_norm_floats(cs, norm_D) : kStageX ? (norm_D + 1) / 2 : 0;
+    const size_t b = size_t(kNorm || kStageX ? round4(router_smem_floats(R, E1, rpb, false)) + extra
+                                             : router_smem_floats(R, E1, rpb, stage)) *
+                     sizeof(float);
     return lay.one_per_sm ? std::max(b, spread) : b;
   };
-  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync>;
+  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kNorm, kStageX>;
   const bool stage_mlp = lay.stage_mlp && !kRegs;  // registers instead of shared memory
   const int64_t reg_rows = int64_t(kRouterRegRows) * kRouterWarps;
   L.cs = 1;
@@ -3135,15 +3334,21 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay)
 
 // Launches the router; false (nothing launched) when the register form cannot take this size, or
 // the st.async form (kAsync) finds no cluster of more than one block.
-template <bool kVecX, bool kRegs, bool kAsync>
+template <bool kVecX, bool kRegs, bool kAsync, bool kNorm = false, bool kStageX = false>
 bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, bool vec_w, const DecodeRouterLayout& lay, cudaStream_t st) {
-  const RouterLaunch L = router_launch<kVecX, kRegs, kAsync>(R, E1, lay);
+                   int64_t E1, bool vec_w, const DecodeRouterLayout& lay, cudaStream_t st,
+                   const DecodeNormIn& nin = DecodeNormIn{}) {
+  const RouterLaunch L =
+      router_launch<kVecX, kRegs, kAsync, kNorm, kStageX>(R, E1, lay, kNorm || kStageX ? D : 0);
   if (!L.ok || (kAsync && L.cs < 2)) return false;
+  // kNorm, kStageX: one pair of rows per warp; kNorm: the norm's 256 threads split evenly over the
+  // cluster.
+  if ((kNorm || kStageX) && (R + L.cs - 1) / L.cs > 2 * kRouterWarps) return false;
+  if (kNorm && kRouterThreads % L.cs != 0) return false;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[2];
   unsigned n = 0;
@@ -3164,11 +3369,12 @@ bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = n;
-  apply_carveout(reinterpret_cast<const void*>(decode_router_kernel<kVecX, kRegs, kAsync>));
-  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_router_kernel<kVecX, kRegs, kAsync>, r_MR,
-                                     probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R,
-                                     state_MR, scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b,
-                                     out_w, balancing_E1, int(D), int(R), int(E1), L.stage, vec_w));
+  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kNorm, kStageX>;
+  apply_carveout(reinterpret_cast<const void*>(kernel));
+  ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx,
+                                     down_w_RD, down_b_R, state_MR, scale_R, norm_w_R, eps, fc1_w,
+                                     fc1_b, fc2_w, fc2_b, out_w, balancing_E1, int(D), int(R),
+                                     int(E1), L.stage, vec_w, nin));
   return true;
 }
 
@@ -3179,8 +3385,11 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st, const DecodeRouterLayout& lay) {
+                   int64_t E1, cudaStream_t st, const DecodeRouterLayout& lay,
+                   const DecodeNormIn* nin) {
   check(M >= 1 && D > 0 && R > 0 && E1 > 0 && ldx >= D, "decode_router: bad sizes");
+  check(nin == nullptr || (nin->x_out == x_MD && ldx == D),
+        "decode_router: the folded norm's x must be the router's input rows");
   const int mc = lay.max_cluster;
   check(mc == 0 || mc == 1 || mc == 2 || mc == 4 || mc == 8 || mc == 16,
         "decode_router: the cluster size limit must be 1, 2, 4, 8 or 16 (0: 16)");
@@ -3200,6 +3409,32 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   using T = std::true_type;
   using F = std::false_type;
   const bool as = lay.async_exchange;
+  // The folded norm (nin) where its form applies; otherwise the norm as a launch of its own first.
+  if (nin != nullptr) {
+    const bool fold = regs && as && vec_x && D % 4 == 0 &&
+                      D <= int64_t(4) * kRouterThreads * kRowVec &&
+                      aligned16(nin->h_in) && aligned16(nin->h_out) && aligned16(nin->a) &&
+                      aligned16(nin->hs) && aligned16(nin->hb) && aligned16(nin->rs) &&
+                      aligned16(nin->rb) && aligned16(nin->norm_w);
+    if (fold && launch_router<true, true, true, true>(
+                    r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
+                    scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D,
+                    R, E1, vec_w, lay, st, *nin)) {
+      ZAYA_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+    check(nin->h_in == nin->h_out, "decode_router: the norm's residual is updated in place");
+    decode_residual_norm(nin->h_out, nin->x_out, nin->a, nin->hs, nin->hb, nin->rs, nin->rb,
+                         nin->norm_w, nin->eps, M, D, st, nin->early_trigger);
+  }
+  if (lay.stage_x && regs && as && vec_x && D % 8 == 0 &&
+      launch_router<true, true, true, false, true>(
+          r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
+          norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1, vec_w, lay,
+          st)) {
+    ZAYA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   auto with_x = [&](auto vx) {
     if (regs && as && go(vx, T{}, T{})) return;
     if (regs && go(vx, T{}, F{})) return;

@@ -101,7 +101,7 @@ struct CudaInference::Impl {
   void plan(Carver& cv);
   void upload(const ZayaModel& m);
   void zero_cache();
-  void router(int64_t li, int64_t N, bool gemv);
+  void router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* nin = nullptr);
   const float* next_norm(int64_t li) const;
   void run_prefill(int64_t S, bool all_logits);
   void run_decode_step();
@@ -170,6 +170,9 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
              t.smem_carveout);
   ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 2 || t.attn_pipe == 4,
              "cuda inference: attention passes in flight must be 1, 2 or 4, got {}", t.attn_pipe);
+  ZAYA_CHECK(!(t.fuse_norms && t.router_norm),
+             "cuda inference: the post-attention residual norm is either fused into the o "
+             "projection (fuse_norms) or folded into the router (router_norm), not both");
   ZAYA_CHECK(!(t.fuse_norms && t.fold_qkv_norm),
              "cuda inference: the post-MLP residual norm is either fused into the expert launch "
              "(fuse_norms) or folded into the next q|k|v GEMV (fold_qkv_norm), not both");
@@ -326,7 +329,7 @@ void CudaInference::Impl::zero_cache() {
 
 // The router of layer li on rows x (bf16, N rows): down projection, EDA state, norm, MLP, select.
 // r[li % 2] receives this layer's state; r[(li + 1) % 2] holds the previous layer's.
-void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv) {
+void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* nin) {
   Impl& s = *this;
   DevLayer& l = s.L[size_t(li)];
   float* rc = s.r[li % 2];
@@ -337,7 +340,8 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv) {
                   l.fc1_b, l.fc2_w, l.fc2_b, l.out_w, l.balancing, N, s.D, s.R, s.E1, s.st,
                   DecodeRouterLayout{s.opt.decode.router_cluster, s.opt.decode.router_stage,
                                      s.opt.decode.router_one_per_sm, s.opt.decode.router_mlp_regs,
-                                     s.opt.decode.router_async});
+                                     s.opt.decode.router_async, s.opt.decode.router_stage_x},
+                  nin);
     return;
   }
   s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R, GemmType::BF16,
@@ -436,6 +440,10 @@ void CudaInference::Impl::run_decode_step() {
   // fold_qkv_norm: the post-MLP residual norm of layer li − 1 runs inside layer li's q|k|v GEMV,
   // which reads the residual from one buffer and writes it to the other (hc: the current one).
   const bool fold = opt.decode.fold_qkv_norm && qkv_norm_foldable;
+  // router_norm: the post-attention residual norm inside the router launch (decode_router's
+  // norm_in; it launches the norm itself where its folded form does not apply).
+  const bool router_norm =
+      opt.decode.router_norm && !opt.decode.fuse_norms && on(DecodeOp::Router);
   float* hc = h;
   for (int64_t li = 0; li < NL; li++) {
     DevLayer& l = L[size_t(li)];
@@ -497,12 +505,19 @@ void CudaInference::Impl::run_decode_step() {
       } else {
         gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st,
                   opt.decode.oproj_early_trigger, opt.decode.gemv_stage_x);
-        decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st,
-                             opt.decode.norm_early_trigger);
+        if (!router_norm)
+          decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D,
+                               st, opt.decode.norm_early_trigger);
       }
     }
     mark("o projection + residual norm");
-    if (on(DecodeOp::Router)) router(li, M, true);
+    if (router_norm) {
+      const DecodeNormIn nin{hc, hc, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, x,
+                             opt.decode.norm_early_trigger};
+      router(li, M, true, &nin);
+    } else if (on(DecodeOp::Router)) {
+      router(li, M, true);
+    }
     mark("router");
     DecodeResidualNorm pm{
         hc, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
@@ -511,7 +526,8 @@ void CudaInference::Impl::run_decode_step() {
                      c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
                      opt.decode.fuse_norms ? &pm : nullptr,
                      opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
-                     opt.decode.expert_down_smem, opt.decode.expert_down_l2);
+                     opt.decode.expert_down_smem, opt.decode.expert_down_l2,
+                     opt.decode.expert_stage_x);
       // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
       if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
         decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,

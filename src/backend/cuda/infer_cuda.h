@@ -85,8 +85,16 @@ struct DecodeTuning {
   // The q|k|v and o GEMVs copy their input rows (M×K bf16) into shared memory once per block
   // after the wait, instead of every warp reading them from global memory (eight warps of a block
   // requesting the same lines at once). The same bits. Measured on the H200 (one process,
-  // alternating): 0.6616/0.6622 against 0.6636/0.6628 ms/step — within noise, so not the default.
-  bool gemv_stage_x = false;
+  // alternating): 0.6616/0.6622 against 0.6636/0.6628 ms/step in 2026-12-03's chain (within
+  // noise); with 2026-12-05's defaults 0.5805/0.5816 against 0.5861/0.5864 — the default since.
+  bool gemv_stage_x = true;
+  // The expert SwiGLU and down launches stage their input row (x; act) in shared memory the same
+  // way (decode_experts' stage_x; the SwiGLU's copy rides with the choice's load). The same bits.
+  // Not yet measured on a GPU: off.
+  bool expert_stage_x = false;
+  // The router's row of x staged the same way (DecodeRouterLayout::stage_x; with router_mlp_regs
+  // and router_async). The same bits. Not yet measured on a GPU: off.
+  bool router_stage_x = false;
   // The step's ends in fewer launches: the LM head's GEMV folds its argmax into per-block atomics
   // and one small launch commits the token and the lengths (lm_head_greedy: two launches instead
   // of the GEMV, two argmax passes and the length update), and the next step's embedding and first
@@ -132,6 +140,13 @@ struct DecodeTuning {
   // 82 leave room for about half of them) load their rows from L2. The same bits. Not yet measured
   // on a GPU: off.
   bool expert_down_l2 = false;
+  // The post-attention residual norm computed by the router's cluster instead of a launch of its
+  // own between the o projection and the router (decode_router's norm_in): each of the cluster's
+  // blocks computes its share of the row and sends it to the others by st.async, so the norm's
+  // kernel boundary and its round trips leave the critical path. Only with router_async and
+  // router_mlp_regs (else the norm keeps its launch); not with fuse_norms. The same bits. Not yet
+  // measured on a GPU: off.
+  bool router_norm = false;
   // The preferred shared-memory carveout of every decode kernel (set_decode_smem_carveout): -1
   // leaves it to the driver per kernel; 0–100 percent asks the same split of all of them, so that
   // a kernel's blocks never wait for an SM to drain before its L1/shared split can change. The

@@ -124,6 +124,8 @@ struct DecodeNormIn {
   const float *hs = nullptr, *hb = nullptr, *rs = nullptr, *rb = nullptr, *norm_w = nullptr;
   float eps = 0.f;
   bf16* x_out = nullptr;
+  // decode_router only: the early trigger of the norm's own launch where the fold does not apply.
+  bool early_trigger = false;
 };
 bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D);
 // y = gemv_bf16 of x = the norm n (D = K) into a bf16 [M, O] (the q|k|v projection with the
@@ -153,12 +155,14 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 // (DecodeTuning::expert_down_smem; measured slower). down_l2 (two launches, 16-byte path, without
 // evict_first weights): the SwiGLU launch hints the chosen expert's down rows towards L2 once it
 // has read the choice, so that down blocks that start late find them there; the same bits
-// (DecodeTuning::expert_down_l2).
+// (DecodeTuning::expert_down_l2). stage_x (two launches, 16-byte path, none of the above): each
+// block of the SwiGLU launch copies its row of x, and each block of the down launch its row of act,
+// into shared memory once and its warps read it there; the same bits (DecodeTuning::expert_stage_x).
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
                     const DecodeResidualNorm* rn = nullptr, unsigned* fused_barrier = nullptr,
-                    bool down_smem = false, bool down_l2 = false);
+                    bool down_smem = false, bool down_l2 = false, bool stage_x = false);
 // Whether the one-launch form applies on the current device (D, I multiples of 8, act within
 // 48 KB of shared memory, the grid resident at once); 16-byte aligned pointers are needed too.
 bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);
@@ -313,13 +317,22 @@ struct DecodeRouterLayout {
   // of generic stores and a cluster barrier (whose release compiles to a GPU-scope memory
   // barrier) after each stage; only where the cluster has more than one block. The same bits.
   bool async_exchange = false;
+  // The block's row of x copied into shared memory once after the wait and read there by its warps
+  // (with mlp_regs and async_exchange, where they apply); the same bits.
+  bool stage_x = false;
 };
 void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st, const DecodeRouterLayout& layout);
+                   int64_t E1, cudaStream_t st, const DecodeRouterLayout& layout,
+                   const DecodeNormIn* norm_in = nullptr);
+// With norm_in (DecodeTuning::router_norm): x_MD (= norm_in->x_out, ldx = D) is first the
+// post-attention residual norm norm_in of the same rows — computed by the router's cluster itself
+// where its st.async, register form applies (each block its share of the row, the exchange by
+// st.async; the same bits as decode_residual_norm), else by decode_residual_norm launched first.
+// h_out may alias h_in (the residual updated in place, as decode_residual_norm does).
 // len_B[b] += n for every sequence.
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);
 

@@ -43,7 +43,7 @@ struct BenchInferArgs {
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
       fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
       down_l2, evict_first, lm_head_pre, lm_head_persist, router_async, router_norm,
-      expert_stage_x, router_stage_x;
+      expert_stage_x, router_stage_x, router_down_in_norm;
   uint64_t seed = 1234;
 };
 
@@ -177,6 +177,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.expert_stage_x = v != 0; }, false},
       {"router_stage_x", &a.router_stage_x, dflt.router_stage_x,
        [](cuda::DecodeTuning& t, int v) { t.router_stage_x = v != 0; }, false},
+      {"router_down_in_norm", &a.router_down_in_norm, dflt.router_down_in_norm,
+       [](cuda::DecodeTuning& t, int v) { t.router_down_in_norm = v != 0; }, false},
       {"router_norm", &a.router_norm, dflt.router_norm,
        [](cuda::DecodeTuning& t, int v) { t.router_norm = v != 0; }, false},
       {"fuse_norms", &a.fuse_norms, dflt.fuse_norms,
@@ -470,6 +472,10 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--router-stage-x", a.router_stage_x,
          "also time decode with the router staging its row of x in shared memory (1) or "
          "reading it from global memory in every warp (0)");
+  on_off("--router-down-in-norm", a.router_down_in_norm,
+         "also time decode with the post-attention norm's launch computing the router's "
+         "down-projection sums, the router starting from them (1), or the router computing them "
+         "(0)");
   on_off("--router-norm", a.router_norm,
          "also time decode with the post-attention residual norm computed by the router's "
          "cluster (1) or by a launch of its own before it (0)");

@@ -455,6 +455,18 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.gemv_stage_x = !t.gemv_stage_x; }},
       {"expert inputs staged in shared memory or not (not the default)",
        [](DecodeTuning& t) { t.expert_stage_x = !t.expert_stage_x; }},
+      {"router's first sums from the post-attention norm's launch or its own (not the default)",
+       [](DecodeTuning& t) { t.router_down_in_norm = !t.router_down_in_norm; }},
+      {"router's first sums from the norm's launch, post-MLP norm folded into the q|k|v GEMV",
+       [](DecodeTuning& t) {
+         t.router_down_in_norm = !t.router_down_in_norm;
+         t.fold_qkv_norm = true;
+       }},
+      {"router's first sums from the norm's launch, without early triggers",
+       [](DecodeTuning& t) {
+         t.router_down_in_norm = !t.router_down_in_norm;
+         t.norm_early_trigger = false;
+       }},
       {"router input staged in shared memory or not (not the default)",
        [](DecodeTuning& t) { t.router_stage_x = !t.router_stage_x; }},
       {"router input staged, router clusters of at most 4",

@@ -1798,6 +1798,81 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
+// The post-attention residual norm and the router's down projection in one launch
+// (DecodeTuning::router_down_in_norm): block (b, m) computes the whole residual norm of row m, with
+// the vector layout and the arithmetic of decode_residual_norm_kernel<true> (the same bits), puts x
+// into shared memory, and its warps then take rows b·8 + warp of W_down — loaded into registers
+// before the wait — to r0[m, o] = x·W_down[o] + b_down[o], the router's first sums in the router's
+// own order (the same bits as its stage 0). Block 0 of each row stores h_out and x for the later
+// launches; h_out must not alias h_in (the other blocks still read it). The router then starts
+// from r0 (decode_router's r0): no down-projection stream, x load or exchange in its first stage.
+__global__ void __launch_bounds__(kRowThreads)
+    decode_norm_down_kernel(const float* h_in, float* h_out, bf16* y, const bf16* a,
+                            const float* hs, const float* hb, const float* rs, const float* rb,
+                            const float* w, float eps, int64_t D, const bf16* Wd, const float* bd,
+                            float* r0, int R, bool early) {
+  using kern::load4;
+  __shared__ float red[kRowThreads / kWarp];
+  extern __shared__ __align__(16) float norm_down_sh[];  // x, [D] bf16
+  bf16* const xs = reinterpret_cast<bf16*>(norm_down_sh);
+  const int64_t m = blockIdx.y;
+  const bool first = blockIdx.x == 0;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int o = int(blockIdx.x) * kRowsPerBlock + warp;
+  const bool live = o < R;
+  const bf16* const wrow = Wd + int64_t(live ? o : 0) * D;
+  uint4 wpre[kPreChunks];
+  load_row_pieces(wpre, wrow, D, lane, live);
+  const float bo = live ? bd[o] : 0.f;
+  float hv[kRowVec][4], wv[kRowVec][4];
+  float av[kRowVec][4], hsv[kRowVec][4], hbv[kRowVec][4], rsv[kRowVec][4], rbv[kRowVec][4];
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    load4(w + i, wv[k]);
+    load4(hs + i, hsv[k]), load4(hb + i, hbv[k]), load4(rs + i, rsv[k]), load4(rb + i, rbv[k]);
+  }
+  early ? pdl_begin_early(DecodeTraceEvent::Norm) : pdl_begin(DecodeTraceEvent::Norm);
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    load4(h_in + m * D + i, hv[k]);
+    load4(a + m * D + i, av[k]);
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      hv[k][e] = residual_elem(av[k][e], hbv[k][e], hsv[k][e], hv[k][e], rbv[k][e], rsv[k][e]);
+      ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
+    }
+    if (first) kern::store4(h_out + m * D + i, hv[k]);
+  }
+  const float rstd = norm_rstd(block_sum_rows(ss, red), D, eps);
+#pragma unroll
+  for (int k = 0; k < kRowVec; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    float xo[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) xo[e] = __fmul_rn(__fmul_rn(wv[k][e], hv[k][e]), rstd);
+    kern::store4(xs + i, xo);
+    if (first) kern::store4(y + m * D + i, xo);
+  }
+  __syncthreads();  // x complete in shared memory
+  if (live) {
+    float acc[1] = {0.f};
+    gemv_bf16_row_pre<1>(acc, wpre, xs, 0, wrow, D, lane);
+    const float s = warp_sum(acc[0]) + bo;  // as the router's stage 0
+    if (lane == 0) r0[m * R + o] = s;
+  }
+}
+
 // The router of decode rows, one cluster of blocks per row: the down projection
 // r = x·W_down + b, r += state ⊙ scale (EDA; r keeps the result as the next layer's state),
 // RMSNorm, fc1 + exact GELU, fc2 + GELU, the class logits, fp32 softmax and the biased top-1
@@ -1865,16 +1940,23 @@ __host__ __device__ inline int64_t round4(int64_t n) {
 // kStageX (with kVecX, kRegs and kAsync, not kNorm; DecodeRouterLayout::stage_x): the block copies
 // its row of x into shared memory once after the wait, beside its down-projection rows' loads, and
 // its warps read x there (gemv_bf16's stage_x); the same sums.
-template <bool kVecX, bool kRegs, bool kAsync = false, bool kNorm = false, bool kStageX = false>
+// kPreR (with kRegs and kAsync, neither kNorm nor kStageX; DecodeTuning::router_down_in_norm): the
+// down projection's sums r0 = x·W_down + b come from decode_norm_down_kernel, the launch before;
+// every block loads all R of them and the EDA state, forms the full vector itself (its own rows
+// stored as the next layer's state) and starts at the RMSNorm — no down-projection rows, no x and
+// no first exchange. The same arithmetic in the same order: the same bits.
+template <bool kVecX, bool kRegs, bool kAsync = false, bool kNorm = false, bool kStageX = false,
+          bool kPreR = false>
 __global__ void __launch_bounds__(kRouterThreads)
     decode_router_kernel(float* r, float* probs, int32_t* choice, float* gate, const bf16* x,
                          int64_t ldx, const bf16* Wd, const float* bd, const float* state,
                          const float* scale, const float* norm_w, float eps, const float* fc1_w,
                          const float* fc1_b, const float* fc2_w, const float* fc2_b,
                          const float* out_w, const float* bal, int D, int R, int E1, bool stage,
-                         bool vec_w, DecodeNormIn nin) {
+                         bool vec_w, DecodeNormIn nin, const float* r0) {
   static_assert(!kNorm || (kVecX && kRegs && kAsync), "the folded norm rides on the st.async form");
   static_assert(!kStageX || (kVecX && kRegs && kAsync && !kNorm), "x staged: the st.async form");
+  static_assert(!kPreR || (kRegs && kAsync && !kNorm && !kStageX), "r0 given: the st.async form");
   extern __shared__ __align__(16) float sh[];
   constexpr bool kA = kAsync && kAsyncDsmem;
   constexpr bool kN = kNorm && kA;
@@ -1882,7 +1964,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   const unsigned q = cl_rank(), cs = cl_size();
   if constexpr (kA) {
     if (threadIdx.x == 0) {
-      xbar_init_expect(xbar + 0, unsigned(R) * 4u);
+      if constexpr (!kPreR) xbar_init_expect(xbar + 0, unsigned(R) * 4u);
       xbar_init_expect(xbar + 1, unsigned(R) * 4u);
       if (q == 0) xbar_init_expect(xbar + 2, unsigned(R) * 4u);
       if constexpr (kN) xbar_init_expect(xbar + 3, unsigned(D + kRouterThreads) * 4u);
@@ -1955,10 +2037,12 @@ __global__ void __launch_bounds__(kRouterThreads)
       for (int i = threadIdx.x; i < E1 * R; i += kRouterThreads) wo[i] = out_w[i];
   }
   // This block's rows of the down projection towards L2 (128-byte lines), also before pdl_wait;
-  // x, the EDA state and every output come after it.
-  for (int o = o0 + warp; o < o1; o += kRouterWarps)
-    for (int64_t k = int64_t(lane) * 64; k < D; k += kWarp * 64)
-      prefetch_l2(Wd + int64_t(o) * D + k);
+  // x, the EDA state and every output come after it. kPreR: the EDA scale of row threadIdx.x.
+  if constexpr (!kPreR)
+    for (int o = o0 + warp; o < o1; o += kRouterWarps)
+      for (int64_t k = int64_t(lane) * 64; k < D; k += kWarp * 64)
+        prefetch_l2(Wd + int64_t(o) * D + k);
+  const float sc_t = kPreR && scale && int(threadIdx.x) < R ? scale[threadIdx.x] : 0.f;
   // The small vectors (weights) into shared memory.
   for (int i = threadIdx.x; i < o1 - o0; i += kRouterThreads) {
     sbd[i] = bd[o0 + i];
@@ -2018,7 +2102,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   bool waited = false;
   auto finish_row = [&](int o, float partial, float st) {
     float s = warp_sum(partial) + sbd[o - o0];
-    if (state) s += st * ssc[o - o0];
+    if (state) s = __fmaf_rn(st, ssc[o - o0], s);  // as kPreR's
     if (lane == 0) r[m * R + o] = s;  // the next layer's EDA state
     if (!waited) {
       trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
@@ -2026,6 +2110,18 @@ __global__ void __launch_bounds__(kRouterThreads)
     }
     send(v, xbar + 0, true, o, s);
   };
+  if constexpr (kPreR) {
+    for (int i = int(threadIdx.x); i < R; i += kRouterThreads) {
+      float s = r0[m * R + i];
+      if (state) s = __fmaf_rn(state[m * R + i], i == int(threadIdx.x) ? sc_t : scale[i], s);
+      v[i] = s;
+      if (i >= o0 && i < o1) r[m * R + i] = s;  // the next layer's EDA state: this block's rows
+    }
+    trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
+    cl_wait();  // every peer has started: remote stores from stage 1 on
+    waited = true;
+    __syncthreads();  // v complete
+  }
   if constexpr (kN) {
     // One pair of rows per warp (kRegs: rpb <= 2·kRouterWarps). Their loads come after the
     // norm's exchange, from L2 (hinted there before the wait): held in registers across it they
@@ -2117,7 +2213,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     if (has_a) finish_row(o, acc[0], st_a);
     if (has_b) finish_row(ob, accb[0], st_b);
   }
-  for (int o = o0 + warp; !kN && !kStageX && o < o1; o += 2 * kRouterWarps) {
+  for (int o = o0 + warp; !kN && !kStageX && !kPreR && o < o1; o += 2 * kRouterWarps) {
     const int ob = o + kRouterWarps;
     const bool has_b = ob < o1;
     float acc[1] = {0.f}, accb[1] = {0.f};
@@ -2144,7 +2240,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
     cl_wait();
   }
-  exchanged(xbar + 0);
+  if constexpr (!kPreR) exchanged(xbar + 0);
   trace_slot(ts, 2, DecodeTraceEvent::RouterDown);
   // Stage 1: RMSNorm of the full v (every block the same, in the same order).
   float ss = 0.f;
@@ -3260,7 +3356,8 @@ struct RouterLaunch {
   int64_t norm_D = 0;  // kNorm: the folded norm's row width (its shared memory)
 };
 
-template <bool kVecX, bool kRegs, bool kAsync, bool kNorm = false, bool kStageX = false>
+template <bool kVecX, bool kRegs, bool kAsync, bool kNorm = false, bool kStageX = false,
+          bool kPreR = false>
 RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay,
                            int64_t norm_D = 0) {
   const int max_cs = lay.max_cluster > 0 ? lay.max_cluster : 16;
@@ -3284,14 +3381,14 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay,
   const size_t spread =
       size_t(sm_smem / 2 + 1024) <= size_t(max_smem) ? size_t(sm_smem / 2 + 1024) : size_t(0);
   auto smem_for = [&](int cs, bool stage) {
-    const int64_t rpb = stage || kNorm || kStageX ? (R + cs - 1) / cs : R;
+    const int64_t rpb = stage || kNorm || kStageX || kPreR ? (R + cs - 1) / cs : R;
     const int64_t extra = kNorm ? router_norm_floats(cs, norm_D) : kStageX ? (norm_D + 1) / 2 : 0;
     const size_t b = size_t(kNorm || kStageX ? round4(router_smem_floats(R, E1, rpb, false)) + extra
                                              : router_smem_floats(R, E1, rpb, stage)) *
                      sizeof(float);
     return lay.one_per_sm ? std::max(b, spread) : b;
   };
-  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kNorm, kStageX>;
+  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kNorm, kStageX, kPreR>;
   const bool stage_mlp = lay.stage_mlp && !kRegs;  // registers instead of shared memory
   const int64_t reg_rows = int64_t(kRouterRegRows) * kRouterWarps;
   L.cs = 1;
@@ -3334,16 +3431,17 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay,
 
 // Launches the router; false (nothing launched) when the register form cannot take this size, or
 // the st.async form (kAsync) finds no cluster of more than one block.
-template <bool kVecX, bool kRegs, bool kAsync, bool kNorm = false, bool kStageX = false>
+template <bool kVecX, bool kRegs, bool kAsync, bool kNorm = false, bool kStageX = false,
+          bool kPreR = false>
 bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, bool vec_w, const DecodeRouterLayout& lay, cudaStream_t st,
-                   const DecodeNormIn& nin = DecodeNormIn{}) {
-  const RouterLaunch L =
-      router_launch<kVecX, kRegs, kAsync, kNorm, kStageX>(R, E1, lay, kNorm || kStageX ? D : 0);
+                   const DecodeNormIn& nin = DecodeNormIn{}, const float* r0 = nullptr) {
+  const RouterLaunch L = router_launch<kVecX, kRegs, kAsync, kNorm, kStageX, kPreR>(
+      R, E1, lay, kNorm || kStageX ? D : 0);
   if (!L.ok || (kAsync && L.cs < 2)) return false;
   // kNorm, kStageX: one pair of rows per warp; kNorm: the norm's 256 threads split evenly over the
   // cluster.
@@ -3369,16 +3467,46 @@ bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = n;
-  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kNorm, kStageX>;
+  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kNorm, kStageX, kPreR>;
   apply_carveout(reinterpret_cast<const void*>(kernel));
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx,
                                      down_w_RD, down_b_R, state_MR, scale_R, norm_w_R, eps, fc1_w,
                                      fc1_b, fc2_w, fc2_b, out_w, balancing_E1, int(D), int(R),
-                                     int(E1), L.stage, vec_w, nin));
+                                     int(E1), L.stage, vec_w, nin, r0));
   return true;
 }
 
 }  // namespace
+
+bool decode_router_pre_down_supported(int64_t R, int64_t E1, const DecodeRouterLayout& lay) {
+  if (!(lay.mlp_regs && lay.async_exchange && R % kWarp == 0 &&
+        R <= int64_t(kRouterRegK) * kWarp && R <= kRouterThreads &&
+        E1 <= int64_t(kRouterRegClassRows) * kRouterWarps))
+    return false;
+  const RouterLaunch L = router_launch<true, true, true, false, false, true>(R, E1, lay, 0);
+  return L.ok && L.cs >= 2;
+}
+
+bool decode_norm_down_supported(int64_t D, int64_t R, std::initializer_list<const void*> ptrs) {
+  return residual_norm_vec(D, ptrs) && D % 8 == 0 && R > 0 &&
+         size_t(D) * sizeof(bf16) <= 48 * 1024;
+}
+
+void decode_norm_down(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const bf16* a_MD,
+                      const float* hs_D, const float* hb_D, const float* rs_D, const float* rb_D,
+                      const float* norm_w_D, float eps, const bf16* down_w_RD,
+                      const float* down_b_R, float* r0_MR, int64_t M, int64_t D, int64_t R,
+                      cudaStream_t st, bool early_trigger) {
+  check(h_in_MD != h_out_MD, "decode_norm_down: the residual goes to another buffer");
+  check(decode_norm_down_supported(D, R, {h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
+                                          norm_w_D, down_w_RD}),
+        "decode_norm_down: needs D a multiple of 8 up to 4096 and 16-byte aligned rows");
+  launch_k(decode_norm_down_kernel,
+           dim3(unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)), dim3(kRowThreads),
+           size_t(D) * sizeof(bf16), st, h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
+           norm_w_D, eps, D, down_w_RD, down_b_R, r0_MR, int(R), early_trigger);
+  ZAYA_CUDA_CHECK(cudaGetLastError());
+}
 
 void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
@@ -3386,8 +3514,21 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, cudaStream_t st, const DecodeRouterLayout& lay,
-                   const DecodeNormIn* nin) {
+                   const DecodeNormIn* nin, const float* r0_MR) {
   check(M >= 1 && D > 0 && R > 0 && E1 > 0 && ldx >= D, "decode_router: bad sizes");
+  if (r0_MR != nullptr) {
+    check(nin == nullptr && decode_router_pre_down_supported(R, E1, lay),
+          "decode_router: the down projection's sums (r0) need decode_router_pre_down_supported "
+          "and no folded norm");
+    const bool vec_w = R % 4 == 0 && aligned16(fc1_w) && aligned16(fc2_w) && aligned16(out_w);
+    check(launch_router<true, true, true, false, false, true>(
+              r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
+              scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1,
+              vec_w, lay, st, DecodeNormIn{}, r0_MR),
+          "decode_router: the form that starts from r0 could not be launched");
+    ZAYA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   check(nin == nullptr || (nin->x_out == x_MD && ldx == D),
         "decode_router: the folded norm's x must be the router's input rows");
   const int mc = lay.max_cluster;

@@ -49,6 +49,7 @@ struct CudaInference::Impl {
   Workspace ws;  // scratch for the training-path kernels (sort_by_expert)
   size_t ws_bytes = 0;
   bool qkv_norm_foldable = false;  // DecodeTuning::fold_qkv_norm can take effect
+  bool router_pre_down_ok = false;  // DecodeTuning::router_down_in_norm can take effect
   std::vector<DevLayer> L;
   bf16* embed = nullptr;
   float *in_s = nullptr, *in_b = nullptr, *final_norm = nullptr;
@@ -57,6 +58,7 @@ struct CudaInference::Impl {
         *t1 = nullptr, *t2 = nullptr, *rlog = nullptr, *probs = nullptr, *gate = nullptr,
         *logits = nullptr, *attn_ws = nullptr;
   float* h2 = nullptr;  // decode: the residual's other buffer (DecodeTuning::fold_qkv_norm)
+  float* r0 = nullptr;  // decode: the router's first sums (DecodeTuning::router_down_in_norm)
   void* argmax_ws = nullptr;
   unsigned* tail_ctr = nullptr;  // the fused residual norms' counters (decode_tail_counter_bytes)
   unsigned long long* lm_keys = nullptr;  // lm_head_greedy's per-row keys (zero between steps)
@@ -101,7 +103,8 @@ struct CudaInference::Impl {
   void plan(Carver& cv);
   void upload(const ZayaModel& m);
   void zero_cache();
-  void router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* nin = nullptr);
+  void router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* nin = nullptr,
+              const float* r0_sums = nullptr);
   const float* next_norm(int64_t li) const;
   void run_prefill(int64_t S, bool all_logits);
   void run_decode_step();
@@ -153,6 +156,18 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
           decode_norm_in_supported(DecodeNormIn{hi, hi == h ? h2 : h, a, l.pm_hs, l.pm_hb, l.pm_rs,
                                                 l.pm_rb, l.ln_in, 0.f, nullptr},
                                    opt.max_batch, D);
+  // The router starting from sums computed by the post-attention norm's launch: its register and
+  // st.async form at the router layout of the default tuning, and the norm's vector layout for
+  // every layer (else router_down_in_norm leaves the norm and the router as they are).
+  const DecodeTuning dt;
+  const DecodeRouterLayout lay{dt.router_cluster, dt.router_stage, dt.router_one_per_sm, true, true};
+  router_pre_down_ok = decode_router_pre_down_supported(R, E1, lay);
+  for (const DevLayer& l : L)
+    for (float* hi : {h, h2})
+      router_pre_down_ok =
+          router_pre_down_ok &&
+          decode_norm_down_supported(D, R, {hi, hi == h ? h2 : h, x, a, l.pa_hs, l.pa_hb, l.pa_rs,
+                                            l.pa_rb, l.ln_post, l.r_down});
 }
 
 void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
@@ -232,6 +247,7 @@ void CudaInference::Impl::plan(Carver& cv) {
   const int64_t N = NP;
   h = cv.take<float>(N * D), rstd = cv.take<float>(N), conv = cv.take<float>(N * C);
   h2 = cv.take<float>(opt.max_batch * D);
+  r0 = cv.take<float>(opt.max_batch * R);
   r[0] = cv.take<float>(N * R), r[1] = cv.take<float>(N * R), rn = cv.take<float>(N * R);
   t1 = cv.take<float>(N * R), t2 = cv.take<float>(N * R);
   rlog = cv.take<float>(N * E1), probs = cv.take<float>(N * E1), gate = cv.take<float>(N);
@@ -329,7 +345,8 @@ void CudaInference::Impl::zero_cache() {
 
 // The router of layer li on rows x (bf16, N rows): down projection, EDA state, norm, MLP, select.
 // r[li % 2] receives this layer's state; r[(li + 1) % 2] holds the previous layer's.
-void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* nin) {
+void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* nin,
+                                 const float* r0_sums) {
   Impl& s = *this;
   DevLayer& l = s.L[size_t(li)];
   float* rc = s.r[li % 2];
@@ -341,7 +358,7 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeN
                   DecodeRouterLayout{s.opt.decode.router_cluster, s.opt.decode.router_stage,
                                      s.opt.decode.router_one_per_sm, s.opt.decode.router_mlp_regs,
                                      s.opt.decode.router_async, s.opt.decode.router_stage_x},
-                  nin);
+                  nin, r0_sums);
     return;
   }
   s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R, GemmType::BF16,
@@ -444,6 +461,12 @@ void CudaInference::Impl::run_decode_step() {
   // norm_in; it launches the norm itself where its folded form does not apply).
   const bool router_norm =
       opt.decode.router_norm && !opt.decode.fuse_norms && on(DecodeOp::Router);
+  // router_down_in_norm: the post-attention norm's launch also computes the router's first sums,
+  // from which the router starts; the residual then moves to the other buffer.
+  const bool pre_down = opt.decode.router_down_in_norm && router_pre_down_ok && !router_norm &&
+                        !opt.decode.fuse_norms && on(DecodeOp::Router) &&
+                        opt.decode.router_mlp_regs && opt.decode.router_async &&
+                        opt.decode.router_cluster == 0 && !opt.decode.router_one_per_sm;
   float* hc = h;
   for (int64_t li = 0; li < NL; li++) {
     DevLayer& l = L[size_t(li)];
@@ -505,9 +528,15 @@ void CudaInference::Impl::run_decode_step() {
       } else {
         gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st,
                   opt.decode.oproj_early_trigger, opt.decode.gemv_stage_x);
-        if (!router_norm)
+        if (pre_down) {
+          float* hn = hc == h ? h2 : h;
+          decode_norm_down(hc, hn, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps,
+                           l.r_down, l.r_down_b, r0, M, D, R, st, opt.decode.norm_early_trigger);
+          hc = hn;
+        } else if (!router_norm) {
           decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D,
                                st, opt.decode.norm_early_trigger);
+        }
       }
     }
     mark("o projection + residual norm");
@@ -515,6 +544,8 @@ void CudaInference::Impl::run_decode_step() {
       const DecodeNormIn nin{hc, hc, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, x,
                              opt.decode.norm_early_trigger};
       router(li, M, true, &nin);
+    } else if (pre_down) {
+      router(li, M, true, nullptr, r0);
     } else if (on(DecodeOp::Router)) {
       router(li, M, true);
     }

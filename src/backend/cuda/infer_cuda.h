@@ -95,6 +95,14 @@ struct DecodeTuning {
   // The router's row of x staged the same way (DecodeRouterLayout::stage_x; with router_mlp_regs
   // and router_async). The same bits. Not yet measured on a GPU: off.
   bool router_stage_x = false;
+  // The post-attention residual norm's launch also computes the router's down-projection sums
+  // (decode_norm_down: ⌈R/8⌉ blocks per row, each the whole norm and then 8 of the sums from rows
+  // loaded before its wait), and the router starts from them (decode_router's r0): its blocks no
+  // longer stream the 1 MB of down-projection rows through 16 SMs after their wait, load x or
+  // exchange the first stage. The residual moves to the other buffer at that norm. Only with the
+  // router's default layout (mlp_regs, async, automatic cluster, not one per SM) and without
+  // router_norm or fuse_norms. The same bits. Not yet measured on a GPU: off.
+  bool router_down_in_norm = false;
   // The step's ends in fewer launches: the LM head's GEMV folds its argmax into per-block atomics
   // and one small launch commits the token and the lengths (lm_head_greedy: two launches instead
   // of the GEMV, two argmax passes and the length update), and the next step's embedding and first

@@ -43,7 +43,8 @@ struct BenchInferArgs {
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
       fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
       down_l2, evict_first, lm_head_pre, lm_head_persist, router_async, router_norm,
-      expert_stage_x, router_stage_x, router_down_in_norm;
+      expert_stage_x, router_stage_x, router_down_in_norm,
+      qkv_norm_gemv;
   uint64_t seed = 1234;
 };
 
@@ -179,6 +180,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.router_stage_x = v != 0; }, false},
       {"router_down_in_norm", &a.router_down_in_norm, dflt.router_down_in_norm,
        [](cuda::DecodeTuning& t, int v) { t.router_down_in_norm = v != 0; }, false},
+      {"qkv_norm_gemv", &a.qkv_norm_gemv, dflt.qkv_norm_gemv,
+       [](cuda::DecodeTuning& t, int v) { t.qkv_norm_gemv = v != 0; }, false},
       {"router_norm", &a.router_norm, dflt.router_norm,
        [](cuda::DecodeTuning& t, int v) { t.router_norm = v != 0; }, false},
       {"fuse_norms", &a.fuse_norms, dflt.fuse_norms,
@@ -476,6 +479,9 @@ int bench_infer_cli(int argc, char** argv) {
          "also time decode with the post-attention norm's launch computing the router's "
          "down-projection sums, the router starting from them (1), or the router computing them "
          "(0)");
+  on_off("--qkv-norm-gemv", a.qkv_norm_gemv,
+         "also time decode with the post-MLP norm computed by every block of the next q|k|v "
+         "projection, its vectors in registers (1), or by a launch of its own (0)");
   on_off("--router-norm", a.router_norm,
          "also time decode with the post-attention residual norm computed by the router's "
          "cluster (1) or by a launch of its own before it (0)");

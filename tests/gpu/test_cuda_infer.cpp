@@ -467,6 +467,11 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
          t.router_down_in_norm = !t.router_down_in_norm;
          t.norm_early_trigger = false;
        }},
+      {"post-MLP norm in the q|k|v launch's blocks, vectors in registers, or alone (not the "
+       "default)",
+       [](DecodeTuning& t) { t.qkv_norm_gemv = !t.qkv_norm_gemv; }},
+      {"both norms with the GEMV after them (router sums, q|k|v)",
+       [](DecodeTuning& t) { t.qkv_norm_gemv = t.router_down_in_norm = true; }},
       {"router input staged in shared memory or not (not the default)",
        [](DecodeTuning& t) { t.router_stage_x = !t.router_stage_x; }},
       {"router input staged, router clusters of at most 4",

@@ -166,6 +166,15 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
+// The block copies a row of n bf16 (n a multiple of 8, 16-byte aligned) into shared memory dst
+// and returns dst once every thread's pieces are there (a block barrier: every thread calls it).
+__device__ __forceinline__ const bf16* stage_row(const bf16* row, int64_t n, void* dst) {
+  uint4* d = static_cast<uint4*>(dst);
+  for (int64_t j = threadIdx.x; j < n / 8; j += blockDim.x)
+    d[j] = reinterpret_cast<const uint4*>(row)[j];
+  __syncthreads();
+  return reinterpret_cast<const bf16*>(d);
+}
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
@@ -561,11 +570,7 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
   const bf16* xrow = x + m * ldx;  // kStage: its copy in shared memory
   if constexpr (kStage) {
     extern __shared__ __align__(16) float expert_x_sh[];
-    uint4* xs = reinterpret_cast<uint4*>(expert_x_sh);
-    for (int64_t j = threadIdx.x; j < K / 8; j += blockDim.x)
-      xs[j] = reinterpret_cast<const uint4*>(x + m * ldx)[j];
-    __syncthreads();
-    xrow = reinterpret_cast<const bf16*>(xs);
+    xrow = stage_row(xrow, K, expert_x_sh);
   }
   if (i >= I) return;
   const int64_t e = kStage ? ce : choice[m];
@@ -649,11 +654,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const bf16* arow = act + m * I;  // kStage: its copy in shared memory
   if constexpr (kStage) {
     extern __shared__ __align__(16) float expert_act_sh[];
-    uint4* as = reinterpret_cast<uint4*>(expert_act_sh);
-    for (int64_t j = threadIdx.x; j < I / 8; j += blockDim.x)
-      as[j] = reinterpret_cast<const uint4*>(act + m * I)[j];
-    __syncthreads();
-    arow = reinterpret_cast<const bf16*>(as);
+    arow = stage_row(arow, I, expert_act_sh);
   }
   if (o < D) {
     if (!expert) {
@@ -1798,52 +1799,57 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// The post-attention residual norm and the router's down projection in one launch
-// (DecodeTuning::router_down_in_norm): block (b, m) computes the whole residual norm of row m, with
-// the vector layout and the arithmetic of decode_residual_norm_kernel<true> (the same bits), puts x
-// into shared memory, and its warps then take rows b·8 + warp of W_down — loaded into registers
-// before the wait — to r0[m, o] = x·W_down[o] + b_down[o], the router's first sums in the router's
-// own order (the same bits as its stage 0). Block 0 of each row stores h_out and x for the later
-// launches; h_out must not alias h_in (the other blocks still read it). The router then starts
-// from r0 (decode_router's r0): no down-projection stream, x load or exchange in its first stage.
+// A residual norm and the GEMV that reads it in one launch: block (b, m) computes the whole
+// residual norm of row m — the vector layout and arithmetic of decode_residual_norm_kernel<true>
+// (the same bits) — into shared memory, then its warps take rows o = b·8 + warp of W (loaded into
+// registers before the wait) to out[m, o] = x·W[o] (+ bias[o]) with gemv_bf16_kernel's sums (the
+// same bits). NV: the float4 groups per thread (D ≤ 1024·NV), so that only the registers a row
+// needs are held; the norm's vectors are hinted to L2 before the wait and loaded with the row
+// after it. Block 0 of each row stores h_out (and x to y when set) for the later launches; h_out
+// must not alias h_in (the other blocks still read it). Uses: the post-attention norm with the
+// router's down-projection sums (DecodeTuning::router_down_in_norm: out32 = r0, the router then
+// starts from them), and the post-MLP norm with the next layer's q|k|v projection
+// (DecodeTuning::qkv_norm_gemv: out16 = qkv).
+template <int NV>
 __global__ void __launch_bounds__(kRowThreads)
-    decode_norm_down_kernel(const float* h_in, float* h_out, bf16* y, const bf16* a,
+    decode_norm_gemv_kernel(const float* h_in, float* h_out, bf16* y, const bf16* a,
                             const float* hs, const float* hb, const float* rs, const float* rb,
-                            const float* w, float eps, int64_t D, const bf16* Wd, const float* bd,
-                            float* r0, int R, bool early) {
+                            const float* w, float eps, int64_t D, const bf16* W, const float* bias,
+                            float* out32, bf16* out16, int64_t ldo, int64_t O, bool early) {
   using kern::load4;
   __shared__ float red[kRowThreads / kWarp];
-  extern __shared__ __align__(16) float norm_down_sh[];  // x, [D] bf16
-  bf16* const xs = reinterpret_cast<bf16*>(norm_down_sh);
+  extern __shared__ __align__(16) float norm_gemv_sh[];  // x, [D] bf16
+  bf16* const xs = reinterpret_cast<bf16*>(norm_gemv_sh);
   const int64_t m = blockIdx.y;
   const bool first = blockIdx.x == 0;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int o = int(blockIdx.x) * kRowsPerBlock + warp;
-  const bool live = o < R;
-  const bf16* const wrow = Wd + int64_t(live ? o : 0) * D;
+  const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + warp;
+  const bool live = o < O;
+  const bf16* const wrow = W + (live ? o : 0) * D;
   uint4 wpre[kPreChunks];
   load_row_pieces(wpre, wrow, D, lane, live);
-  const float bo = live ? bd[o] : 0.f;
-  float hv[kRowVec][4], wv[kRowVec][4];
-  float av[kRowVec][4], hsv[kRowVec][4], hbv[kRowVec][4], rsv[kRowVec][4], rbv[kRowVec][4];
+  const float bo = live && bias ? bias[o] : 0.f;
+  if (threadIdx.x % 8 == 0)  // 128-byte lines of this thread's groups of the five vectors
 #pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    load4(w + i, wv[k]);
-    load4(hs + i, hsv[k]), load4(hb + i, hbv[k]), load4(rs + i, rsv[k]), load4(rb + i, rbv[k]);
-  }
+    for (int k = 0; k < NV; k++) {
+      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+      if (i >= D) break;
+      prefetch_l2(w + i), prefetch_l2(hs + i), prefetch_l2(hb + i), prefetch_l2(rs + i);
+      prefetch_l2(rb + i);
+    }
   early ? pdl_begin_early(DecodeTraceEvent::Norm) : pdl_begin(DecodeTraceEvent::Norm);
+  float hv[NV][4], av[NV][4], wv[NV][4], hsv[NV][4], hbv[NV][4], rsv[NV][4], rbv[NV][4];
 #pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
+  for (int k = 0; k < NV; k++) {
     const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
     if (i >= D) break;
-    load4(h_in + m * D + i, hv[k]);
-    load4(a + m * D + i, av[k]);
+    load4(h_in + m * D + i, hv[k]), load4(a + m * D + i, av[k]);
+    load4(w + i, wv[k]), load4(hs + i, hsv[k]), load4(hb + i, hbv[k]);
+    load4(rs + i, rsv[k]), load4(rb + i, rbv[k]);
   }
   float ss = 0.f;
 #pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
+  for (int k = 0; k < NV; k++) {
     const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
     if (i >= D) break;
 #pragma unroll
@@ -1855,21 +1861,24 @@ __global__ void __launch_bounds__(kRowThreads)
   }
   const float rstd = norm_rstd(block_sum_rows(ss, red), D, eps);
 #pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
+  for (int k = 0; k < NV; k++) {
     const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
     if (i >= D) break;
     float xo[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) xo[e] = __fmul_rn(__fmul_rn(wv[k][e], hv[k][e]), rstd);
     kern::store4(xs + i, xo);
-    if (first) kern::store4(y + m * D + i, xo);
+    if (first && y) kern::store4(y + m * D + i, xo);
   }
   __syncthreads();  // x complete in shared memory
   if (live) {
     float acc[1] = {0.f};
     gemv_bf16_row_pre<1>(acc, wpre, xs, 0, wrow, D, lane);
-    const float s = warp_sum(acc[0]) + bo;  // as the router's stage 0
-    if (lane == 0) r0[m * R + o] = s;
+    const float s = warp_sum(acc[0]) + bo;  // as gemv_bf16_kernel and the router's stage 0
+    if (lane == 0) {
+      if (out32) out32[m * ldo + o] = s;
+      if (out16) out16[m * ldo + o] = __float2bfloat16(s);
+    }
   }
 }
 
@@ -1941,7 +1950,7 @@ __host__ __device__ inline int64_t round4(int64_t n) {
 // its row of x into shared memory once after the wait, beside its down-projection rows' loads, and
 // its warps read x there (gemv_bf16's stage_x); the same sums.
 // kPreR (with kRegs and kAsync, neither kNorm nor kStageX; DecodeTuning::router_down_in_norm): the
-// down projection's sums r0 = x·W_down + b come from decode_norm_down_kernel, the launch before;
+// down projection's sums r0 = x·W_down + b come from decode_norm_gemv_kernel, the launch before;
 // every block loads all R of them and the EDA state, forms the full vector itself (its own rows
 // stored as the next layer's state) and starts at the RMSNorm — no down-projection rows, no x and
 // no first exchange. The same arithmetic in the same order: the same bits.
@@ -2202,12 +2211,8 @@ __global__ void __launch_bounds__(kRouterThreads)
     load_row_pieces(pb, wb, D, lane, has_b);
     const float st_a = state && has_a ? state[m * R + o] : 0.f;
     const float st_b = state && has_b ? state[m * R + ob] : 0.f;
-    uint4* const x16 = reinterpret_cast<uint4*>(nv);  // [D] bf16
-    for (int j = int(threadIdx.x); j < D / 8; j += kRouterThreads)
-      x16[j] = reinterpret_cast<const uint4*>(x + m * ldx)[j];
-    __syncthreads();
+    const bf16* xr = stage_row(x + m * ldx, D, nv);  // [D] bf16
     float acc[1] = {0.f}, accb[1] = {0.f};
-    const bf16* xr = reinterpret_cast<const bf16*>(x16);
     if (has_a) gemv_bf16_row_pre<1>(acc, pa, xr, 0, wa, D, lane);
     if (has_b) gemv_bf16_row_pre<1>(accb, pb, xr, 0, wb, D, lane);
     if (has_a) finish_row(o, acc[0], st_a);
@@ -3487,24 +3492,34 @@ bool decode_router_pre_down_supported(int64_t R, int64_t E1, const DecodeRouterL
   return L.ok && L.cs >= 2;
 }
 
-bool decode_norm_down_supported(int64_t D, int64_t R, std::initializer_list<const void*> ptrs) {
-  return residual_norm_vec(D, ptrs) && D % 8 == 0 && R > 0 &&
-         size_t(D) * sizeof(bf16) <= 48 * 1024;
+bool decode_norm_gemv_supported(int64_t D, std::initializer_list<const void*> ptrs) {
+  return residual_norm_vec(D, ptrs) && D % 8 == 0 && size_t(D) * sizeof(bf16) <= 48 * 1024;
 }
 
-void decode_norm_down(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const bf16* a_MD,
+void decode_norm_gemv(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const bf16* a_MD,
                       const float* hs_D, const float* hb_D, const float* rs_D, const float* rb_D,
-                      const float* norm_w_D, float eps, const bf16* down_w_RD,
-                      const float* down_b_R, float* r0_MR, int64_t M, int64_t D, int64_t R,
+                      const float* norm_w_D, float eps, const bf16* W_OD, const float* bias_O,
+                      float* out32, bf16* out16, int64_t ldo, int64_t M, int64_t D, int64_t O,
                       cudaStream_t st, bool early_trigger) {
-  check(h_in_MD != h_out_MD, "decode_norm_down: the residual goes to another buffer");
-  check(decode_norm_down_supported(D, R, {h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
-                                          norm_w_D, down_w_RD}),
-        "decode_norm_down: needs D a multiple of 8 up to 4096 and 16-byte aligned rows");
-  launch_k(decode_norm_down_kernel,
-           dim3(unsigned((R + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M)), dim3(kRowThreads),
-           size_t(D) * sizeof(bf16), st, h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
-           norm_w_D, eps, D, down_w_RD, down_b_R, r0_MR, int(R), early_trigger);
+  check(h_in_MD != h_out_MD, "decode_norm_gemv: the residual goes to another buffer");
+  check((out32 == nullptr) != (out16 == nullptr) && ldo >= O && O > 0 && M >= 1,
+        "decode_norm_gemv: one output, fp32 or bf16, of at least O columns");
+  check(decode_norm_gemv_supported(D, {h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
+                                       norm_w_D, W_OD}),
+        "decode_norm_gemv: needs D a multiple of 8 up to 4096 and 16-byte aligned rows");
+  const int64_t groups = (D / 4 + kRowThreads - 1) / kRowThreads;
+  const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M));
+  const size_t smem = size_t(D) * sizeof(bf16);
+  auto go = [&](auto kernel) {
+    launch_k(kernel, grid, dim3(kRowThreads), smem, st, h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D,
+             rs_D, rb_D, norm_w_D, eps, D, W_OD, bias_O, out32, out16, ldo, O, early_trigger);
+  };
+  if (groups <= 1)
+    go(decode_norm_gemv_kernel<1>);
+  else if (groups <= 2)
+    go(decode_norm_gemv_kernel<2>);
+  else
+    go(decode_norm_gemv_kernel<4>);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -50,6 +50,7 @@ struct CudaInference::Impl {
   size_t ws_bytes = 0;
   bool qkv_norm_foldable = false;  // DecodeTuning::fold_qkv_norm can take effect
   bool router_pre_down_ok = false;  // DecodeTuning::router_down_in_norm can take effect
+  bool norm_gemv_ok = false;        // DecodeTuning::qkv_norm_gemv can take effect
   std::vector<DevLayer> L;
   bf16* embed = nullptr;
   float *in_s = nullptr, *in_b = nullptr, *final_norm = nullptr;
@@ -166,8 +167,17 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
     for (float* hi : {h, h2})
       router_pre_down_ok =
           router_pre_down_ok &&
-          decode_norm_down_supported(D, R, {hi, hi == h ? h2 : h, x, a, l.pa_hs, l.pa_hb, l.pa_rs,
-                                            l.pa_rb, l.ln_post, l.r_down});
+          decode_norm_gemv_supported(D, {hi, hi == h ? h2 : h, x, a, l.pa_hs, l.pa_hb, l.pa_rs,
+                                         l.pa_rb, l.ln_post, l.r_down});
+  // The post-MLP norm with the next layer's q|k|v projection (qkv_norm_gemv).
+  norm_gemv_ok = true;
+  for (size_t li = 1; li < L.size(); li++)
+    for (float* hi : {h, h2})
+      norm_gemv_ok = norm_gemv_ok &&
+                     decode_norm_gemv_supported(D, {hi, hi == h ? h2 : h, a, L[li - 1].pm_hs,
+                                                    L[li - 1].pm_hb, L[li - 1].pm_rs,
+                                                    L[li - 1].pm_rb, L[li].ln_in, L[li].wqkv,
+                                                    qkv});
 }
 
 void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
@@ -456,7 +466,12 @@ void CudaInference::Impl::run_decode_step() {
   const auto on = [&](DecodeOp op) { return (opt.decode.skip & (1u << unsigned(op))) == 0; };
   // fold_qkv_norm: the post-MLP residual norm of layer li − 1 runs inside layer li's q|k|v GEMV,
   // which reads the residual from one buffer and writes it to the other (hc: the current one).
-  const bool fold = opt.decode.fold_qkv_norm && qkv_norm_foldable;
+  const bool fold_smem = opt.decode.fold_qkv_norm && qkv_norm_foldable;
+  // qkv_norm_gemv: the same, as decode_norm_gemv (the norm's vectors in registers, x in shared
+  // memory, the q|k|v rows in ⌈LD/8⌉ blocks per row).
+  const bool fold_gemv = opt.decode.qkv_norm_gemv && norm_gemv_ok && !fold_smem &&
+                         !opt.decode.fuse_norms && on(DecodeOp::Qkv);
+  const bool fold = fold_smem || fold_gemv;
   // router_norm: the post-attention residual norm inside the router launch (decode_router's
   // norm_in; it launches the norm itself where its folded form does not apply).
   const bool router_norm =
@@ -473,7 +488,13 @@ void CudaInference::Impl::run_decode_step() {
     const RopeSettings& rs = c.rope_for_layer(li);
     const int64_t rot = int64_t(double(d) * rs.partial_rotary_factor);
     const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
-    if (fold && li > 0) {
+    if (fold_gemv && li > 0) {
+      float* hn = hc == h ? h2 : h;
+      const DevLayer& p = L[size_t(li - 1)];
+      decode_norm_gemv(hc, hn, nullptr, a, p.pm_hs, p.pm_hb, p.pm_rs, p.pm_rb, l.ln_in, eps,
+                       l.wqkv, nullptr, nullptr, qkv, LD, M, D, LD, st, false);
+      hc = hn;
+    } else if (fold && li > 0) {
       float* hn = hc == h ? h2 : h;
       const DevLayer& p = L[size_t(li - 1)];
       if (on(DecodeOp::Qkv))
@@ -530,8 +551,9 @@ void CudaInference::Impl::run_decode_step() {
                   opt.decode.oproj_early_trigger, opt.decode.gemv_stage_x);
         if (pre_down) {
           float* hn = hc == h ? h2 : h;
-          decode_norm_down(hc, hn, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps,
-                           l.r_down, l.r_down_b, r0, M, D, R, st, opt.decode.norm_early_trigger);
+          decode_norm_gemv(hc, hn, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps,
+                           l.r_down, l.r_down_b, r0, nullptr, R, M, D, R, st,
+                           opt.decode.norm_early_trigger);
           hc = hn;
         } else if (!router_norm) {
           decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D,

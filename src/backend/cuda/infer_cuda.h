@@ -96,13 +96,20 @@ struct DecodeTuning {
   // and router_async). The same bits. Not yet measured on a GPU: off.
   bool router_stage_x = false;
   // The post-attention residual norm's launch also computes the router's down-projection sums
-  // (decode_norm_down: ⌈R/8⌉ blocks per row, each the whole norm and then 8 of the sums from rows
+  // (decode_norm_gemv: ⌈R/8⌉ blocks per row, each the whole norm and then 8 of the sums from rows
   // loaded before its wait), and the router starts from them (decode_router's r0): its blocks no
   // longer stream the 1 MB of down-projection rows through 16 SMs after their wait, load x or
   // exchange the first stage. The residual moves to the other buffer at that norm. Only with the
   // router's default layout (mlp_regs, async, automatic cluster, not one per SM) and without
   // router_norm or fuse_norms. The same bits. Not yet measured on a GPU: off.
   bool router_down_in_norm = false;
+  // The post-MLP residual norm computed by the next layer's q|k|v projection launch
+  // (decode_norm_gemv: every block the whole norm with its vectors in registers, x in shared
+  // memory, then 8 of the q|k|v rows loaded before its wait), the launch of its own gone; the
+  // residual alternates between two buffers. fold_qkv_norm's aim with a lighter block (it staged
+  // the five vectors, 40 KB, in shared memory in each of the GEMV's blocks). Not with
+  // fold_qkv_norm or fuse_norms. The same bits. Not yet measured on a GPU: off.
+  bool qkv_norm_gemv = false;
   // The step's ends in fewer launches: the LM head's GEMV folds its argmax into per-block atomics
   // and one small launch commits the token and the lengths (lm_head_greedy: two launches instead
   // of the GEMV, two argmax passes and the length update), and the next step's embedding and first

@@ -334,19 +334,21 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
 // st.async; the same bits as decode_residual_norm), else by decode_residual_norm launched first.
 // h_out may alias h_in (the residual updated in place, as decode_residual_norm does).
 // With r0_MR (DecodeTuning::router_down_in_norm): the down projection's sums x·W_down + b of every
-// row were computed by decode_norm_down, the launch before; the router starts from them (its
+// row were computed by decode_norm_gemv, the launch before; the router starts from them (its
 // form with registers and st.async: decode_router_pre_down_supported), the same bits.
 bool decode_router_pre_down_supported(int64_t R, int64_t E1, const DecodeRouterLayout& layout);
-// The post-attention residual norm (decode_residual_norm's arithmetic and bits) and the router's
-// down-projection sums r0[m, o] = x[m]·W_down[o] + b_down[o] (fp32 [M, R]) in one launch of
-// ⌈R/8⌉ blocks per row, each computing the norm and then 8 of the R sums; the residual goes from
-// h_in to h_out (not aliased). decode_norm_down_supported: D a multiple of 8 up to 4096, 16-byte
-// aligned pointers.
-bool decode_norm_down_supported(int64_t D, int64_t R, std::initializer_list<const void*> ptrs);
-void decode_norm_down(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const bf16* a_MD,
+// A residual norm (decode_residual_norm's arithmetic and bits) and the GEMV that reads it in one
+// launch of ⌈O/8⌉ blocks per row: each block computes the whole norm of its row, then 8 of the
+// O outputs out[m, o] = x[m]·W[o] (+ bias[o]) (gemv_bf16's sums; fp32 out32 or bf16 out16, row
+// stride ldo) from rows loaded before its wait. The residual goes from h_in to h_out (not
+// aliased); x is stored to y_MD when set. decode_norm_gemv_supported: D a multiple of 8 up to
+// 4096, 16-byte aligned pointers. The router's down-projection sums (router_down_in_norm) and
+// the q|k|v projection (qkv_norm_gemv) take it.
+bool decode_norm_gemv_supported(int64_t D, std::initializer_list<const void*> ptrs);
+void decode_norm_gemv(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const bf16* a_MD,
                       const float* hs_D, const float* hb_D, const float* rs_D, const float* rb_D,
-                      const float* norm_w_D, float eps, const bf16* down_w_RD,
-                      const float* down_b_R, float* r0_MR, int64_t M, int64_t D, int64_t R,
+                      const float* norm_w_D, float eps, const bf16* W_OD, const float* bias_O,
+                      float* out32, bf16* out16, int64_t ldo, int64_t M, int64_t D, int64_t O,
                       cudaStream_t st, bool early_trigger);
 // len_B[b] += n for every sequence.
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);

@@ -44,7 +44,7 @@ struct BenchInferArgs {
       fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
       down_l2, evict_first, lm_head_pre, lm_head_persist, router_async, router_norm,
       expert_stage_x, router_stage_x, router_down_in_norm,
-      qkv_norm_gemv;
+      qkv_norm_gemv, lm_head_stage_x, lm_head_no_l1;
   uint64_t seed = 1234;
 };
 
@@ -182,6 +182,10 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.router_down_in_norm = v != 0; }, false},
       {"qkv_norm_gemv", &a.qkv_norm_gemv, dflt.qkv_norm_gemv,
        [](cuda::DecodeTuning& t, int v) { t.qkv_norm_gemv = v != 0; }, false},
+      {"lm_head_stage_x", &a.lm_head_stage_x, dflt.lm_head_stage_x,
+       [](cuda::DecodeTuning& t, int v) { t.lm_head_stage_x = v != 0; }, false},
+      {"lm_head_no_l1", &a.lm_head_no_l1, dflt.lm_head_no_l1,
+       [](cuda::DecodeTuning& t, int v) { t.lm_head_no_l1 = v != 0; }, false},
       {"router_norm", &a.router_norm, dflt.router_norm,
        [](cuda::DecodeTuning& t, int v) { t.router_norm = v != 0; }, false},
       {"fuse_norms", &a.fuse_norms, dflt.fuse_norms,
@@ -482,6 +486,12 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--qkv-norm-gemv", a.qkv_norm_gemv,
          "also time decode with the post-MLP norm computed by every block of the next q|k|v "
          "projection, its vectors in registers (1), or by a launch of its own (0)");
+  on_off("--lm-head-stage-x", a.lm_head_stage_x,
+         "also time decode with the LM head's blocks staging the input row in shared memory (1) "
+         "or every warp reading it from global memory (0)");
+  on_off("--lm-head-no-l1", a.lm_head_no_l1,
+         "also time decode with the LM head's rows loaded without allocating in L1 (1) or "
+         "normally (0)");
   on_off("--router-norm", a.router_norm,
          "also time decode with the post-attention residual norm computed by the router's "
          "cluster (1) or by a launch of its own before it (0)");

@@ -31,7 +31,7 @@ if ! "$zaya" version | grep -q "cuda: yes"; then
   echo "PASS (argument checks; --write-config needs the CUDA build)"
   exit 0
 fi
-"$zaya" bench infer --preset zaya1-base --layers 2 --attn-chunks 0,64 --attn-pipes 1,4 --router-clusters 0,8 --fuse-norms 1,0 --router-stage 1,0 --router-spread 0,1 --attn-stage 0,1 --fold-qkv-norm 0,1 --norm-early 0,1 --oproj-early 0,1 --gemv-stage-x 0,1 --attn-cluster 0,1 --router-regs 0,1 --fused-ends 0,1 --fuse-cca 0,1 --fuse-experts 0,1 --attn-exact 0,1 --evict-first 0,1 --lm-head-l2 0,8 --router-norm 0,1 --expert-stage-x 0,1 --router-stage-x 0,1 --router-down-in-norm 0,1 --qkv-norm-gemv 0,1 --ablate \
+"$zaya" bench infer --preset zaya1-base --layers 2 --attn-chunks 0,64 --attn-pipes 1,4 --router-clusters 0,8 --fuse-norms 1,0 --router-stage 1,0 --router-spread 0,1 --attn-stage 0,1 --fold-qkv-norm 0,1 --norm-early 0,1 --oproj-early 0,1 --gemv-stage-x 0,1 --attn-cluster 0,1 --router-regs 0,1 --fused-ends 0,1 --fuse-cca 0,1 --fuse-experts 0,1 --attn-exact 0,1 --evict-first 0,1 --lm-head-l2 0,8 --router-norm 0,1 --expert-stage-x 0,1 --router-stage-x 0,1 --router-down-in-norm 0,1 --qkv-norm-gemv 0,1 --lm-head-stage-x 0,1 --lm-head-no-l1 0,1 --ablate \
   --write-config "$tmp/cfg.json" >/dev/null || fail "--write-config exited non-zero"
 python3 -c "import json,sys; c=json.load(open(sys.argv[1])); assert c['num_hidden_layers']==2, c" \
   "$tmp/cfg.json" || fail "config.json does not hold the 2-layer shape"

@@ -472,6 +472,12 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.qkv_norm_gemv = !t.qkv_norm_gemv; }},
       {"both norms with the GEMV after them (router sums, q|k|v)",
        [](DecodeTuning& t) { t.qkv_norm_gemv = t.router_down_in_norm = true; }},
+      {"LM head input staged in shared memory", [](DecodeTuning& t) { t.lm_head_stage_x = true; }},
+      {"LM head rows not allocated in L1, input staged or not",
+       [](DecodeTuning& t) {
+         t.lm_head_no_l1 = true;
+         t.lm_head_stage_x = !t.lm_head_stage_x;
+       }},
       {"router input staged in shared memory or not (not the default)",
        [](DecodeTuning& t) { t.router_stage_x = !t.router_stage_x; }},
       {"router input staged, router clusters of at most 4",
@@ -1446,16 +1452,18 @@ TEST(CudaDecodeKernels, FusedStepEndsEqualTheSeparateLaunches) {
     gemv_bf16(lg_ref, nullptr, V, xd, D, Wd, D, nullptr, M, V, D, nullptr);
     argmax_rows(ids_ref, lg_ref, M, V, ws, nullptr, hist_ref, len_ref);
     advance_lengths(len_ref, 1, M, nullptr);
-    for (int call = 0; call < 4; call++) {  // each call starts from the keys the last one left
+    for (int call = 0; call < 7; call++) {  // each call starts from the keys the last one left
       SCOPED_TRACE("call " + std::to_string(call));
       ASSERT_EQ(cudaMemcpy(len_f, len0.data(), size_t(M) * 4, cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemcpy(hist_f, hist0.data(), hist0.size() * 4, cudaMemcpyHostToDevice),
                 cudaSuccess);
       // Calls 1 and 3 with the rows loaded before the wait, 2 and 3 as one resident grid
-      // striding over the rows (the same bits).
+      // striding over the rows, 4 with the input rows staged in shared memory, 5 with the head's
+      // rows not allocated in L1, 6 with both (the same bits).
       ASSERT_EQ(cudaMemset(lg_f, 0xff, size_t(M * V) * sizeof(float)), cudaSuccess);
       lm_head_greedy(lg_f, xd, D, Wd, M, V, D, keys, ids_f, hist_f, len_f, nullptr, {},
-                     call % 2 == 1, call >= 2);
+                     call % 2 == 1 && call < 4, call == 2 || call == 3, call == 4 || call == 6,
+                     call >= 5);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto lg = test_util::download(lg_f, size_t(M * V));
       EXPECT_EQ(lg, test_util::download(lg_ref, size_t(M * V))) << "logits";

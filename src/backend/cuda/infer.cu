@@ -166,26 +166,21 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
-// The block copies a row of n bf16 (n a multiple of 8, 16-byte aligned) into shared memory dst
-// and returns dst once every thread's pieces are there (a block barrier: every thread calls it).
-__device__ __forceinline__ const bf16* stage_row(const bf16* row, int64_t n, void* dst) {
-  uint4* d = static_cast<uint4*>(dst);
-  for (int64_t j = threadIdx.x; j < n / 8; j += blockDim.x)
-    d[j] = reinterpret_cast<const uint4*>(row)[j];
-  __syncthreads();
-  return reinterpret_cast<const bf16*>(d);
-}
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
-// A 16-byte piece of a weight row. kEF (set_decode_weights_evict_first): loaded with L2
-// evict_first priority, so that the ~1.4 GB of weights a decode step streams through the 50 MB L2
-// displace each other before anything else there — the kernels' code, the KV cache, activations
-// and partials, which are read again within the step or the next one. Otherwise a plain load
-// (the hardware's default policy). The value is the same either way.
-template <bool kEF>
+// A 16-byte piece of a weight row. kEF (an int: kWeightNormal, kWeightEvictFirst or
+// kWeightNoL1). kWeightEvictFirst (set_decode_weights_evict_first): loaded with L2 evict_first
+// priority, so that the ~1.4 GB of weights a decode step streams through the 50 MB L2 displace
+// each other before anything else there — the kernels' code, the KV cache, activations and
+// partials, which are read again within the step or the next one. kWeightNoL1 (the LM head's
+// DecodeTuning::lm_head_no_l1): not allocated in L1, so that the streamed rows do not evict the
+// input row every warp reads there. Otherwise a plain load (the hardware's default policy). The
+// value is the same either way.
+constexpr int kWeightNormal = 0, kWeightEvictFirst = 1, kWeightNoL1 = 2;
+template <int kEF>
 __device__ __forceinline__ uint4 ld_weight16(const bf16* p) {
-  if constexpr (kEF) {
+  if constexpr (kEF == kWeightEvictFirst) {
     unsigned long long pol;
     asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
     uint4 v;
@@ -193,9 +188,28 @@ __device__ __forceinline__ uint4 ld_weight16(const bf16* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p), "l"(pol));
     return v;
+  } else if constexpr (kEF == kWeightNoL1) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
   } else {
     return *reinterpret_cast<const uint4*>(p);
   }
+}
+// The block copies M rows of n bf16 (n a multiple of 8, 16-byte aligned, row stride ld) into
+// shared memory dst ([M][n]) and returns dst once every thread's pieces are there (a block barrier:
+// every thread calls it).
+template <int M = 1>
+__device__ __forceinline__ const bf16* stage_rows(const bf16* rows, int64_t ld, int64_t n,
+                                                  void* dst) {
+  uint4* d = static_cast<uint4*>(dst);
+  const int64_t n8 = n / 8;
+  for (int64_t j = threadIdx.x; j < M * n8; j += blockDim.x)
+    d[j] = reinterpret_cast<const uint4*>(rows + (j / n8) * ld)[j % n8];
+  __syncthreads();
+  return reinterpret_cast<const bf16*>(d);
 }
 // acc[m] += Σ_i w8[i] · x[m, k + i] over one 16-byte piece of weights (8 bf16), the fmaf chain in
 // element order: every GEMV variant below accumulates through this, so they agree bit for bit.
@@ -221,7 +235,7 @@ constexpr int kPreChunks = 8;  // a whole row for K <= 2048
 
 // Lane `lane`'s first kPreChunks pieces of row w (zeros past K or when !live), all loads issued
 // before any is used: one memory round trip per row instead of one per group of unrolled pieces.
-template <bool kEF = false>
+template <int kEF = kWeightNormal>
 __device__ __forceinline__ void load_row_pieces(uint4 (&wpre)[kPreChunks], const bf16* w, int64_t K,
                                                 int lane, bool live = true) {
 #pragma unroll
@@ -231,7 +245,7 @@ __device__ __forceinline__ void load_row_pieces(uint4 (&wpre)[kPreChunks], const
   }
 }
 
-template <int M, bool kEF = false>
+template <int M, int kEF = kWeightNormal>
 __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunks], const bf16* x,
                                   int64_t ldx, const bf16* w, int64_t K, int lane) {
 #pragma unroll
@@ -248,7 +262,7 @@ __device__ void gemv_bf16_row_pre(float (&acc)[M], const uint4 (&wpre)[kPreChunk
 
 // One warp per output row o; lanes stride over K in 8-element (16-byte) pieces when `vec` (the
 // first kPreChunks of them loaded together).
-template <int M, bool kVec, bool kEF = false>
+template <int M, bool kVec, int kEF = kWeightNormal>
 __device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const bf16* w, int64_t K,
                               int lane) {
   if (kVec) {
@@ -472,13 +486,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     x = xs, ldx = K;
   } else if constexpr (kStageX) {
     static_assert(kVec, "staged input rows take the 16-byte path");
-    bf16* xs = reinterpret_cast<bf16*>(gemv_norm_sh);  // [M][K], 16-byte pieces
-    const int64_t n8 = K / 8;
-    for (int64_t i = threadIdx.x; i < M * n8; i += blockDim.x)
-      reinterpret_cast<uint4*>(xs + (i / n8) * K)[i % n8] =
-          reinterpret_cast<const uint4*>(x + (i / n8) * ldx)[i % n8];
-    __syncthreads();
-    x = xs, ldx = K;
+    x = stage_rows<M>(x, ldx, K, gemv_norm_sh), ldx = K;  // [M][K]
   }
   if (live) {
     float acc[M];
@@ -570,7 +578,7 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
   const bf16* xrow = x + m * ldx;  // kStage: its copy in shared memory
   if constexpr (kStage) {
     extern __shared__ __align__(16) float expert_x_sh[];
-    xrow = stage_row(xrow, K, expert_x_sh);
+    xrow = stage_rows(xrow, 0, K, expert_x_sh);
   }
   if (i >= I) return;
   const int64_t e = kStage ? ce : choice[m];
@@ -654,7 +662,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   const bf16* arow = act + m * I;  // kStage: its copy in shared memory
   if constexpr (kStage) {
     extern __shared__ __align__(16) float expert_act_sh[];
-    arow = stage_row(arow, I, expert_act_sh);
+    arow = stage_rows(arow, 0, I, expert_act_sh);
   }
   if (o < D) {
     if (!expert) {
@@ -2211,7 +2219,7 @@ __global__ void __launch_bounds__(kRouterThreads)
     load_row_pieces(pb, wb, D, lane, has_b);
     const float st_a = state && has_a ? state[m * R + o] : 0.f;
     const float st_b = state && has_b ? state[m * R + ob] : 0.f;
-    const bf16* xr = stage_row(x + m * ldx, D, nv);  // [D] bf16
+    const bf16* xr = stage_rows(x + m * ldx, 0, D, nv);  // [D] bf16
     float acc[1] = {0.f}, accb[1] = {0.f};
     if (has_a) gemv_bf16_row_pre<1>(acc, pa, xr, 0, wa, D, lane);
     if (has_b) gemv_bf16_row_pre<1>(accb, pb, xr, 0, wb, D, lane);
@@ -2403,8 +2411,10 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int64_t i) {
 // kPre (lm_head_greedy's prefetch): each warp's first kPreChunks pieces of its row loaded before
 // the wait, as gemv_bf16_kernel's register prologue — so the blocks of the first wave, which
 // start while the last residual norm still waits on the experts (its early trigger), have their
-// rows in flight when x lands. The same bits.
-template <int M, bool kEF = false, bool kPre = false>
+// rows in flight when x lands. The same bits. kStage (lm_head_greedy's stage_x): the block copies
+// the M input rows into shared memory once after the wait and its warps read them there. kEF
+// kWeightNoL1 (lm_head_greedy's no_l1): the streamed rows are not allocated in L1.
+template <int M, int kEF = kWeightNormal, bool kPre = false, bool kStage = false>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     gemv_argmax_kernel(float* y32, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                        int64_t ldw, const float* bias, int64_t O, int64_t K,
@@ -2417,6 +2427,10 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   uint4 wpre[kPreChunks];
   if constexpr (kPre) load_row_pieces<kEF>(wpre, w, K, lane, live);
   pdl_begin(DecodeTraceEvent::Gemv);
+  if constexpr (kStage) {
+    extern __shared__ __align__(16) float lm_x_sh[];  // [M][K]
+    x = stage_rows<M>(x, ldx, K, lm_x_sh), ldx = K;
+  }
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; m++) acc[m] = 0.f;
@@ -3643,7 +3657,7 @@ bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, in
 void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
                     int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
                     int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist,
-                    bool prefetch, bool persistent) {
+                    bool prefetch, bool persistent, bool stage_x, bool no_l1) {
   check(lm_head_greedy_supported(M, V, D, x, ldx, W) && keys_M && ids_out && len_B,
         "lm_head_greedy: needs lm_head_greedy_supported, the keys, the ids and the lengths");
   // persist_bytes: the first rows of W marked to stay in L2 across launches (an access policy
@@ -3696,10 +3710,20 @@ void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W,
                                          static_cast<const float*>(nullptr), V, D, keys_M));
       return;
     }
-    const auto kernel = prefetch ? (g_weights_evict_first ? gemv_argmax_kernel<kM, true, true>
-                                                          : gemv_argmax_kernel<kM, false, true>)
-                                 : (g_weights_evict_first ? gemv_argmax_kernel<kM, true>
-                                                          : gemv_argmax_kernel<kM, false>);
+    // stage_x and no_l1 only without the prefetch and evict_first forms; staged rows within the
+    // default 48 KB of dynamic shared memory.
+    const bool stage = stage_x && !prefetch && !g_weights_evict_first &&
+                       size_t(kM) * size_t(D) * sizeof(bf16) <= 48 * 1024;
+    const bool nol1 = no_l1 && !prefetch && !g_weights_evict_first;
+    auto kernel = prefetch ? (g_weights_evict_first ? gemv_argmax_kernel<kM, kWeightEvictFirst, true>
+                                                    : gemv_argmax_kernel<kM, kWeightNormal, true>)
+                           : (g_weights_evict_first ? gemv_argmax_kernel<kM, kWeightEvictFirst>
+                                                    : gemv_argmax_kernel<kM, kWeightNormal>);
+    if (stage || nol1)
+      kernel = stage ? (nol1 ? gemv_argmax_kernel<kM, kWeightNoL1, false, true>
+                             : gemv_argmax_kernel<kM, kWeightNormal, false, true>)
+                     : gemv_argmax_kernel<kM, kWeightNoL1>;
+    cfg.dynamicSmemBytes = stage ? size_t(kM) * size_t(D) * sizeof(bf16) : 0;
     apply_carveout(reinterpret_cast<const void*>(kernel));
     ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, logits_MV, V, x, ldx, W, D,
                                        static_cast<const float*>(nullptr), V, D, keys_M));

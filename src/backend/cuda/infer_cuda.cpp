@@ -593,7 +593,8 @@ void CudaInference::Impl::run_decode_step() {
   if (fused_ends) {
     if (on(DecodeOp::LmHead))
       lm_head_greedy(logits, x, D, embed, M, V, D, lm_keys, ids, tok_hist, len, st, lm_persist,
-                     opt.decode.lm_head_prefetch, opt.decode.lm_head_persistent);
+                     opt.decode.lm_head_prefetch, opt.decode.lm_head_persistent,
+                     opt.decode.lm_head_stage_x, opt.decode.lm_head_no_l1);
     else
       advance_lengths(len, 1, M, st);
     mark("lm head, argmax, lengths");

@@ -196,6 +196,13 @@ struct DecodeTuning {
   // the one-row-per-warp launch at 48), and each warp's rows lie a grid apart in memory, where
   // the waves of that launch walk the matrix in order.
   bool lm_head_persistent = false;
+  // The LM head's blocks copy the input row into shared memory once and their warps read it there
+  // (lm_head_stage_x), and the head's rows are loaded without allocating in L1 (lm_head_no_l1), so
+  // that the 1.07 GB streamed through L1 does not evict the input row every warp reads (each
+  // warp's 4 KB of x would otherwise come from L2 as often as its 4 KB of weights). The same bits.
+  // Not yet measured on a GPU: off.
+  bool lm_head_stage_x = false;
+  bool lm_head_no_l1 = false;
   // MiB of the LM head's first rows kept in L2 across steps (a persisting access policy window on
   // its launch, with fused_step_ends; clamped to the device's set-aside limit); 0: none. The
   // same bits. Measured slower on the H200 (same run): 32 MiB 0.6362 against 0.6283 ms/step.

@@ -281,7 +281,12 @@ bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, in
 void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
                     int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
                     int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist = {},
-                    bool prefetch = false, bool persistent = false);
+                    bool prefetch = false, bool persistent = false, bool stage_x = false,
+                    bool no_l1 = false);
+// stage_x (DecodeTuning::lm_head_stage_x): each block copies the M input rows into shared memory
+// once and its warps read them there; no_l1 (DecodeTuning::lm_head_no_l1): the head's rows are
+// loaded without allocating in L1, which then keeps the input rows. Neither with prefetch,
+// persistent or evict_first weights; the same bits.
 // The decode step's first launch: h = (table[ids[m]] + b)⊙s (embed_affine_fwd: an id outside
 // [0, V) gives a zero row and sets bad_id_flag to the first such row + 1), then
 // y = norm_w ⊙ h · rstd (decode_residual_norm with a null) — one launch, the same bits as the two.

@@ -16,6 +16,7 @@
 
 #include "bench/bench_model.h"
 #include "bench/decode_trace.h"
+#include "bench/mem_bench.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -37,7 +38,7 @@ namespace {
 struct BenchInferArgs {
   std::string preset = "zaya1-base", json, write_config;
   int64_t layers = 0, batch = 1, prompt = 4096, decode = 128, warmup = 8, repeats = 3;
-  double copy_gbs = 4200.0;
+  double copy_gbs = 0.0;  // 0: measured on the device at start
   bool no_graphs = false, profile = false, ablate = false, trace = false;
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
@@ -74,6 +75,19 @@ int run(const BenchInferArgs& a) {
   const cudaError_t e = cudaGetDeviceCount(&ndev);
   ZAYA_CHECK(e == cudaSuccess && ndev > 0, "zaya bench infer: no CUDA device ({})",
              e == cudaSuccess ? "0 found" : cudaGetErrorString(e));
+  // The roofline's bandwidth: given, or measured here before the model takes the device's memory
+  // (zaya bench mem's copy kernel over 1 GiB buffers, read + written bytes, best of 10 passes).
+  double copy_gbs = a.copy_gbs;
+  const bool copy_measured = copy_gbs <= 0;
+  if (copy_measured) {
+    bench::MemBenchOptions mo;
+    mo.tests = {"copy"};
+    mo.sizes = {uint64_t(1) << 30};
+    mo.iters = 10;
+    mo.warmup = 2;
+    copy_gbs = bench::mem_best_gbs(bench::run_mem_bench(mo, 0.0), "copy", uint64_t(1) << 30);
+    ZAYA_CHECK(copy_gbs > 0, "zaya bench infer: the device copy bandwidth could not be measured");
+  }
   std::fprintf(stderr, "# building a random %s model with %lld layers ...\n", a.preset.c_str(),
                (long long)cfg.num_hidden_layers);
   ZayaModel m = bench::random_model(cfg, a.seed);
@@ -117,7 +131,7 @@ int run(const BenchInferArgs& a) {
   };
   double bytes = 0;
   const double decode_s = time_decode(bytes);
-  const double roofline_s = bytes / (a.copy_gbs * 1e9);
+  const double roofline_s = bytes / (copy_gbs * 1e9);
   const double prefill_tps = double(a.batch * a.prompt) / prefill_s;
   const double decode_tps = double(a.batch) / decode_s;
   std::printf("# zaya bench infer: %s, %lld layers, batch %lld, prompt %lld, %lld decode steps%s\n",
@@ -128,6 +142,8 @@ int run(const BenchInferArgs& a) {
   std::printf("%-28s %14.3f\n", "decode ms/step", decode_s * 1e3);
   std::printf("%-28s %14.1f\n", "decode tokens/s", decode_tps);
   std::printf("%-28s %14.3f\n", "decode GB read/step", bytes / 1e9);
+  std::printf("%-28s %14.1f  (%s)\n", "copy GB/s", copy_gbs,
+              copy_measured ? "measured: 1 GiB copy, read + written bytes" : "--copy-gbs");
   std::printf("%-28s %14.3f\n", "roofline ms/step", roofline_s * 1e3);
   std::printf("%-28s %14.3f\n", "fraction of roofline", roofline_s / decode_s);
   std::printf("%-28s %14.2f\n", "device GiB", double(inf.device_bytes()) / double(1 << 30));
@@ -267,7 +283,7 @@ int run(const BenchInferArgs& a) {
         inf.set_decode_tuning(t);
         double vb = 0;
         const double vs = time_decode(vb);
-        const double frac = vb / (a.copy_gbs * 1e9) / vs;
+        const double frac = vb / (copy_gbs * 1e9) / vs;
         std::printf("%8.4f %9.3f\n", vs * 1e3, frac);
         row["decode_ms_per_step"] = vs * 1e3;
         row["roofline_fraction"] = frac;
@@ -355,7 +371,8 @@ int run(const BenchInferArgs& a) {
                         {"decode_ms_per_step", decode_s * 1e3},
                         {"decode_tokens_per_s", decode_tps},
                         {"decode_bytes_per_step", bytes},
-                        {"copy_gbs", a.copy_gbs},
+                        {"copy_gbs", copy_gbs},
+                        {"copy_gbs_measured", copy_measured},
                         {"roofline_ms_per_step", roofline_s * 1e3},
                         {"roofline_fraction", roofline_s / decode_s},
                         {"device_bytes", inf.device_bytes()},
@@ -385,8 +402,10 @@ int bench_infer_cli(int argc, char** argv) {
   app.add_option("--warmup", a.warmup, "untimed decode steps first")->check(CLI::PositiveNumber);
   app.add_option("--repeats", a.repeats, "timed prefill passes (median)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--copy-gbs", a.copy_gbs, "device copy bandwidth for the roofline (GB/s)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--copy-gbs", a.copy_gbs,
+                 "device copy bandwidth for the roofline (GB/s, read + written bytes); 0 (the "
+                 "default): measured on the device at start with zaya bench mem's copy kernel")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--no-graphs", a.no_graphs, "launch decode kernels one by one (no CUDA graph)");
   app.add_flag("--profile", a.profile, "also time one eager decode step by op class");
   // A decode choice timed off (0), on (1) or both (0,1).

@@ -1,6 +1,6 @@
 #!/bin/bash
 # `zaya bench infer` argument checks that need no GPU: bad --attn-chunks, --router-clusters,
-# --router-spread, --norm-early and --oproj-early values are refused with a message naming the
+# --router-spread, --norm-early, --oproj-early and --copy-gbs values are refused with a message naming the
 # option, and --write-config writes the benchmarked shape's config.json.
 # Usage: bash bench_infer_args.sh <zaya-binary> <source-dir>
 set -u
@@ -22,6 +22,7 @@ refused "--router-clusters" --router-clusters 0,3
 refused "--router-spread" --router-spread 2
 refused "--norm-early" --norm-early 0,2
 refused "--oproj-early" --oproj-early 3
+refused "--copy-gbs" --copy-gbs -1
 if "$zaya" version | grep -q "cuda: yes" && ! "$zaya" version | grep -q "decode trace"; then
   # A build without -DZAYA_DECODE_TRACE=ON (the default, as in CI) refuses --trace up front, naming
   # the option to configure.

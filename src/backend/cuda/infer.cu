@@ -1737,6 +1737,53 @@ __global__ void __launch_bounds__(kW* kWarp)
   }
 }
 
+// Thread t's float4 groups t + k·256 (k < NV, within D) of a residual norm row, in registers: h ←
+// residual_elem(a, hb, hs, h, rb, rs) when has_a, and the thread's sum of squares in element order
+// (the norm kernels' arithmetic); then x = (w·h)·rstd rounded to bf16 into dst (and dst2 when set).
+template <int NV>
+__device__ __forceinline__ float residual_groups(float (&hv)[NV][4], const float (&av)[NV][4],
+                                                 const float (&hsv)[NV][4],
+                                                 const float (&hbv)[NV][4],
+                                                 const float (&rsv)[NV][4],
+                                                 const float (&rbv)[NV][4], int64_t D, bool has_a) {
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    if (4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads) >= D) break;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      if (has_a)
+        hv[k][e] = residual_elem(av[k][e], hbv[k][e], hsv[k][e], hv[k][e], rbv[k][e], rsv[k][e]);
+      ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
+    }
+  }
+  return ss;
+}
+template <int NV>
+__device__ __forceinline__ void norm_out_groups(const float (&wv)[NV][4], const float (&hv)[NV][4],
+                                                float rstd, int64_t D, bf16* dst, bf16* dst2) {
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    float o[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[k][e], hv[k][e]), rstd);
+    kern::store4(dst + i, o);
+    if (dst2) kern::store4(dst2 + i, o);
+  }
+}
+// Thread t's groups of h (NV as above) stored to row.
+template <int NV>
+__device__ __forceinline__ void store_groups(float* row, const float (&hv)[NV][4], int64_t D) {
+#pragma unroll
+  for (int k = 0; k < NV; k++) {
+    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
+    if (i >= D) break;
+    kern::store4(row + i, hv[k]);
+  }
+}
+
 // The standalone residual norm (block per row): thread t's float4 groups as in the tails above, but
 // every load of the row issued before its first store (the stores to h could alias the inputs as
 // far as the compiler knows, which would otherwise serialise the loop); the norm's own weights are
@@ -1770,28 +1817,10 @@ __global__ void __launch_bounds__(kRowThreads)
       load4(hr + i, hv[k]);
       if (a) load4(a + m * D + i, av[k]);
     }
-#pragma unroll
-    for (int k = 0; k < kRowVec; k++) {
-      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-      if (i >= D) break;
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        if (a)
-          hv[k][e] = residual_elem(av[k][e], hbv[k][e], hsv[k][e], hv[k][e], rbv[k][e], rsv[k][e]);
-        ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
-      }
-      if (a) kern::store4(hr + i, hv[k]);
-    }
-    const float rstd = norm_rstd(block_sum_rows(ss, red), D, eps);
-#pragma unroll
-    for (int k = 0; k < kRowVec; k++) {
-      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-      if (i >= D) break;
-      float o[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[k][e], hv[k][e]), rstd);
-      kern::store4(y + m * D + i, o);
-    }
+    ss = residual_groups<kRowVec>(hv, av, hsv, hbv, rsv, rbv, D, a != nullptr);
+    if (a) store_groups<kRowVec>(hr, hv, D);
+    norm_out_groups<kRowVec>(wv, hv, norm_rstd(block_sum_rows(ss, red), D, eps), D, y + m * D,
+                             nullptr);
   } else {
     early ? pdl_begin_early(DecodeTraceEvent::Norm) : pdl_begin(DecodeTraceEvent::Norm);
     for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
@@ -1855,29 +1884,10 @@ __global__ void __launch_bounds__(kRowThreads)
     load4(w + i, wv[k]), load4(hs + i, hsv[k]), load4(hb + i, hbv[k]);
     load4(rs + i, rsv[k]), load4(rb + i, rbv[k]);
   }
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < NV; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      hv[k][e] = residual_elem(av[k][e], hbv[k][e], hsv[k][e], hv[k][e], rbv[k][e], rsv[k][e]);
-      ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
-    }
-    if (first) kern::store4(h_out + m * D + i, hv[k]);
-  }
-  const float rstd = norm_rstd(block_sum_rows(ss, red), D, eps);
-#pragma unroll
-  for (int k = 0; k < NV; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    float xo[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) xo[e] = __fmul_rn(__fmul_rn(wv[k][e], hv[k][e]), rstd);
-    kern::store4(xs + i, xo);
-    if (first && y) kern::store4(y + m * D + i, xo);
-  }
+  const float ss = residual_groups<NV>(hv, av, hsv, hbv, rsv, rbv, D, true);
+  if (first) store_groups<NV>(h_out + m * D, hv, D);
+  norm_out_groups<NV>(wv, hv, norm_rstd(block_sum_rows(ss, red), D, eps), D, xs,
+                      first && y ? y + m * D : nullptr);
   __syncthreads();  // x complete in shared memory
   if (live) {
     float acc[1] = {0.f};

@@ -1221,14 +1221,21 @@ __device__ __forceinline__ void cl_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 #endif
 }
-// v stored at p's offset in the shared memory of block `rank`, counted on that block's `bar`.
-__device__ __forceinline__ void st_async_f32(float* p, uint64_t* bar, unsigned rank, float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t rp, rb;
+// The cluster addresses of p and bar in the shared memory of block `rank`.
+__device__ __forceinline__ void cl_remote(const void* p, const uint64_t* bar, unsigned rank,
+                                          uint32_t& rp, uint32_t& rb) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rp) : "r"(smem_addr(p)), "r"(rank));
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(rb)
                : "r"(smem_addr(bar)), "r"(rank));
+}
+#endif
+// v stored at p's offset in the shared memory of block `rank`, counted on that block's `bar`.
+__device__ __forceinline__ void st_async_f32(float* p, uint64_t* bar, unsigned rank, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t rp, rb;
+  cl_remote(p, bar, rank, rp, rb);
   asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(rp),
       "r"(__float_as_uint(v)), "r"(rb)
@@ -1241,10 +1248,7 @@ __device__ __forceinline__ void st_async_f32x4(float* p, uint64_t* bar, unsigned
                                                const float (&v)[4]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t rp, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rp) : "r"(smem_addr(p)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
-               : "=r"(rb)
-               : "r"(smem_addr(bar)), "r"(rank));
+  cl_remote(p, bar, rank, rp, rb);
   asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
       "[%5];\n" ::"r"(rp),

@@ -7,6 +7,9 @@
 #     BUILD=build-trace TRACE=1 bash tools/device/prebuilt.sh   # a decode-trace build beside it
 # then on the device, with carry [".debs", "build-dev/zaya"] (and the other binaries):
 #     source tools/device/deps.sh >/dev/null && build-dev/zaya bench infer ...
+# or, for the usual set of measurements in one call (tests, bandwidth, 8 and 40 layers, trace):
+#     bash tools/device/prebuilt_run.sh --pack   # here; then carry [".debs", "build-pack"] and run
+#     bash tools/device/prebuilt_run.sh          # on the device (VARIANTS="..." for decode variants)
 # The binaries need the device's CUDA 13 runtime and cuBLAS (/usr/local/cuda/lib, their run path)
 # and the fmt, toml++ and xxhash shared libraries that deps.sh unpacks from .debs (fetch them
 # with `bash tools/device/deps.sh --download`); NCCL and MPI stay out of them. The GPU tests find

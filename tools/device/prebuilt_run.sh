@@ -1,0 +1,69 @@
+#!/bin/bash
+# The measurements of a device call made with binaries built here (tools/device/prebuilt.sh),
+# in one script, so that the call spends its time measuring rather than compiling:
+#   here:    TESTS=1 bash tools/device/prebuilt.sh && BUILD=build-trace TRACE=1 bash tools/device/prebuilt.sh
+#            bash tools/device/prebuilt_run.sh --pack     # build-pack/bins.tgz (gzip: the three
+#                                                         # binaries exceed a call's 64 MiB as they are)
+#   device:  carry [".debs", "build-pack"]; command: bash tools/device/prebuilt_run.sh
+# On the device it unpacks the binaries, sources the -dev packages (deps.sh) and, writing to $OUT:
+#   gpu.txt         the card and its clocks
+#   mem.txt         `zaya bench mem --tests read,copy` at 2 and 4 GB (the roofline's bandwidth)
+#   gpu_tests.txt   build-dev/zaya_gpu_tests (when it was packed)
+#   infer8.txt/json `zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64`
+#                   with $VARIANTS (default none), the roofline over the copy bandwidth it measures
+#   infer40.txt/json the whole 40-layer model (LAYERS40=0 skips it)
+#   trace.txt       the trace build's `--trace` of the defaults (when it was packed)
+# A summary of each goes to standard output (the call's output tail).
+set -u
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root" || exit 1
+if [ "${1:-}" = "--pack" ]; then
+  mkdir -p build-pack
+  files=()
+  for f in build-dev/zaya build-dev/zaya_gpu_tests build-trace/zaya; do
+    [ -x "$f" ] && files+=("$f")
+  done
+  [ -x build-dev/zaya ] || { echo "prebuilt_run.sh: no build-dev/zaya (run prebuilt.sh)" >&2; exit 1; }
+  tar -czf build-pack/bins.tgz "${files[@]}"
+  echo "$root" >build-pack/SOURCE_DIR  # the path compiled into the GPU tests (their fixtures)
+  ls -la build-pack/bins.tgz
+  echo "packed: ${files[*]}"
+  exit 0
+fi
+OUT="${OUT:-$root/prebuilt_out}"
+mkdir -p "$OUT"
+[ -f build-pack/bins.tgz ] || { echo "prebuilt_run.sh: no build-pack/bins.tgz (carry it)" >&2; exit 1; }
+tar -xzf build-pack/bins.tgz
+# shellcheck disable=SC1091
+source tools/device/deps.sh >/dev/null 2>&1
+# The GPU tests find their fixtures under the source path compiled into them (recorded by --pack).
+src="$(cat build-pack/SOURCE_DIR 2>/dev/null || true)"
+if [ -n "$src" ] && [ "$src" != "$root" ] && [ ! -e "$src" ]; then
+  mkdir -p "$(dirname "$src")" && ln -sfn "$root" "$src"
+fi
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+build-dev/zaya bench mem --tests read,copy -b 2G -e 4G >"$OUT/mem.txt" 2>&1
+grep -E "^(read|copy) " "$OUT/mem.txt"
+if [ -x build-dev/zaya_gpu_tests ]; then
+  build-dev/zaya_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.txt" 2>&1
+  echo "gpu tests: exit $?"
+  grep -E "FAILED|PASSED|SKIPPED" "$OUT/gpu_tests.txt" | head -20
+fi
+B="build-dev/zaya bench infer --preset zaya1-base --prompt 1024"
+# shellcheck disable=SC2086
+$B --layers 8 --decode 64 ${VARIANTS:-} --json "$OUT/infer8.json" >"$OUT/infer8.txt" 2>&1
+echo "infer, 8 layers: exit $?"
+grep -E "^(decode|copy|roofline|fraction|prefill tokens)" "$OUT/infer8.txt"
+grep -A20 "decode variants" "$OUT/infer8.txt" | grep -v "^#"
+if [ "${LAYERS40:-1}" = 1 ]; then
+  $B --layers 40 --decode 32 --json "$OUT/infer40.json" >"$OUT/infer40.txt" 2>&1
+  echo "infer, 40 layers: exit $?"
+  grep -E "^(decode ms|copy|roofline|fraction)" "$OUT/infer40.txt"
+fi
+if [ -x build-trace/zaya ]; then
+  build-trace/zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 --trace \
+    >"$OUT/trace.txt" 2>&1
+  echo "trace: exit $?"
+  grep -A30 "decode trace" "$OUT/trace.txt" | head -31
+fi
+exit 0

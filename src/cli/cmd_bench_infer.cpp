@@ -43,9 +43,8 @@ struct BenchInferArgs {
   std::vector<int> attn_chunks, attn_pipes, attn_stage, router_clusters, fuse_norms, fold_qkv_norm,
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
       fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
-      down_l2, evict_first, lm_head_pre, lm_head_persist, router_async, router_norm,
-      expert_stage_x, router_stage_x, router_down_in_norm,
-      qkv_norm_gemv, lm_head_stage_x, lm_head_no_l1;
+      down_l2, evict_first, lm_head_pre, lm_head_persist, router_async, router_norm, expert_stage_x,
+      router_stage_x, router_down_in_norm, qkv_norm_gemv, lm_head_stage_x, lm_head_no_l1;
   uint64_t seed = 1234;
 };
 

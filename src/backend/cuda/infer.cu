@@ -2085,12 +2085,12 @@ __global__ void __launch_bounds__(kRouterThreads)
   if (q == 0 && bal)
     for (int i = threadIdx.x; i < E1; i += kRouterThreads) sbal[i] = bal[i];
   // kN: the norm's shared memory after the layout above (w1.. unused: kRegs), its vectors now.
-  const int tpb = kRouterThreads / int(cs);                           // norm threads played here
-  const int nk = (D / 4 + kRouterThreads - 1) / kRouterThreads;       // their float4 groups
+  const int tpb = kRouterThreads / int(cs);                              // norm threads played here
+  const int nk = (D / 4 + kRouterThreads - 1) / kRouterThreads;          // their float4 groups
   float* const nv = sh + round4(router_smem_floats(R, E1, rpb, false));  // [5][tpb][nk][4]
-  float* const wh = nv + 5 * tpb * nk * 4;                            // [D]: w ⊙ h'
-  float* const ssp = wh + D;                                          // [256]: sums of squares
-  bf16* const xs = reinterpret_cast<bf16*>(ssp + kRouterThreads);     // [D]: x
+  float* const wh = nv + 5 * tpb * nk * 4;                               // [D]: w ⊙ h'
+  float* const ssp = wh + D;                                             // [256]: sums of squares
+  bf16* const xs = reinterpret_cast<bf16*>(ssp + kRouterThreads);        // [D]: x
   const int vt = int(q) * tpb + int(threadIdx.x);  // the norm thread this one plays (< tpb)
   if constexpr (kN) {
     if (int(threadIdx.x) < tpb)
@@ -2134,7 +2134,7 @@ __global__ void __launch_bounds__(kRouterThreads)
   auto finish_row = [&](int o, float partial, float st) {
     float s = warp_sum(partial) + sbd[o - o0];
     if (state) s = __fmaf_rn(st, ssc[o - o0], s);  // as kPreR's
-    if (lane == 0) r[m * R + o] = s;  // the next layer's EDA state
+    if (lane == 0) r[m * R + o] = s;               // the next layer's EDA state
     if (!waited) {
       trace_slot(ts, 1, DecodeTraceEvent::RouterSums);
       cl_wait(), waited = true;
@@ -2185,8 +2185,8 @@ __global__ void __launch_bounds__(kRouterThreads)
         float p[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          hv[k][e] = residual_elem(av[k][e], v0[vs + e], v0[e], hv[k][e], v0[3 * vs + e],
-                                   v0[2 * vs + e]);
+          hv[k][e] =
+              residual_elem(av[k][e], v0[vs + e], v0[e], hv[k][e], v0[3 * vs + e], v0[2 * vs + e]);
           ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
           p[e] = __fmul_rn(v0[4 * vs + e], hv[k][e]);
         }
@@ -3384,8 +3384,8 @@ struct RouterLaunch {
   int cs = 1;
   bool stage_mlp = true, one_per_sm = false;  // the layout asked for (DecodeRouterLayout)
   size_t smem = 0;
-  bool stage = true;  // the MLP weights go through shared memory
-  bool ok = true;     // kRegs: the chosen cluster leaves at most kRouterRegRows rows per warp
+  bool stage = true;   // the MLP weights go through shared memory
+  bool ok = true;      // kRegs: the chosen cluster leaves at most kRouterRegRows rows per warp
   int64_t norm_D = 0;  // kNorm: the folded norm's row width (its shared memory)
 };
 
@@ -3512,9 +3512,8 @@ bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
 }  // namespace
 
 bool decode_router_pre_down_supported(int64_t R, int64_t E1, const DecodeRouterLayout& lay) {
-  if (!(lay.mlp_regs && lay.async_exchange && R % kWarp == 0 &&
-        R <= int64_t(kRouterRegK) * kWarp && R <= kRouterThreads &&
-        E1 <= int64_t(kRouterRegClassRows) * kRouterWarps))
+  if (!(lay.mlp_regs && lay.async_exchange && R % kWarp == 0 && R <= int64_t(kRouterRegK) * kWarp &&
+        R <= kRouterThreads && E1 <= int64_t(kRouterRegClassRows) * kRouterWarps))
     return false;
   const RouterLaunch L = router_launch<true, true, true, false, false, true>(R, E1, lay, 0);
   return L.ok && L.cs >= 2;
@@ -3532,8 +3531,8 @@ void decode_norm_gemv(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const b
   check(h_in_MD != h_out_MD, "decode_norm_gemv: the residual goes to another buffer");
   check((out32 == nullptr) != (out16 == nullptr) && ldo >= O && O > 0 && M >= 1,
         "decode_norm_gemv: one output, fp32 or bf16, of at least O columns");
-  check(decode_norm_gemv_supported(D, {h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
-                                       norm_w_D, W_OD}),
+  check(decode_norm_gemv_supported(
+            D, {h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D, W_OD}),
         "decode_norm_gemv: needs D a multiple of 8 up to 4096 and 16-byte aligned rows");
   const int64_t groups = (D / 4 + kRowThreads - 1) / kRowThreads;
   const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M));
@@ -3565,9 +3564,9 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
           "and no folded norm");
     const bool vec_w = R % 4 == 0 && aligned16(fc1_w) && aligned16(fc2_w) && aligned16(out_w);
     check(launch_router<true, true, true, false, false, true>(
-              r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
-              scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1,
-              vec_w, lay, st, DecodeNormIn{}, r0_MR),
+              r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
+              norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1, vec_w,
+              lay, st, DecodeNormIn{}, r0_MR),
           "decode_router: the form that starts from r0 could not be launched");
     ZAYA_CUDA_CHECK(cudaGetLastError());
     return;
@@ -3595,11 +3594,10 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   const bool as = lay.async_exchange;
   // The folded norm (nin) where its form applies; otherwise the norm as a launch of its own first.
   if (nin != nullptr) {
-    const bool fold = regs && as && vec_x && D % 4 == 0 &&
-                      D <= int64_t(4) * kRouterThreads * kRowVec &&
-                      aligned16(nin->h_in) && aligned16(nin->h_out) && aligned16(nin->a) &&
-                      aligned16(nin->hs) && aligned16(nin->hb) && aligned16(nin->rs) &&
-                      aligned16(nin->rb) && aligned16(nin->norm_w);
+    const bool fold =
+        regs && as && vec_x && D % 4 == 0 && D <= int64_t(4) * kRouterThreads * kRowVec &&
+        aligned16(nin->h_in) && aligned16(nin->h_out) && aligned16(nin->a) && aligned16(nin->hs) &&
+        aligned16(nin->hb) && aligned16(nin->rs) && aligned16(nin->rb) && aligned16(nin->norm_w);
     if (fold && launch_router<true, true, true, true>(
                     r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
                     scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D,
@@ -3612,10 +3610,10 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                          nin->norm_w, nin->eps, M, D, st, nin->early_trigger);
   }
   if (lay.stage_x && regs && as && vec_x && D % 8 == 0 &&
-      launch_router<true, true, true, false, true>(
-          r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
-          norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1, vec_w, lay,
-          st)) {
+      launch_router<true, true, true, false, true>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx,
+                                                   down_w_RD, down_b_R, state_MR, scale_R, norm_w_R,
+                                                   eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
+                                                   balancing_E1, M, D, R, E1, vec_w, lay, st)) {
     ZAYA_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -3729,10 +3727,11 @@ void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W,
     const bool stage = stage_x && !prefetch && !g_weights_evict_first &&
                        size_t(kM) * size_t(D) * sizeof(bf16) <= 48 * 1024;
     const bool nol1 = no_l1 && !prefetch && !g_weights_evict_first;
-    auto kernel = prefetch ? (g_weights_evict_first ? gemv_argmax_kernel<kM, kWeightEvictFirst, true>
-                                                    : gemv_argmax_kernel<kM, kWeightNormal, true>)
-                           : (g_weights_evict_first ? gemv_argmax_kernel<kM, kWeightEvictFirst>
-                                                    : gemv_argmax_kernel<kM, kWeightNormal>);
+    auto kernel = prefetch
+                      ? (g_weights_evict_first ? gemv_argmax_kernel<kM, kWeightEvictFirst, true>
+                                               : gemv_argmax_kernel<kM, kWeightNormal, true>)
+                      : (g_weights_evict_first ? gemv_argmax_kernel<kM, kWeightEvictFirst>
+                                               : gemv_argmax_kernel<kM, kWeightNormal>);
     if (stage || nol1)
       kernel = stage ? (nol1 ? gemv_argmax_kernel<kM, kWeightNoL1, false, true>
                              : gemv_argmax_kernel<kM, kWeightNormal, false, true>)

@@ -48,7 +48,7 @@ struct CudaInference::Impl {
   size_t arena_bytes = 0;
   Workspace ws;  // scratch for the training-path kernels (sort_by_expert)
   size_t ws_bytes = 0;
-  bool qkv_norm_foldable = false;  // DecodeTuning::fold_qkv_norm can take effect
+  bool qkv_norm_foldable = false;   // DecodeTuning::fold_qkv_norm can take effect
   bool router_pre_down_ok = false;  // DecodeTuning::router_down_in_norm can take effect
   bool norm_gemv_ok = false;        // DecodeTuning::qkv_norm_gemv can take effect
   std::vector<DevLayer> L;
@@ -161,7 +161,8 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   // st.async form at the router layout of the default tuning, and the norm's vector layout for
   // every layer (else router_down_in_norm leaves the norm and the router as they are).
   const DecodeTuning dt;
-  const DecodeRouterLayout lay{dt.router_cluster, dt.router_stage, dt.router_one_per_sm, true, true};
+  const DecodeRouterLayout lay{dt.router_cluster, dt.router_stage, dt.router_one_per_sm, true,
+                               true};
   router_pre_down_ok = decode_router_pre_down_supported(R, E1, lay);
   for (const DevLayer& l : L)
     for (float* hi : {h, h2})
@@ -173,11 +174,10 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   norm_gemv_ok = true;
   for (size_t li = 1; li < L.size(); li++)
     for (float* hi : {h, h2})
-      norm_gemv_ok = norm_gemv_ok &&
-                     decode_norm_gemv_supported(D, {hi, hi == h ? h2 : h, a, L[li - 1].pm_hs,
-                                                    L[li - 1].pm_hb, L[li - 1].pm_rs,
-                                                    L[li - 1].pm_rb, L[li].ln_in, L[li].wqkv,
-                                                    qkv});
+      norm_gemv_ok =
+          norm_gemv_ok && decode_norm_gemv_supported(
+                              D, {hi, hi == h ? h2 : h, a, L[li - 1].pm_hs, L[li - 1].pm_hb,
+                                  L[li - 1].pm_rs, L[li - 1].pm_rb, L[li].ln_in, L[li].wqkv, qkv});
 }
 
 void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
@@ -474,8 +474,7 @@ void CudaInference::Impl::run_decode_step() {
   const bool fold = fold_smem || fold_gemv;
   // router_norm: the post-attention residual norm inside the router launch (decode_router's
   // norm_in; it launches the norm itself where its folded form does not apply).
-  const bool router_norm =
-      opt.decode.router_norm && !opt.decode.fuse_norms && on(DecodeOp::Router);
+  const bool router_norm = opt.decode.router_norm && !opt.decode.fuse_norms && on(DecodeOp::Router);
   // router_down_in_norm: the post-attention norm's launch also computes the router's first sums,
   // from which the router starts; the residual then moves to the other buffer.
   const bool pre_down = opt.decode.router_down_in_norm && router_pre_down_ok && !router_norm &&
@@ -491,8 +490,8 @@ void CudaInference::Impl::run_decode_step() {
     if (fold_gemv && li > 0) {
       float* hn = hc == h ? h2 : h;
       const DevLayer& p = L[size_t(li - 1)];
-      decode_norm_gemv(hc, hn, nullptr, a, p.pm_hs, p.pm_hb, p.pm_rs, p.pm_rb, l.ln_in, eps,
-                       l.wqkv, nullptr, nullptr, qkv, LD, M, D, LD, st, false);
+      decode_norm_gemv(hc, hn, nullptr, a, p.pm_hs, p.pm_hb, p.pm_rs, p.pm_rb, l.ln_in, eps, l.wqkv,
+                       nullptr, nullptr, qkv, LD, M, D, LD, st, false);
       hc = hn;
     } else if (fold && li > 0) {
       float* hn = hc == h ? h2 : h;
@@ -563,7 +562,16 @@ void CudaInference::Impl::run_decode_step() {
     }
     mark("o projection + residual norm");
     if (router_norm) {
-      const DecodeNormIn nin{hc, hc, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, x,
+      const DecodeNormIn nin{hc,
+                             hc,
+                             a,
+                             l.pa_hs,
+                             l.pa_hb,
+                             l.pa_rs,
+                             l.pa_rb,
+                             l.ln_post,
+                             eps,
+                             x,
                              opt.decode.norm_early_trigger};
       router(li, M, true, &nin);
     } else if (pre_down) {
@@ -575,12 +583,11 @@ void CudaInference::Impl::run_decode_step() {
     DecodeResidualNorm pm{
         hc, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
     if (on(DecodeOp::Experts)) {
-      decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
-                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
-                     opt.decode.fuse_norms ? &pm : nullptr,
-                     opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
-                     opt.decode.expert_down_smem, opt.decode.expert_down_l2,
-                     opt.decode.expert_stage_x);
+      decode_experts(
+          a, act, x, l.gate_up, l.down, gate, choice, E, c.skip_output == SkipOutput::ScaledInput,
+          M, D, I, st, opt.decode.fuse_norms ? &pm : nullptr,
+          opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
+          opt.decode.expert_down_smem, opt.decode.expert_down_l2, opt.decode.expert_stage_x);
       // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
       if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
         decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,

@@ -157,7 +157,8 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 // has read the choice, so that down blocks that start late find them there; the same bits
 // (DecodeTuning::expert_down_l2). stage_x (two launches, 16-byte path, none of the above): each
 // block of the SwiGLU launch copies its row of x, and each block of the down launch its row of act,
-// into shared memory once and its warps read it there; the same bits (DecodeTuning::expert_stage_x).
+// into shared memory once and its warps read it there; the same bits
+// (DecodeTuning::expert_stage_x).
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,

@@ -2584,18 +2584,10 @@ __global__ void __launch_bounds__(kRowThreads)
       hv[k][e] = ok ? __fmul_rn(__fadd_rn(hv[k][e], bv[k][e]), sv[k][e]) : 0.f;
       ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
     }
-    kern::store4(h + m * D + i, hv[k]);
   }
-  const float rstd = norm_rstd(block_sum_rows(ss, red), D, eps);
-#pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    float o[4];
-#pragma unroll
-    for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[k][e], hv[k][e]), rstd);
-    kern::store4(y + m * D + i, o);
-  }
+  store_groups<kRowVec>(h + m * D, hv, D);
+  norm_out_groups<kRowVec>(wv, hv, norm_rstd(block_sum_rows(ss, red), D, eps), D, y + m * D,
+                           nullptr);
 }
 
 __global__ void kv_append_kernel(bf16* kc, bf16* vc, const bf16* k, const bf16* v, int64_t past,

@@ -5,7 +5,8 @@
 #            bash tools/device/prebuilt_run.sh --pack     # build-pack/bins.tgz (gzip: the three
 #                                                         # binaries exceed a call's 64 MiB as they are)
 #   device:  carry [".debs", "build-pack"]; command: bash tools/device/prebuilt_run.sh
-# On the device it unpacks the binaries, sources the -dev packages (deps.sh) and, writing to $OUT:
+# On the device it unpacks the binaries, sources the -dev packages (deps.sh) and writes, packed
+# into $OUT/raw.tgz (infer8.txt, trace.txt, peer8.json and gpu_tests.txt also as they are):
 #   gpu.txt         the card and its clocks
 #   mem.txt         `zaya bench mem --tests read,copy` at 2 and 4 GB (the roofline's bandwidth)
 #   gpu_tests.txt   build-dev/zaya_gpu_tests (when it was packed)
@@ -13,6 +14,8 @@
 #                   with $VARIANTS (default none), the roofline over the copy bandwidth it measures
 #   infer40.txt/json the whole 40-layer model (LAYERS40=0 skips it)
 #   trace.txt       the trace build's `--trace` of the defaults (when it was packed)
+#   peer8.txt/json  tools/bench_infer_peer.py, transformers' ZayaForCausalLM on the same card and
+#                   the same 8-layer shape (PEER=0 skips it)
 # A summary of each goes to standard output (the call's output tail).
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -30,7 +33,8 @@ if [ "${1:-}" = "--pack" ]; then
   echo "packed: ${files[*]}"
   exit 0
 fi
-OUT="${OUT:-$root/prebuilt_out}"
+FINAL="${OUT:-$root/prebuilt_out}"
+OUT="$FINAL/raw"  # every result here; at the end one raw.tgz (a call brings back at most 8 files)
 mkdir -p "$OUT"
 [ -f build-pack/bins.tgz ] || { echo "prebuilt_run.sh: no build-pack/bins.tgz (carry it)" >&2; exit 1; }
 tar -xzf build-pack/bins.tgz
@@ -55,6 +59,13 @@ $B --layers 8 --decode 64 ${VARIANTS:-} --json "$OUT/infer8.json" >"$OUT/infer8.
 echo "infer, 8 layers: exit $?"
 grep -E "^(decode|copy|roofline|fraction|prefill tokens)" "$OUT/infer8.txt"
 grep -A20 "decode variants" "$OUT/infer8.txt" | grep -v "^#"
+if [ "${PEER:-1}" = 1 ]; then
+  $B --layers 8 --decode 64 --write-config "$OUT/peer8_config.json" >/dev/null 2>&1
+  python3 tools/bench_infer_peer.py --config "$OUT/peer8_config.json" --batch 1 --prompt 1024 \
+    --decode 64 --json "$OUT/peer8.json" >"$OUT/peer8.txt" 2>&1
+  echo "peer, 8 layers: exit $?"
+  grep -E "^(prefill_tokens|decode_ms|generate_ms|gpu)" "$OUT/peer8.txt"
+fi
 if [ "${LAYERS40:-1}" = 1 ]; then
   $B --layers 40 --decode 32 --json "$OUT/infer40.json" >"$OUT/infer40.txt" 2>&1
   echo "infer, 40 layers: exit $?"
@@ -66,4 +77,9 @@ if [ -x build-trace/zaya ]; then
   echo "trace: exit $?"
   grep -A30 "decode trace" "$OUT/trace.txt" | head -31
 fi
+tar -czf "$FINAL/raw.tgz" -C "$OUT" .
+for f in infer8.txt trace.txt peer8.json gpu_tests.txt; do  # the main ones also as they are
+  [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
+done
+rm -rf "$OUT"
 exit 0

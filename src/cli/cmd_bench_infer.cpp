@@ -44,7 +44,8 @@ struct BenchInferArgs {
       router_stage, router_spread, norm_early, oproj_early, gemv_stage_x, attn_cluster, router_regs,
       fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
       down_l2, evict_first, lm_head_pre, lm_head_persist, router_async, router_norm, expert_stage_x,
-      router_stage_x, router_down_in_norm, qkv_norm_gemv, lm_head_stage_x, lm_head_no_l1;
+      router_stage_x, router_down_in_norm, qkv_norm_gemv, lm_head_stage_x, lm_head_no_l1,
+      attn_trigger, down_rows;
   uint64_t seed = 1234;
 };
 
@@ -219,6 +220,10 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.fuse_cca = v != 0; }, false},
       {"attn_exact_heads", &a.attn_exact, dflt.attn_exact_heads,
        [](cuda::DecodeTuning& t, int v) { t.attn_exact_heads = v != 0; }, false},
+      {"attn_trigger", &a.attn_trigger, dflt.attn_trigger,
+       [](cuda::DecodeTuning& t, int v) { t.attn_trigger = v; }, true, "0"},
+      {"expert_down_rows", &a.down_rows, dflt.expert_down_rows,
+       [](cuda::DecodeTuning& t, int v) { t.expert_down_rows = v; }, true},
       {"attn_finish", &a.attn_finish, dflt.attn_finish,
        [](cuda::DecodeTuning& t, int v) { t.attn_finish = v != 0; }, false},
       {"smem_carveout", &a.carveout, dflt.smem_carveout,
@@ -454,6 +459,17 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--attn-finish", a.attn_finish,
          "also time decode with the CCA finish folded into the attention launch (1), or as a "
          "launch of its own (0)");
+  app.add_option("--attn-trigger", a.attn_trigger,
+                 "also time decode with the attention blocks letting the o projection start after "
+                 "their wait (0), once their scores are computed (1) or once their partials are "
+                 "stored (2)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({0, 1, 2}));
+  app.add_option("--down-rows", a.down_rows,
+                 "also time decode with these output rows per block of the expert-down launch "
+                 "(8, 4, 2; with staged input rows)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({2, 4, 8}));
   app.add_option("--carveout", a.carveout,
                  "also time decode with every decode kernel asking for this shared-memory "
                  "carveout (percent of the largest; -1: the driver's choice per kernel)")

@@ -429,6 +429,12 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
       {"CCA convolutions and finish fused or as two launches (not the default)",
        [](DecodeTuning& t) { t.fuse_cca = !t.fuse_cca; }},
       {"LM head rows kept in L2", [](DecodeTuning& t) { t.lm_head_l2_mib = 16; }},
+      {"expert-down blocks of 4 rows", [](DecodeTuning& t) { t.expert_down_rows = 4; }},
+      {"expert-down blocks of 2 rows", [](DecodeTuning& t) { t.expert_down_rows = 2; }},
+      {"attention blocks trigger the o projection after their scores",
+       [](DecodeTuning& t) { t.attn_trigger = 1; }},
+      {"attention blocks trigger the o projection after their partials",
+       [](DecodeTuning& t) { t.attn_trigger = 2; }},
       {"attention compiled for exactly 4 heads per kv head or up to 8 (not the default)",
        [](DecodeTuning& t) { t.attn_exact_heads = !t.attn_exact_heads; }},
       {"expert products in one launch or two (not the default)",
@@ -662,6 +668,15 @@ TEST(CudaDecodeKernels, ExpertsMatchTheHostReference) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(test_util::download_bf16(act, size_t(M * I)), act_h) << "down rows hinted: act";
       EXPECT_EQ(test_util::download_bf16(out, size_t(M * D)), out_h) << "down rows hinted";
+      // Staged input rows, with 8, 4 and 2 output rows per down block: the same bits.
+      for (int rows : {8, 4, 2}) {
+        decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, nullptr,
+                       nullptr, false, false, true, rows);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(test_util::download_bf16(act, size_t(M * I)), act_h) << "staged: act";
+        EXPECT_EQ(test_util::download_bf16(out, size_t(M * D)), out_h)
+            << "staged, " << rows << " rows per down block";
+      }
     }
 }
 
@@ -1217,6 +1232,14 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
       decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 2);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "2 passes in flight";
+      // The blocks' trigger after their scores or after their partials (blocks past the window
+      // or the length trigger without scores).
+      for (int trig : {1, 2}) {
+        decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk,
+                         2, false, false, true, trig);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "trigger point " << trig;
+      }
       expect_bf16_ulp("o", o_h, ref_d, slack);
     }
     // The cluster form (its own chunks, combined in shared memory): against the reference, and

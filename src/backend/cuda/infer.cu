@@ -619,16 +619,19 @@ __global__ void expert_swiglu_kernel(bf16* act, const bf16* x, int64_t ldx, cons
 // slower on the H200 (DecodeTuning::expert_down_smem), so off.
 // kStage (with kVec; DecodeTuning::expert_stage_x): the block copies its row of act (I bf16) into
 // shared memory once after the wait, and every warp reads it there; the same sums.
-template <bool kVec, bool kTail, bool kEF = false, bool kSmem = false, bool kStage = false>
-__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+// kRows: output rows (warps) per block; DecodeTuning::expert_down_rows with kStage.
+template <bool kVec, bool kTail, bool kEF = false, bool kSmem = false, bool kStage = false,
+          int kRows = kRowsPerBlock>
+__global__ void __launch_bounds__(kRows* kWarp)
     expert_down_combine_kernel(bf16* out, const bf16* act, const bf16* x, const bf16* Wd,
                                int64_t d_stride, const float* gate, const int32_t* choice,
                                int64_t E, bool scaled, int64_t D, int64_t I, TailNorm tn) {
   static_assert(!kSmem || (kVec && !kEF), "the shared-memory prologue is the 16-byte path's");
   static_assert(!kStage || (kVec && !kSmem), "the staged row takes the register prologue");
+  static_assert(kRows == kRowsPerBlock || (kStage && !kTail), "other block sizes: staged only");
   const int lane = threadIdx.x % kWarp;
   const int64_t m = blockIdx.y;
-  const int64_t o = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  const int64_t o = int64_t(blockIdx.x) * kRows + threadIdx.x / kWarp;
   // The choice comes from the router, which completed before the SwiGLU kernel (this kernel's
   // predecessor) passed its own pdl_wait, and so before this grid could start: it is final here,
   // and the expert's weight row is loaded before pdl_wait, behind the SwiGLU kernel (read through
@@ -1412,7 +1415,7 @@ __global__ void __launch_bounds__(kW* kWarp)
     decode_attn_kernel(bf16* o, float* part_o, float* part_ml, unsigned* counters, const bf16* q,
                        const bf16* kcache, const bf16* vcache, const int32_t* len, int64_t cap,
                        int64_t window, int Hq, int Hkv, int ch, int nchunks, int flag_at,
-                       int stage_chunks, int cbuf_at, AttnFinishArgs fin) {
+                       int stage_chunks, int cbuf_at, AttnFinishArgs fin, int trigger_at) {
   static_assert(!(kFin && kCluster), "the finish folds into the split form only");
   constexpr int PER = D / 8;     // key values per lane in the score pass
   constexpr int PV = D / kWarp;  // value dims per lane in the P·V pass
@@ -1453,8 +1456,18 @@ __global__ void __launch_bounds__(kW* kWarp)
     rpre = rope_pre(pos, fin.theta, fin.r);
     temp_g = fin.temp[g];
   }
-  pdl_begin(DecodeTraceEvent::Attention);  // q and the cache come from earlier kernels
-  if constexpr (kCluster) cl_wait();       // every block of the cluster has started
+  // trigger_at (DecodeTuning::attn_trigger): where the block lets the o projection start — 0 right
+  // after the wait (rule 3 above), 1 once its scores are in shared memory, 2 once its partials are
+  // stored. Later triggers keep the o projection's prologue (4 MB of weight rows at ZAYA1's size)
+  // out of the memory system while this kernel's own dependent loads are on the critical path.
+  if (trigger_at == 0) {
+    pdl_begin(DecodeTraceEvent::Attention);  // q and the cache come from earlier kernels
+  } else {
+    unsigned long long* const t = trace_ptr();
+    pdl_wait();
+    trace_mark(t, DecodeTraceEvent::Attention);
+  }
+  if constexpr (kCluster) cl_wait();  // every block of the cluster has started
   constexpr int kGMax = kG > 0 ? kG : kAttnMaxG;
   const int G = kG > 0 ? kG : Hq / Hkv;
   const int64_t lo = window > 0 ? (pos - window + 1 > 0 ? pos - window + 1 : 0) : 0;
@@ -1557,6 +1570,7 @@ __global__ void __launch_bounds__(kW* kWarp)
       }
     }
     __syncthreads();
+    if (trigger_at == 1) pdl_trigger();
     trace_mark(trace_ptr(), DecodeTraceEvent::AttnScores);  // block (0, 0, 0)
     // Per head: max and sum over the chunk (one warp per head), probabilities in place.
     for (int t = warp; t < G; t += kW) {
@@ -1626,6 +1640,8 @@ __global__ void __launch_bounds__(kW* kWarp)
         part_o[(slot + int64_t(t) * nchunks) * D + e] = s;
     }
   }
+  // Blocks without visible keys (and trigger_at 2) trigger here; every block triggers once.
+  if (trigger_at == 2 || (trigger_at == 1 && kb >= ke)) pdl_trigger();
   trace_mark(trace_ptr(), DecodeTraceEvent::AttnPartials);  // block (0, 0, 0): chunk 0's stored
   if constexpr (kCluster) {
     // Every partial is in rank 0's shared memory once the barrier completes (release/acquire);
@@ -2969,8 +2985,10 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
                     const DecodeResidualNorm* rn, unsigned* fused_barrier, bool down_smem,
-                    bool down_l2, bool stage_x) {
+                    bool down_l2, bool stage_x, int down_rows) {
   check(M >= 1 && D > 0 && I > 0, "decode_experts: bad sizes");
+  check(down_rows == 8 || down_rows == 4 || down_rows == 2,
+        "decode_experts: rows per down block must be 8, 4 or 2");
   check(!rn || M <= kGemvMaxRows, "decode_experts: the fused residual norm takes M <= 8");
   const bool vec = D % 8 == 0 && I % 8 == 0 && aligned16(x_MD) && aligned16(gate_up_E2ID) &&
                    aligned16(down_EDI) && aligned16(act_MI);
@@ -2995,9 +3013,12 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   if (stage) {
     launch_k(expert_swiglu_kernel<true, false, false, true>, g1, block, size_t(D) * sizeof(bf16),
              st, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D, down_EDI, D * I, D);
-    launch_k(expert_down_combine_kernel<true, false, false, false, true>, g2, block,
-             size_t(I) * sizeof(bf16), st, out_MD, act_MI, x_MD, down_EDI, D * I, gate_M, choice_M,
-             E, skip_scaled_input, D, I, tn);
+    const auto down_k = down_rows == 2   ? expert_down_combine_kernel<true, false, false, false, true, 2>
+                        : down_rows == 4 ? expert_down_combine_kernel<true, false, false, false, true, 4>
+                                         : expert_down_combine_kernel<true, false, false, false, true>;
+    const dim3 g2r{unsigned((D + down_rows - 1) / down_rows), unsigned(M)};
+    launch_k(down_k, g2r, dim3(down_rows * kWarp), size_t(I) * sizeof(bf16), st, out_MD, act_MI,
+             x_MD, down_EDI, D * I, gate_M, choice_M, E, skip_scaled_input, D, I, tn);
     ZAYA_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -3219,7 +3240,7 @@ bool launch_attn_cluster(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, con
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(
       &cfg, kernel, o_MHd, static_cast<float*>(nullptr), static_cast<float*>(nullptr),
       static_cast<unsigned*>(nullptr), q_MHd, kcache, vcache, len_B, cap, window, int(Hq), int(Hkv),
-      int(plan.ch), plan.cs, int(plan.floats - 1), 0, int(plan.cbuf_at), AttnFinishArgs{}));
+      int(plan.ch), plan.cs, int(plan.floats - 1), 0, int(plan.cbuf_at), AttnFinishArgs{}, 0));
   return true;
 }
 
@@ -3230,7 +3251,7 @@ void attention_launch(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
                       bool stage_combine, bool cluster, bool exact_heads,
-                      const AttnFinishArgs* fin) {
+                      const AttnFinishArgs* fin, int trigger_at) {
   const int64_t G = Hq / Hkv;
   check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
             (d == 32 || d == 64 || d == 128),
@@ -3251,6 +3272,9 @@ void attention_launch(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
         "decode_attention: keys per chunk must be a multiple of 16 up to 256 (0: automatic)");
   check(pipe == 1 || pipe == 2 || pipe == 4,
         "decode_attention: passes in flight must be 1, 2 or 4");
+  check(trigger_at >= 0 && trigger_at <= 2,
+        "decode_attention: the trigger point must be 0 (after the wait), 1 (after the scores) or 2 "
+        "(after the partials)");
   const int ch = chunk > 0 ? chunk : attn_chunk(M, Hkv, cap);
   const int nchunks = int((cap + ch - 1) / ch);
   unsigned* counters = static_cast<unsigned*>(ws);
@@ -3293,7 +3317,7 @@ void attention_launch(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
   if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   launch_k(kernel, grid, dim3(kAttnThreads), smem, st, o_MHd, part_o, part_ml, counters, q_MHd,
            kcache, vcache, len_B, cap, window, int(Hq), int(Hkv), ch, nchunks, flag_at, int(stage),
-           0, fin ? *fin : AttnFinishArgs{});
+           0, fin ? *fin : AttnFinishArgs{}, trigger_at);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -3302,9 +3326,9 @@ void attention_launch(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
-                      bool stage_combine, bool cluster, bool exact_heads) {
+                      bool stage_combine, bool cluster, bool exact_heads, int trigger_at) {
   attention_launch(o_MHd, q_MHd, kcache, vcache, len_B, cap, window, M, Hq, Hkv, d, ws, st, chunk,
-                   pipe, stage_combine, cluster, exact_heads, nullptr);
+                   pipe, stage_combine, cluster, exact_heads, nullptr, trigger_at);
 }
 
 bool decode_attention_finish_supported(int64_t Hq, int64_t Hkv, int64_t d, int64_t r) {
@@ -3326,7 +3350,7 @@ void decode_attention_finish(bf16* o_MHd, bf16* kcache, bf16* vcache, float* vd_
   f.conv = conv_MC, f.qkv = qkv, f.ld = ld, f.temp = temp_G, f.kc = kcache, f.vc = vcache;
   f.vd_last = vd_last_B, f.hist = hist_BPC, f.P = int(P), f.theta = theta, f.r = int(r);
   attention_launch(o_MHd, nullptr, kcache, vcache, len_B, cap, window, M, Hq, Hkv, d, ws, st, chunk,
-                   pipe, false, false, exact_heads, &f);
+                   pipe, false, false, exact_heads, &f, 0);
 }
 
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,

@@ -534,7 +534,8 @@ void CudaInference::Impl::run_decode_step() {
     else if (on(DecodeOp::Attention))
       decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
                        opt.decode.attn_chunk, opt.decode.attn_pipe, opt.decode.attn_stage_combine,
-                       opt.decode.attn_cluster, opt.decode.attn_exact_heads);
+                       opt.decode.attn_cluster, opt.decode.attn_exact_heads,
+                       opt.decode.attn_trigger);
     mark("attention");
     // The o projection, then the post-attention residual + norm; the experts, then the post-MLP
     // residual + norm (into the next layer's input norm). With fuse_norms each norm runs in the
@@ -587,7 +588,8 @@ void CudaInference::Impl::run_decode_step() {
           a, act, x, l.gate_up, l.down, gate, choice, E, c.skip_output == SkipOutput::ScaledInput,
           M, D, I, st, opt.decode.fuse_norms ? &pm : nullptr,
           opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
-          opt.decode.expert_down_smem, opt.decode.expert_down_l2, opt.decode.expert_stage_x);
+          opt.decode.expert_down_smem, opt.decode.expert_down_l2, opt.decode.expert_stage_x,
+          opt.decode.expert_down_rows);
       // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
       if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
         decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,

@@ -93,6 +93,12 @@ struct DecodeTuning {
   // Measured on an H100 (2026-12-05, one process): 0.6915 against 0.7112 ms/step, and 0.6573
   // against 0.6756 with router_down_in_norm — the default.
   bool expert_stage_x = true;
+  // Output rows (warps) per block of the expert-down launch with staged input rows: 8, 4 or 2.
+  // The SwiGLU launch's blocks (82 registers a thread, 256 threads) leave room for about one
+  // 256-thread down block per SM while they run, so half of the down launch only starts loading
+  // its 8 MB of rows once SwiGLU blocks retire; smaller blocks fill the room left more finely, at
+  // the cost of more copies of act into shared memory. The same bits.
+  int expert_down_rows = 8;
   // The router's row of x staged the same way (DecodeRouterLayout::stage_x; with router_mlp_regs
   // and router_async). The same bits. Measured on an H100 (2026-12-05, one process): 0.6991
   // against 0.7112 ms/step — the default where router_down_in_norm does not apply (with it the
@@ -134,6 +140,13 @@ struct DecodeTuning {
   // H200 (8 layers, 1,097 keys, one process, alternating, 2026-12-04): 0.6165/0.6158/0.6160
   // against 0.6272/0.6255/0.6253 ms/step — the default.
   bool attn_exact_heads = true;
+  // Where each split-attention block lets the o projection's launch start (decode_attention's
+  // trigger_at): 0 right after its wait, 1 once its scores are computed, 2 once its partials are
+  // stored. A later trigger keeps the o projection's prologue (its 4 MB of weight rows) from
+  // competing with the attention's own dependent loads (wait → scores took 4.1 µs per layer in an
+  // H100 trace of 2026-12-05, for one round trip of loads), at the risk of those rows arriving
+  // after the o projection's wait. The same bits.
+  int attn_trigger = 0;
   // The CCA finish (mean skip, QK-norm, RoPE, cache and history writes) folded into the split
   // attention launch (decode_attention_finish): each attention block finishes its kv head's group
   // itself after the wait, so q never goes through memory and the finish's launch, with its kernel

@@ -158,12 +158,14 @@ void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W
 // (DecodeTuning::expert_down_l2). stage_x (two launches, 16-byte path, none of the above): each
 // block of the SwiGLU launch copies its row of x, and each block of the down launch its row of act,
 // into shared memory once and its warps read it there; the same bits
-// (DecodeTuning::expert_stage_x).
+// (DecodeTuning::expert_stage_x). down_rows (with stage_x): output rows per block of the down
+// launch, 8, 4 or 2 (smaller blocks fit beside the SwiGLU launch's blocks sooner); the same bits.
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
                     const DecodeResidualNorm* rn = nullptr, unsigned* fused_barrier = nullptr,
-                    bool down_smem = false, bool down_l2 = false, bool stage_x = false);
+                    bool down_smem = false, bool down_l2 = false, bool stage_x = false,
+                    int down_rows = 8);
 // Whether the one-launch form applies on the current device (D, I multiples of 8, act within
 // 48 KB of shared memory, the grid resident at once); 16-byte aligned pointers are needed too.
 bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);
@@ -215,13 +217,15 @@ void decode_conv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_
 // before the launch's programmatic-dependency wait: the kernel launched just before this one must
 // not write it (in a decode step only the step's last launch, advance_lengths, does).
 // exact_heads: a kernel compiled for exactly 4 query heads per kv head where that and the split
-// form with d = 128 and pipe 1 or 2 apply (smaller code; the same bits).
+// form with d = 128 and pipe 1 or 2 apply (smaller code; the same bits). trigger_at (the split
+// form): where each block lets the next launch start under programmatic dependent launch — 0 right
+// after its wait, 1 once its scores are computed, 2 once its partials are stored; the same bits.
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
                       int pipe = 1, bool stage_combine = false, bool cluster = false,
-                      bool exact_heads = false);
+                      bool exact_heads = false, int trigger_at = 0);
 // decode_qkv_finish followed by decode_attention (the split form) in one launch, the same bits:
 // every block of the attention finishes the heads of its kv head's group itself after the wait
 // (mean skip, QK-norm, RoPE; q never goes through memory), takes the new token's key and value

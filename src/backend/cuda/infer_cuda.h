@@ -97,7 +97,8 @@ struct DecodeTuning {
   // The SwiGLU launch's blocks (82 registers a thread, 256 threads) leave room for about one
   // 256-thread down block per SM while they run, so half of the down launch only starts loading
   // its 8 MB of rows once SwiGLU blocks retire; smaller blocks fill the room left more finely, at
-  // the cost of more copies of act into shared memory. The same bits.
+  // the cost of more copies of act into shared memory. The same bits. Measured slower on the H200
+  // (2026-12-05, one process): 4 rows +11 µs/step, 2 rows +9 µs against 8 (0.5320 ms/step).
   int expert_down_rows = 8;
   // The router's row of x staged the same way (DecodeRouterLayout::stage_x; with router_mlp_regs
   // and router_async). The same bits. Measured on an H100 (2026-12-05, one process): 0.6991
@@ -145,8 +146,11 @@ struct DecodeTuning {
   // stored. A later trigger keeps the o projection's prologue (its 4 MB of weight rows) from
   // competing with the attention's own dependent loads (wait → scores took 4.1 µs per layer in an
   // H100 trace of 2026-12-05, for one round trip of loads), at the risk of those rows arriving
-  // after the o projection's wait. The same bits.
-  int attn_trigger = 0;
+  // after the o projection's wait. The same bits. Measured on the H200 (2026-12-05, one process,
+  // alternating): 8 layers 0.5312/0.5359/0.5361 ms/step at 0, 0.5273/0.5319/0.5274/0.5343 at 2,
+  // 0.5269/0.5334 at 1 (within the ±3 µs noise); the 40-layer model 1.7342/1.7334 at 0 against
+  // 1.6975/1.7164 at 2 — 2 is the default.
+  int attn_trigger = 2;
   // The CCA finish (mean skip, QK-norm, RoPE, cache and history writes) folded into the split
   // attention launch (decode_attention_finish): each attention block finishes its kv head's group
   // itself after the wait, so q never goes through memory and the finish's launch, with its kernel

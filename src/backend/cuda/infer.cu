@@ -58,9 +58,10 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
 //   2. has every thread call pdl_wait() (griddepcontrol.wait: returns once the previous kernel
 //      has completed and its memory is visible) before its first read of an activation, cache,
 //      counter or length, and before its first global store or atomic;
-//   3. calls pdl_trigger() right after pdl_wait(), so at most one kernel runs ahead in its
-//      prologue (the next kernel can only start once this one's blocks have all passed their
-//      wait, i.e. once the kernel before this one has completed) — except the launches made
+//   3. calls pdl_trigger() right after pdl_wait() (or later: the attention, trigger_at), so at
+//      most one kernel runs ahead in its prologue (the next kernel can only start once this
+//      one's blocks have all passed their wait, i.e. once the kernel before this one has
+//      completed) — except the launches made
 //      with an early trigger (pdl_begin_early, DecodeTuning::early_trigger), whose successors'
 //      prologues read weights only: those trigger before they wait.
 // Completion is transitive: the kernel before has itself waited for the one before it before it

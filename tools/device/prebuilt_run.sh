@@ -16,6 +16,9 @@
 #   trace.txt       the trace build's `--trace` of the defaults (when it was packed)
 #   peer8.txt/json  tools/bench_infer_peer.py, transformers' ZayaForCausalLM on the same card and
 #                   the same 8-layer shape (PEER=0 skips it)
+#   train.txt/json, train_peer.txt/json (TRAIN=1): `zaya bench train --preset zaya1-base --layers 8
+#                   --batch 4 --seq 4096` and tools/bench_train_peer.py (torch.compile) on the same
+#                   card, first, while the card is cool and its memory empty
 # A summary of each goes to standard output (the call's output tail).
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -46,6 +49,16 @@ if [ -n "$src" ] && [ "$src" != "$root" ] && [ ! -e "$src" ]; then
   mkdir -p "$(dirname "$src")" && ln -sfn "$root" "$src"
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+if [ "${TRAIN:-0}" = 1 ]; then
+  BT=(--preset zaya1-base --layers 8 --batch 4 --seq 4096 --steps 10 --warmup 3)
+  timeout -k 5 200 build-dev/zaya bench train "${BT[@]}" --json "$OUT/train.json" >"$OUT/train.txt" 2>&1
+  echo "train: exit $?"
+  grep -E "^(tokens/s|model TFLOP|fwd\+bwd TFLOP|device memory)" "$OUT/train.txt"
+  HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 timeout -k 5 300 python3 tools/bench_train_peer.py \
+    "${BT[@]}" --compile --json "$OUT/train_peer.json" >"$OUT/train_peer.txt" 2>&1
+  echo "train peer: exit $?"
+  grep -E "^(tokens/s|model TFLOP|fwd\+bwd TFLOP|device memory)" "$OUT/train_peer.txt"
+fi
 build-dev/zaya bench mem --tests read,copy -b 2G -e 4G >"$OUT/mem.txt" 2>&1
 grep -E "^(read|copy) " "$OUT/mem.txt"
 if [ -x build-dev/zaya_gpu_tests ]; then
@@ -78,7 +91,7 @@ if [ -x build-trace/zaya ]; then
   grep -A30 "decode trace" "$OUT/trace.txt" | head -31
 fi
 tar -czf "$FINAL/raw.tgz" -C "$OUT" .
-for f in infer8.txt trace.txt peer8.json gpu_tests.txt; do  # the main ones also as they are
+for f in infer8.txt trace.txt peer8.json gpu_tests.txt train.txt train_peer.txt; do  # also as they are
   [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
 done
 rm -rf "$OUT"

@@ -149,7 +149,6 @@ __device__ __forceinline__ void store4(bf16* p, const float (&v)[4]) {
       Bf16x4{__floats2bfloat162_rn(v[0], v[1]), __floats2bfloat162_rn(v[2], v[3])};
 }
 
-// Loads/stores W consecutive elements (W = 4: one vector access; W = 1: scalar).
 // Keeps the smallest positive value written to *flag (0 means "nothing recorded"): the first bad
 // row of a launch, whichever thread gets there first (the embedding's out-of-range ids).
 __device__ inline void record_first_bad(int32_t* flag, int32_t v) {
@@ -161,6 +160,7 @@ __device__ inline void record_first_bad(int32_t* flag, int32_t v) {
   }
 }
 
+// Loads/stores W consecutive elements (W = 4: one vector access; W = 1: scalar).
 template <int W, typename T>
 __device__ __forceinline__ void load_w(const T* p, float (&v)[W]) {
   if constexpr (W == 4)

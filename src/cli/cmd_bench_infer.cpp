@@ -45,7 +45,7 @@ struct BenchInferArgs {
       fused_ends, lm_head_l2, fuse_cca, fuse_experts, attn_exact, attn_finish, down_smem, carveout,
       down_l2, evict_first, lm_head_pre, lm_head_persist, router_async, router_norm, expert_stage_x,
       router_stage_x, router_down_in_norm, qkv_norm_gemv, lm_head_stage_x, lm_head_no_l1,
-      attn_trigger, down_rows;
+      attn_trigger, down_rows, mlp_norm_early;
   uint64_t seed = 1234;
 };
 
@@ -210,6 +210,8 @@ int run(const BenchInferArgs& a) {
        [](cuda::DecodeTuning& t, int v) { t.fold_qkv_norm = v != 0; }, false},
       {"norm_early_trigger", &a.norm_early, dflt.norm_early_trigger,
        [](cuda::DecodeTuning& t, int v) { t.norm_early_trigger = v != 0; }, false},
+      {"mlp_norm_early_trigger", &a.mlp_norm_early, dflt.mlp_norm_early_trigger,
+       [](cuda::DecodeTuning& t, int v) { t.mlp_norm_early_trigger = v != 0; }, false},
       {"oproj_early_trigger", &a.oproj_early, dflt.oproj_early_trigger,
        [](cuda::DecodeTuning& t, int v) { t.oproj_early_trigger = v != 0; }, false},
       {"gemv_stage_x", &a.gemv_stage_x, dflt.gemv_stage_x,
@@ -440,6 +442,9 @@ int bench_infer_cli(int argc, char** argv) {
   on_off("--norm-early", a.norm_early,
          "also time decode with the residual norm launches letting their successor start "
          "before they wait on their own predecessor (1), or after (0)");
+  on_off("--mlp-norm-early", a.mlp_norm_early,
+         "also time decode with the post-MLP residual norm triggering the next q|k|v GEMV before "
+         "its own wait (1, as the other norms with --norm-early) or after it (0)");
   on_off("--oproj-early", a.oproj_early,
          "also time decode with the o projection letting its successor start before it waits "
          "on its own predecessor (1), or after (0)");

@@ -422,6 +422,8 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
        [](DecodeTuning& t) { t.router_mlp_regs = !t.router_mlp_regs; }},
       {"residual norms trigger their successor before or after their wait (not the default)",
        [](DecodeTuning& t) { t.norm_early_trigger = !t.norm_early_trigger; }},
+      {"post-MLP norm triggers the next q|k|v GEMV after its wait",
+       [](DecodeTuning& t) { t.mlp_norm_early_trigger = false; }},
       {"o projection triggers its successor before or after its wait (not the default)",
        [](DecodeTuning& t) { t.oproj_early_trigger = !t.oproj_early_trigger; }},
       {"step ends fused or as separate launches (not the default)",

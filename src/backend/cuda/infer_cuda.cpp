@@ -593,7 +593,8 @@ void CudaInference::Impl::run_decode_step() {
       // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
       if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
         decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
-                             st, opt.decode.norm_early_trigger);
+                             st,
+                             opt.decode.norm_early_trigger && opt.decode.mlp_norm_early_trigger);
     }
     mark("experts + residual norm");
   }

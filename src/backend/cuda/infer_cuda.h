@@ -82,6 +82,11 @@ struct DecodeTuning {
   // norm and the router start beside it) — so the norms' early trigger is the default.
   bool norm_early_trigger = true;
   bool oproj_early_trigger = false;
+  // With norm_early_trigger: whether the post-MLP norm (whose successor, the next q|k|v GEMV,
+  // streams 6.5 MB of weight rows in its prologue at ZAYA1's size, beside the expert-down
+  // launch's own dependent loads) triggers early too (true), or after its wait (false) while the
+  // post-attention norm keeps its early trigger. The same bits.
+  bool mlp_norm_early_trigger = true;
   // The q|k|v and o GEMVs copy their input rows (M×K bf16) into shared memory once per block
   // after the wait, instead of every warp reading them from global memory (eight warps of a block
   // requesting the same lines at once). The same bits. Measured on the H200 (one process,

@@ -85,7 +85,9 @@ struct DecodeTuning {
   // With norm_early_trigger: whether the post-MLP norm (whose successor, the next q|k|v GEMV,
   // streams 6.5 MB of weight rows in its prologue at ZAYA1's size, beside the expert-down
   // launch's own dependent loads) triggers early too (true), or after its wait (false) while the
-  // post-attention norm keeps its early trigger. The same bits.
+  // post-attention norm keeps its early trigger. The same bits. Measured on an H100 (2026-12-05,
+  // one process): after its wait +3.5 to +6 µs per 8-layer step, within noise at 40 layers — so
+  // early, as the other norms.
   bool mlp_norm_early_trigger = true;
   // The q|k|v and o GEMVs copy their input rows (M×K bf16) into shared memory once per block
   // after the wait, instead of every warp reading them from global memory (eight warps of a block

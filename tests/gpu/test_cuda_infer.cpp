@@ -1237,8 +1237,8 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
       // The blocks' trigger after their scores or after their partials (blocks past the window
       // or the length trigger without scores).
       for (int trig : {1, 2}) {
-        decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk,
-                         2, false, false, true, trig);
+        decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 2,
+                         false, false, true, trig);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "trigger point " << trig;
       }

@@ -3014,9 +3014,10 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
   if (stage) {
     launch_k(expert_swiglu_kernel<true, false, false, true>, g1, block, size_t(D) * sizeof(bf16),
              st, act_MI, x_MD, D, gate_up_E2ID, 2 * I * D, choice_M, E, I, D, down_EDI, D * I, D);
-    const auto down_k = down_rows == 2   ? expert_down_combine_kernel<true, false, false, false, true, 2>
-                        : down_rows == 4 ? expert_down_combine_kernel<true, false, false, false, true, 4>
-                                         : expert_down_combine_kernel<true, false, false, false, true>;
+    const auto down_k =
+        down_rows == 2   ? expert_down_combine_kernel<true, false, false, false, true, 2>
+        : down_rows == 4 ? expert_down_combine_kernel<true, false, false, false, true, 4>
+                         : expert_down_combine_kernel<true, false, false, false, true>;
     const dim3 g2r{unsigned((D + down_rows - 1) / down_rows), unsigned(M)};
     launch_k(down_k, g2r, dim3(down_rows * kWarp), size_t(I) * sizeof(bf16), st, out_MD, act_MI,
              x_MD, down_EDI, D * I, gate_M, choice_M, E, skip_scaled_input, D, I, tn);
@@ -3251,8 +3252,8 @@ namespace {
 void attention_launch(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk, int pipe,
-                      bool stage_combine, bool cluster, bool exact_heads,
-                      const AttnFinishArgs* fin, int trigger_at) {
+                      bool stage_combine, bool cluster, bool exact_heads, const AttnFinishArgs* fin,
+                      int trigger_at) {
   const int64_t G = Hq / Hkv;
   check(M >= 1 && M <= kGemvMaxRows && Hq % Hkv == 0 && G <= kAttnMaxG &&
             (d == 32 || d == 64 || d == 128),

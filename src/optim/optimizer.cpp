@@ -99,11 +99,14 @@ Optimizer::Optimizer(const std::vector<ParamRef>& params, OptimizerSettings sett
   settings_.validate();
   const auto rules = settings_.effective_rules();
   std::set<std::string> seen;
-  for (const auto& p : params) {
+  n_params_ = params.size();
+  for (size_t pi = 0; pi < params.size(); pi++) {
+    const ParamRef& p = params[pi];
     ZAYA_CHECK(seen.insert(p.name).second, "optimizer: parameter '{}' appears twice", p.name);
     if (is_balancing_bias(p.name)) continue;
     check_param(p, "optimizer");
-    Entry e{p, assign_param(p.name, p.value.shape(), rules, settings_.weight_decay), {}, {}, {}};
+    Entry e{p, assign_param(p.name, p.value.shape(), rules, settings_.weight_decay), {}, {}, {},
+            pi};
     if (e.assignment.optimizer == OptimizerKind::Muon) {
       ZAYA_CHECK(p.value.dim() == 2 || p.value.dim() == 3,
                  "optimizer: rule '{}' sends '{}' (shape {}) to Muon, which needs a 2-D matrix or "
@@ -120,11 +123,19 @@ Optimizer::Optimizer(const std::vector<ParamRef>& params, OptimizerSettings sett
 }
 
 void Optimizer::step(double lr) {
+  step(lr, std::vector<bool>());
+}
+
+void Optimizer::step(double lr, const std::vector<bool>& owned) {
   ZAYA_CHECK(std::isfinite(lr) && lr >= 0,
              "optimizer: learning rate must be finite and >= 0, got {}", lr);
+  ZAYA_CHECK(owned.empty() || owned.size() == n_params_,
+             "optimizer: the ownership mask has {} entries for {} parameters", owned.size(),
+             n_params_);
   const int64_t t = steps_ + 1;
   std::vector<float> scratch;
   for (auto& e : entries_) {
+    if (!owned.empty() && !owned[e.param_index]) continue;
     const double plr = lr * e.assignment.lr_mult, wd = e.assignment.weight_decay;
     float* w = e.param.value.f32();
     const float* g = e.param.grad.f32();

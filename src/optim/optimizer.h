@@ -58,6 +58,7 @@ class Optimizer {
     ParamAssignment assignment;
     Tensor exp_avg, exp_avg_sq;  // AdamW state
     Tensor momentum;             // Muon state
+    size_t param_index = 0;      // position in the constructor's parameter list
   };
 
   // Balancing biases in `params` are skipped (no grad needed); parameters assigned "none" keep no
@@ -67,6 +68,10 @@ class Optimizer {
 
   // Applies one update to every trained parameter with learning rate lr·lr_mult.
   void step(double lr);
+  // The same update restricted to the parameters p with owned[p] (indices into the constructor's
+  // list; a data-parallel rank updates the parameters it owns). The step count advances as in
+  // step(), so every rank's bias corrections agree.
+  void step(double lr, const std::vector<bool>& owned);
   int64_t steps() const { return steps_; }
 
   const std::vector<Entry>& entries() const { return entries_; }
@@ -85,6 +90,7 @@ class Optimizer {
  private:
   OptimizerSettings settings_;
   std::vector<Entry> entries_;
+  size_t n_params_ = 0;
   int64_t steps_ = 0;
 };
 

@@ -18,17 +18,13 @@
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/model_io.h"
+#include "engine/train_step.h"
 #include "io/atomic.h"
-#include "io/manifest.h"
-#include "io/safetensors.h"
-#include "model/backward.h"
 #include "model/zaya.h"
-#include "optim/balancing.h"
-#include "optim/grad_utils.h"
-#include "optim/optimizer.h"
 #include "optim/schedule.h"
 #include "sizing/model_shape.h"
-#include "train/device_step.h"
 
 namespace zaya {
 
@@ -74,20 +70,6 @@ std::vector<DataSource> sources_for(const std::vector<BlendEntry>& blend,
   return s;
 }
 
-std::vector<ParamRef> param_refs(const ZayaModel& m, ModelGrads& g) {
-  auto named = m.named_tensors();
-  std::vector<ParamRef> refs;
-  for (size_t i = 0; i < named.size(); i++) {
-    ZAYA_ASSERT(g.tensors[i].first == named[i].first);
-    refs.push_back({named[i].first, named[i].second, g.tensors[i].second});
-  }
-  return refs;
-}
-
-std::string step_dir_name(int64_t step) {
-  return fmt::format("step-{:08d}", step);
-}
-
 std::string fmt_duration(double s) {
   if (!std::isfinite(s) || s < 0) return "?";
   const int64_t t = int64_t(s + 0.5);
@@ -95,8 +77,8 @@ std::string fmt_duration(double s) {
                    : fmt::format("{}m{:02d}s", t / 60, t % 60);
 }
 
-// The factor clip_grads_to_norm would scale the gradients by (1 when it would leave them alone);
-// the GPU path folds it into the optimizer's reads of the gradients instead of a pass over them.
+// The factor clipping scales the gradients by (1 when it leaves them alone); the step applies it
+// (the GPU folds it into the optimizer's reads of the gradients instead of a pass over them).
 float clip_factor(double max_norm, double norm) {
   if (max_norm <= 0 || !std::isfinite(norm) || norm <= max_norm) return 1.0f;
   return float(max_norm / (norm + 1e-6));
@@ -116,25 +98,14 @@ struct State {
 
 }  // namespace
 
-std::string find_resumable_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
-  if (!fs::is_directory(root)) return "";
-  std::vector<std::string> dirs;
-  for (auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0)
-      dirs.push_back(e.path().string());
-  std::sort(dirs.rbegin(), dirs.rend());
-  for (auto& d : dirs) {
-    ManifestCheck c = verify_manifest(d);
-    if (c.ok) return d;
-    if (skipped) skipped->push_back(d + ": " + c.reason);
-  }
-  return "";
-}
-
 TrainResult train(const TrainOptions& opts) {
   const RunConfig& rc = opts.config;
   const auto t_start = std::chrono::steady_clock::now();
-  if (rc.train.device == "cuda") check_cuda_step_available();
+  TrainStepOptions so;
+  so.device = rc.train.device;
+  so.max_seq = max_seq_len(rc) + 1;  // evaluation scores S+1 tokens per row
+  so.max_tokens = rc.train.micro_batch * so.max_seq;
+  check_train_device(so);
   fs::create_directories(opts.out_dir);
   {  // fail early, before any work, when the output directory is not writable
     const std::string probe = opts.out_dir + "/.write-test";
@@ -155,108 +126,30 @@ TrainResult train(const TrainOptions& opts) {
 
   // Model, optimizer and balancing state: fresh, or from a checkpoint.
   State st;
-  std::string resume_from;
-  if (opts.resume == "auto") {
-    std::vector<std::string> skipped;
-    resume_from = find_resumable_checkpoint(ckpt_root, &skipped);
-    for (auto& s : skipped) ZAYA_WARN("resume: skipping {}", s);
-    if (resume_from.empty())
-      ZAYA_INFO("resume auto: no valid checkpoint in {}, starting fresh", ckpt_root);
-  } else if (!opts.resume.empty()) {
-    ManifestCheck c = verify_manifest(opts.resume);
-    ZAYA_CHECK(c.ok, "cannot resume from {}: {}", opts.resume, c.reason);
-    resume_from = opts.resume;
-  } else if (!find_resumable_checkpoint(ckpt_root).empty()) {
-    fail(
-        "{} already holds checkpoints: pass --resume auto to continue that run, or choose another "
-        "--out",
-        ckpt_root);
-  }
+  const std::string resume_from = resolve_resume(ckpt_root, opts.resume);
   ZayaModel model;
+  LoadedCheckpoint ck;
   if (!resume_from.empty()) {
-    model = ZayaModel::load(resume_from + "/model");
-    // Training writes the weights in place: take owned fp32 copies of the memory-mapped tensors.
-    auto own = [](Tensor& t) { t = t.to(DType::F32); };
-    own(model.embed), own(model.input_scale), own(model.input_bias), own(model.final_norm);
-    for (auto& L : model.layers)
-      for (Tensor* t : {&L.ln_in,
-                        &L.ln_post,
-                        &L.wq,
-                        &L.wk,
-                        &L.wv_cur,
-                        &L.wv_del,
-                        &L.wo,
-                        &L.conv_dw_w,
-                        &L.conv_dw_b,
-                        &L.conv_g_w,
-                        &L.conv_g_b,
-                        &L.temp,
-                        &L.post_attn.hs,
-                        &L.post_attn.hb,
-                        &L.post_attn.rs,
-                        &L.post_attn.rb,
-                        &L.post_mlp.hs,
-                        &L.post_mlp.hb,
-                        &L.post_mlp.rs,
-                        &L.post_mlp.rb,
-                        &L.r_down_w,
-                        &L.r_down_b,
-                        &L.r_states_scale,
-                        &L.r_norm,
-                        &L.r_fc1_w,
-                        &L.r_fc1_b,
-                        &L.r_fc2_w,
-                        &L.r_fc2_b,
-                        &L.r_out_w,
-                        &L.balancing_bias,
-                        &L.experts_gate_up,
-                        &L.experts_down})
-        if (t->defined()) own(*t);
-    json tj = json::parse(read_file(resume_from + "/trainer.json"));
-    st.step = tj.at("step");
-    st.tokens = tj.at("tokens");
-    st.phase = tj.at("phase");
-    st.skipped = tj.value("skipped_steps", int64_t(0));
-    st.cursor = tj.at("data_cursor");
+    ck = load_checkpoint(resume_from);
+    model = std::move(ck.model);
+    st.step = ck.trainer.step;
+    st.tokens = ck.trainer.tokens;
+    st.phase = ck.trainer.phase;
+    st.skipped = ck.trainer.skipped_steps;
+    st.cursor = ck.trainer.data_cursor;
     ZAYA_INFO("resuming from {} (step {}, {} tokens)", resume_from, st.step, st.tokens);
   } else {
     model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
   }
   const double base_theta = model.cfg.rope_hybrid.theta;
-  // CPU: host gradients and the host optimizer. GPU: both live on the device (DeviceStep); the
-  // host model keeps the balancing biases, which are updated here and uploaded.
-  const bool on_gpu = rc.train.device == "cuda";
-  ModelGrads grads;
-  std::vector<ParamRef> params;
-  std::unique_ptr<Optimizer> opt;
-  std::unique_ptr<DeviceStep> dev;
-  if (on_gpu) {
-    for (auto& [name, t] : model.named_tensors())
-      if (is_balancing_bias(name)) params.push_back({name, t, Tensor()});
-    // The device model takes its RoPE settings at construction: start with the first phase's.
-    model.cfg.rope_hybrid.theta = rc.phase_at(st.step, st.tokens, 1, base_theta).rope_theta;
-    DeviceStepOptions dso;
-    dso.max_seq = max_seq_len(rc) + 1;  // evaluation scores S+1 tokens per row
-    dso.max_tokens = rc.train.micro_batch * dso.max_seq;
-    dev = make_cuda_step(model, rc.optim.optimizer_settings(), dso);
-  } else {
-    grads = make_grads(model);
-    params = param_refs(model, grads);
-    opt = std::make_unique<Optimizer>(params, rc.optim.optimizer_settings());
-  }
-  BalancingBiasUpdater balance = BalancingBiasUpdater::from_params(params, rc.optim.balancing);
-  if (!resume_from.empty()) {
-    auto f = SafetensorsFile::open(resume_from + "/optimizer.safetensors");
-    std::vector<std::pair<std::string, Tensor>> ost, bst;
-    for (auto& ti : f->tensors())
-      (ti.name.rfind("balance.", 0) == 0 ? bst : ost).emplace_back(ti.name, f->get(ti.name));
-    json tj = json::parse(read_file(resume_from + "/trainer.json"));
-    if (dev)
-      dev->load_optimizer_state(ost, tj.at("optimizer_steps"));
-    else
-      opt->load_state(ost, tj.at("optimizer_steps"));
-    balance.load_state(bst, tj.at("balancing_steps"));
-  }
+  // The step starts with the first phase's RoPE settings (the GPU model takes them at
+  // construction).
+  model.cfg.rope_hybrid.theta = rc.phase_at(st.step, st.tokens, 1, base_theta).rope_theta;
+  std::unique_ptr<TrainStep> step =
+      make_train_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so);
+  if (!resume_from.empty())
+    step->load_state(ck.state, ck.trainer.optimizer_steps, ck.trainer.balancing_steps);
+  ck.state.clear();
 
   const ScheduleSettings sched = rc.resolved_schedule();
   const int64_t total_steps = rc.train.steps;
@@ -302,71 +195,40 @@ TrainResult train(const TrainOptions& opts) {
   auto evaluate = [&]() -> double {
     if (rc.eval.batches <= 0) return NAN;
     heldout->reset();
-    double total = 0;
-    int64_t n = 0;
+    LossSum acc;
     const int64_t S = heldout->seq_len();
     for (int64_t b = 0; b < rc.eval.batches; b++) {
-      std::vector<int32_t> rows = heldout->next();
-      const int64_t B = int64_t(rows.size()) / (S + 1);
-      std::vector<int32_t> ids(size_t(B * S));
-      for (int64_t r = 0; r < B; r++)
-        std::copy_n(rows.begin() + r * (S + 1), S, ids.begin() + r * S);
       // Next-token loss of each row, all S+1 tokens scored as S predictions.
-      if (dev) {  // every row has S predictions, so the batch mean weighs them as the loop below
-        total += dev->loss(rows, B, S + 1) * double(B * S);
-        n += B * S;
-        continue;
-      }
-      for (int64_t r = 0; r < B; r++) {
-        std::vector<int32_t> row(rows.begin() + r * (S + 1), rows.begin() + (r + 1) * (S + 1));
-        total += model.loss(row, 1, S + 1) * double(S);
-        n += S;
-      }
+      std::vector<int32_t> rows = heldout->next();
+      step->eval_loss(rows, int64_t(rows.size()) / (S + 1), S + 1, acc);
     }
-    return total / double(n);
+    return acc.total / double(acc.count);
   };
 
-  auto save_checkpoint = [&](bool final_one) -> std::string {
-    fs::create_directories(ckpt_root);
-    const std::string final_dir = ckpt_root + "/" + step_dir_name(st.step);
-    AtomicDirCommit commit(final_dir);
-    const std::string s = commit.staging();
-    if (dev) dev->download(model);
-    model.save(s + "/model", DType::F32);
-    std::vector<std::pair<std::string, Tensor>> ostate =
-        dev ? dev->optimizer_state() : opt->state_tensors();
-    for (auto& kv : balance.state_tensors()) ostate.push_back(kv);
-    save_safetensors(s + "/optimizer.safetensors", ostate);
-    json tj = {{"step", st.step},
-               {"tokens", st.tokens},
-               {"phase", st.phase},
-               {"skipped_steps", st.skipped},
-               {"optimizer_steps", dev ? dev->optimizer_steps() : opt->steps()},
-               {"balancing_steps", balance.steps()},
-               {"data_cursor", loader ? loader->cursor().to_json() : json()},
-               {"config", rc.to_toml()}};
-    write_file_atomic(s + "/trainer.json", tj.dump(1) + "\n");
-    write_manifest(s, {{"step", st.step}, {"kind", "zaya-train"}});
-    commit.commit(AtomicDirCommit::IfExists::Replace);
-    // Keep the newest keep_last checkpoints (the one just written among them).
-    std::vector<std::string> all;
-    for (auto& e : fs::directory_iterator(ckpt_root))
-      if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0)
-        all.push_back(e.path().string());
-    std::sort(all.begin(), all.end());
-    const int64_t keep = std::max<int64_t>(1, rc.checkpoint.keep_last);
-    for (int64_t i = 0; i + keep < int64_t(all.size()); i++) fs::remove_all(all[size_t(i)]);
-    if (!opts.quiet || final_one) ZAYA_INFO("checkpoint {}", final_dir);
-    return final_dir;
+  auto save = [&](bool final_one) -> std::string {
+    step->export_weights(model);
+    TrainerState ts;
+    ts.step = st.step;
+    ts.tokens = st.tokens;
+    ts.phase = st.phase;
+    ts.skipped_steps = st.skipped;
+    ts.optimizer_steps = step->optimizer_steps();
+    ts.balancing_steps = step->balancing_steps();
+    ts.data_cursor = loader ? loader->cursor().to_json() : json();
+    ts.config_toml = rc.to_toml();
+    const std::string dir =
+        save_checkpoint(ckpt_root, model, whole_tensors(step->state()), ts, rc.checkpoint.keep_last);
+    if (!opts.quiet || final_one) ZAYA_INFO("checkpoint {}", dir);
+    return dir;
   };
   // A save that fails (disk full, I/O error) has removed its staging directory by the time the
   // error arrives here, and committed checkpoints are never touched: say which one failed.
   auto save_checkpoint_or_fail = [&](bool final_one) -> std::string {
     try {
-      return save_checkpoint(final_one);
+      return save(final_one);
     } catch (const Error& e) {
       fail("checkpoint {}/{} was not saved (the earlier checkpoints are intact): {}", ckpt_root,
-           step_dir_name(st.step), e.what());
+           checkpoint_dir_name(st.step), e.what());
     }
   };
 
@@ -376,9 +238,9 @@ TrainResult train(const TrainOptions& opts) {
              model.cfg.num_hidden_layers, model.cfg.hidden_size, model.cfg.num_experts,
              double(model.cfg.params_total(true)) / 1e6,
              double(model.cfg.params_active(true)) / 1e6);
-  if (dev)
-    fmt::print(stderr, "device: {}, {:.1f} GiB in use; MFU against {:.0f} TFLOP/s\n", dev->name(),
-               double(dev->device_bytes()) / double(1 << 30), opts.peak_tflops);
+  if (step->reports_mfu())
+    fmt::print(stderr, "device: {}, {:.1f} GiB in use; MFU against {:.0f} TFLOP/s\n",
+               step->name(), double(step->device_bytes()) / double(1 << 30), opts.peak_tflops);
   const int64_t start_step = st.step;
   auto t_loop = std::chrono::steady_clock::now();
   int64_t tokens_at_loop = st.tokens;
@@ -400,14 +262,14 @@ TrainResult train(const TrainOptions& opts) {
       }
     }
     first = false;
-    model.cfg.rope_hybrid.theta = phase.rope_theta;
-    if (dev) dev->sync_config(model);
+    {
+      RopeSettings hybrid = model.cfg.rope_hybrid;
+      hybrid.theta = phase.rope_theta;
+      step->set_rope(hybrid, model.cfg.rope_sliding);
+    }
     const auto t_step = std::chrono::steady_clock::now();
     const int64_t S = phase.seq_len, micro = std::max<int64_t>(1, phase.micro_steps);
-    if (dev)
-      dev->zero_grads();
-    else
-      grads.zero();
+    step->zero_grads();
     double loss = 0;
     int64_t ntok = 0;
     std::vector<std::vector<int64_t>> counts;
@@ -419,9 +281,7 @@ TrainResult train(const TrainOptions& opts) {
           ids[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t)];
           tgt[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t + 1)];
         }
-      StepStats ss =
-          dev ? dev->forward_backward(ids.data(), tgt.data(), mb, S, 1.0f / float(micro))
-              : forward_backward(model, ids.data(), tgt.data(), mb, S, grads, 1.0f / float(micro));
+      StepStats ss = step->forward_backward(ids.data(), tgt.data(), mb, S, 1.0f / float(micro));
       loss += ss.loss / double(micro);
       ntok += ss.tokens;
       if (counts.empty())
@@ -431,7 +291,7 @@ TrainResult train(const TrainOptions& opts) {
           for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] += ss.routed[l][e];
     }
     st.tokens += mb * micro * S;
-    const double gnorm = std::sqrt(dev ? dev->grad_sq_norm() : grad_sq_norm(params));
+    const double gnorm = std::sqrt(step->grad_sq_norm());
     const double lr = schedule_lr(sched, rc.optim.lr, rc.optim.min_lr, st.step);
     st.step++;
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
@@ -444,15 +304,8 @@ TrainResult train(const TrainOptions& opts) {
       continue;
     }
     st.nonfinite_streak = 0;
-    if (dev) {
-      dev->optimizer_step(lr, clip_factor(rc.optim.clip, gnorm));
-      balance.update(counts);
-      dev->upload_balancing_biases(model);
-    } else {
-      if (rc.optim.clip > 0) clip_grads_to_norm(params, rc.optim.clip, gnorm);
-      opt->step(lr);
-      balance.update(counts);
-    }
+    step->optimizer_step(lr, clip_factor(rc.optim.clip, gnorm));
+    step->update_balancing(counts);
     // This step's own throughput (no evaluation or checkpoint in it), for MFU on the GPU path.
     const double step_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
@@ -479,7 +332,7 @@ TrainResult train(const TrainOptions& opts) {
                {"phase", phase.name},
                {"seq_len", S},
                {"skip_fraction", double(skip) / double(std::max<int64_t>(1, routed_total))}};
-    if (dev) {
+    if (step->reports_mfu()) {
       mj["step_tokens_per_s"] = step_tps;
       mj["mfu"] = mfu;
     }
@@ -500,7 +353,8 @@ TrainResult train(const TrainOptions& opts) {
           "step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s{} | ETA {}\n",
           st.step, total_steps, loss,
           do_eval ? fmt::format(" | eval {:.4f}", res.eval_loss) : std::string(), lr, gnorm, tps,
-          dev ? fmt::format(" (step {:.0f}, MFU {:.1f}%)", step_tps, 100.0 * mfu) : std::string(),
+          step->reports_mfu() ? fmt::format(" (step {:.0f}, MFU {:.1f}%)", step_tps, 100.0 * mfu)
+                              : std::string(),
           fmt_duration(eta));
     if (rc.checkpoint.every > 0 && st.step % rc.checkpoint.every == 0 && st.step < total_steps)
       save_checkpoint_or_fail(false);
@@ -516,7 +370,7 @@ TrainResult train(const TrainOptions& opts) {
   res.final_checkpoint = save_checkpoint_or_fail(true);
   // The trained model, ready for `zaya generate --model`.
   res.model_dir = opts.out_dir + "/model";
-  model.save(res.model_dir, DType::F32);
+  save_model(model, res.model_dir, DType::F32);
   if (tok->name() == "bytes")
     write_file_atomic(res.model_dir + "/tokenizer.txt", "bytes\n");
   else

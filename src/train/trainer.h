@@ -4,10 +4,9 @@
 // `transformers` layout, optimizer and balancing state, trainer state with the data cursor, and a
 // checksummed manifest written last; each checkpoint directory is committed atomically).
 //
-// One process, on the CPU reference backend or (train.device = "cuda") on one GPU through
-// DeviceStep (train/device_step.h): the same loop, data, schedule, balancing update and checkpoint
-// files, with the forward/backward and the optimizer on the device. The checkpoint layout leaves
-// room for one file per rank.
+// One process, on the CPU reference backend or (train.device = "cuda") on one GPU, through one
+// TrainStep (engine/train_step.h): the same loop, data, schedule, balancing update and checkpoint
+// files (ckpt/checkpoint.h) whatever the device.
 #pragma once
 #include <string>
 #include <vector>
@@ -36,10 +35,5 @@ struct TrainResult {
 };
 
 TrainResult train(const TrainOptions& opts);
-
-// The newest checkpoint under `ckpt_root` whose manifest verifies; each one skipped is reported
-// (with the reason) through `skipped`. Returns "" when there is none.
-std::string find_resumable_checkpoint(const std::string& ckpt_root,
-                                      std::vector<std::string>* skipped = nullptr);
 
 }  // namespace zaya

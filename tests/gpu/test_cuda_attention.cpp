@@ -1,4 +1,4 @@
-// GPU tests of the fused flash attention (backend/cuda/attention.cu) against the CPU reference
+// GPU tests of the fused flash attention (backend/cuda/kernels/attention.cu) against the CPU reference
 // cpu::attention / cpu::attention_backward on random bf16-representable inputs: head dims 32, 64,
 // 128, sequence lengths that are not multiples of the 64-row tiles, GQA (Hq 8 / Hkv 2) and plain
 // multi-head (4 / 4), full causal and sliding window, and decoding with q_start > 0 against a

@@ -1,4 +1,4 @@
-// GPU tests of the CCA kernels (backend/cuda/cca.cu; label gpu, skipped without a CUDA device):
+// GPU tests of the CCA kernels (backend/cuda/kernels/cca.cu; label gpu, skipped without a CUDA device):
 // cca_conv_fwd + cca_qkv_finish_fwd and their backward passes against the CPU reference ops
 // composed exactly as ZayaModel / Trainer compose them (mean skip, the two convolutions, QK-norm
 // with temperature on k, partial NeoX RoPE, delayed values), on random bf16-representable packed

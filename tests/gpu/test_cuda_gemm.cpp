@@ -1,4 +1,4 @@
-// GPU tests of the CUDA backend's GEMM layer (backend/cuda/gemm.h: GemmContext::gemm,
+// GPU tests of the CUDA backend's GEMM layer (backend/cuda/gemm/gemm.h: GemmContext::gemm,
 // grouped_gemm, grouped_wgrad), of Workspace::take and of the elementwise conversions in
 // backend/cuda/ops.h. Every GEMM result is compared with a double-precision host reference computed
 // from the same (bf16-rounded where the operand is bf16) inputs. Tolerances: bf16 outputs within
@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/ops.h"
 #include "core/cuda_check.h"
 #include "core/dtype.h"

@@ -1,10 +1,10 @@
-// GPU inference (backend/cuda/infer_cuda.h) against the CPU reference model: prefill logits of
+// GPU inference (engine/cuda/infer_cuda.h) against the CPU reference model: prefill logits of
 // every position, every decode step's logits with the cache, greedy generation, batching, chunked
 // prefill, graph replay, and bad input. Tolerances follow DESIGN.md §Numerics: the GPU path keeps
 // weights and activations in bf16, so logits agree with the fp32 reference to a few bf16 ulps of
 // the logit scale; greedy tokens agree wherever the reference's top-2 margin is clear of that.
 // Also kernel-level checks of decode_experts, decode_router, decode_conv, decode_attention and
-// decode_residual_norm (infer_kernels.h) against double-precision host references and the CPU ops,
+// decode_residual_norm (decode/decode_kernels.h) against double-precision host references and the CPU ops,
 // the residual norms fused into the o projection and the expert combine against the separate
 // launches (bit for bit), and decoding with and without programmatic dependent launch.
 #include <cuda_runtime.h>
@@ -19,12 +19,13 @@
 
 #include "../model/parity_fixture.h"
 #include "backend/cpu/ops.h"
-#include "backend/cuda/infer_cuda.h"
-#include "backend/cuda/infer_kernels.h"
+#include "engine/cuda/infer_cuda.h"
+#include "backend/cuda/decode/decode_kernels.h"
 #include "backend/cuda/ops.h"
 #include "gpu_test_util.h"
 #include "io/safetensors.h"
 #include "model/generate.h"
+#include "ckpt/model_io.h"
 #include "model/zaya.h"
 
 namespace zaya::cuda {
@@ -111,7 +112,7 @@ RowErrors decode_steps_against_cpu(ZayaModel& m, CudaInference& inf, InferenceCa
 TEST_P(CudaInfer, PrefillAndDecodeStepsMatchTheCpuCache) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size()), steps = 12, V = m.cfg.vocab_size;
   CudaInferOptions o;
@@ -138,7 +139,7 @@ TEST_P(CudaInfer, PrefillAndDecodeStepsMatchTheCpuCache) {
 TEST_P(CudaInfer, ClusterAttentionDecodeMatchesTheCpuCache) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size()), steps = 12;
   CudaInferOptions o;
@@ -159,7 +160,7 @@ TEST_P(CudaInfer, ClusterAttentionDecodeMatchesTheCpuCache) {
 TEST_P(CudaInfer, PrefillEqualsTokenByTokenDecode) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size()), V = m.cfg.vocab_size;
   CudaInferOptions o;
@@ -180,7 +181,7 @@ TEST_P(CudaInfer, PrefillEqualsTokenByTokenDecode) {
 TEST_P(CudaInfer, GreedyGenerationAgreesWhereTheReferenceIsDecided) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t n = 16, V = m.cfg.vocab_size;
   SamplingOptions opt;
@@ -211,7 +212,7 @@ TEST_P(CudaInfer, GreedyGenerationAgreesWhereTheReferenceIsDecided) {
 TEST_P(CudaInfer, GroupedGreedyStepsEqualSingleStepsAndStopInsideAGroup) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size()), n = 13;
   CudaInferOptions o;
@@ -249,7 +250,7 @@ TEST_P(CudaInfer, GroupedGreedyStepsEqualSingleStepsAndStopInsideAGroup) {
 TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   auto p0 = parity_prompt(dir);
   std::vector<int32_t> p1(p0.rbegin(), p0.rend());  // a second, different sequence
   const int64_t S = int64_t(p0.size()), V = m.cfg.vocab_size;
@@ -289,7 +290,7 @@ TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
 // The logits of 6 decode steps (the first eager, then graph replays) and 4 greedy tokens of the
 // parity fixture, with programmatic dependent launch on or off.
 std::vector<float> decode_bits(const std::string& dir, bool pdl, const DecodeTuning& t = {}) {
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size());
   set_decode_pdl(pdl);
@@ -331,7 +332,7 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
     GTEST_SKIP() << "built without -DZAYA_DECODE_TRACE=ON";
   }
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size()), NL = m.cfg.num_hidden_layers, n = 5;
   CudaInferOptions o;
@@ -520,7 +521,7 @@ TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
 
 TEST_P(CudaInfer, BadInputIsRefused) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  ZayaModel m = ZayaModel::load(parity_fixture(GetParam()));
+  ZayaModel m = load_model(parity_fixture(GetParam()));
   CudaInferOptions o;
   o.max_context = 8;
   CudaInference inf(m, o);
@@ -551,7 +552,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaInfer, ::testing::Values("cfg_a"));
 
 TEST(CudaInferShapes, UnsupportedHeadDimIsRefusedWithTheReason) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  ZayaModel m = ZayaModel::load(parity_fixture("cfg_b"));
+  ZayaModel m = load_model(parity_fixture("cfg_b"));
   ASSERT_EQ(m.cfg.head_dim, 16);
   try {
     CudaInference inf(m, CudaInferOptions{});
@@ -561,7 +562,7 @@ TEST(CudaInferShapes, UnsupportedHeadDimIsRefusedWithTheReason) {
   }
 }
 
-// ---- kernel-level checks of the decode kernels (infer_kernels.h) against host references ----
+// ---- kernel-level checks of the decode kernels (decode/decode_kernels.h) against host references ----
 // The same cases and tolerances as the host emulation these kernels were first checked with: bf16
 // outputs within one bf16 ulp of the double reference rounded to bf16 (plus the fp32 error bound
 // of the dot products feeding them), fp32 outputs to 1e-5 of their scale, choices exact away from

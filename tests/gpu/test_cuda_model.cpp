@@ -1,4 +1,4 @@
-// GPU tests of CudaModel (backend/cuda/model_cuda.h; label gpu, skipped without a CUDA device):
+// GPU tests of CudaModel (engine/cuda/model_cuda.h; label gpu, skipped without a CUDA device):
 // - parity: forward_logits and loss on the `transformers` fixtures (tests/fixtures/parity) within
 //   bf16 tolerance, greedy argmax where the reference margin is clear;
 // - gradients: loss and every parameter gradient of forward_backward against the CPU
@@ -22,11 +22,12 @@
 #include <vector>
 
 #include "../model/parity_fixture.h"
-#include "backend/cuda/model_cuda.h"
+#include "engine/cuda/model_cuda.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "gpu_test_util.h"
 #include "model/backward.h"
+#include "ckpt/model_io.h"
 #include "model/zaya.h"
 
 namespace zaya::cuda {
@@ -131,7 +132,7 @@ class CudaParity : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaParity, LogitsLossAndArgmaxMatchTransformers) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   if (m.cfg.head_dim != 32 && m.cfg.head_dim != 64 && m.cfg.head_dim != 128)
     GTEST_SKIP() << GetParam() << ": head_dim " << m.cfg.head_dim
                  << " is not one the attention kernels support (32, 64, 128)";

@@ -1,4 +1,4 @@
-// GPU tests of backend/cuda/norm.cu beyond the RMSNorm and residual cases of
+// GPU tests of backend/cuda/kernels/norm.cu beyond the RMSNorm and residual cases of
 // test_cuda_pointwise.cpp: the fused rmsnorm_residual_bwd against the CPU reference composition
 // (cpu::rmsnorm_backward, then cpu::residual_scale_backward on acc + dx) and bit for bit against
 // the two separate calls it replaces in the model (rmsnorm_bwd_f32 accumulating into a buffer, then

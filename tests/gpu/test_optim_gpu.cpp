@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cuda/optim_cuda.h"
+#include "engine/cuda/optim_cuda.h"
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "gpu_test_util.h"

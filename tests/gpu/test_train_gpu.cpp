@@ -12,6 +12,7 @@
 
 #include "../train/train_test_util.h"
 #include "gpu_test_util.h"
+#include "ckpt/model_io.h"
 #include "model/zaya.h"
 #include "train/trainer.h"
 
@@ -74,7 +75,7 @@ TEST(TrainCuda, LossCurveFollowsTheCpuReference) {
   EXPECT_NEAR(mg[3]["eval_loss"].get<double>(), mc[3]["eval_loss"].get<double>(),
               5e-2 * mc[3]["eval_loss"].get<double>());
   // The GPU run's final model loads and differs from its initialisation.
-  ZayaModel m = ZayaModel::load(d + "/gpu/model");
+  ZayaModel m = load_model(d + "/gpu/model");
   ZayaModel init = ZayaModel::init(m.cfg, 7);
   EXPECT_NE(0, std::memcmp(init.layers[0].wq.raw(), m.layers[0].wq.raw(), m.layers[0].wq.nbytes()));
   EXPECT_NE(m.layers[0].balancing_bias.f32()[0], 0.0f);
@@ -90,7 +91,7 @@ TEST(TrainCuda, SplitRunIsBitExactAndCpuCheckpointsResumeOnTheGpu) {
   ASSERT_EQ(a.size(), 8u);
   ASSERT_EQ(b.size(), 8u);
   for (size_t i = 0; i < a.size(); i++) EXPECT_EQ(a[i]["loss"].dump(), b[i]["loss"].dump()) << i;
-  ZayaModel ma = ZayaModel::load(d + "/straight/model"), mb = ZayaModel::load(d + "/split/model");
+  ZayaModel ma = load_model(d + "/straight/model"), mb = load_model(d + "/split/model");
   auto ta = ma.named_tensors(), tb = mb.named_tensors();
   ASSERT_EQ(ta.size(), tb.size());
   for (size_t i = 0; i < ta.size(); i++)

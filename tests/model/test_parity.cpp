@@ -8,6 +8,7 @@
 #include <set>
 
 #include "model/generate.h"
+#include "ckpt/model_io.h"
 #include "model/zaya.h"
 #include "parity_fixture.h"
 
@@ -26,7 +27,7 @@ class Parity : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Parity, LogitsAndLossMatchTransformers) {
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   ParityExpected e = load_parity_expected(dir);
   Tensor logits = m.forward(e.ids, e.B, e.S, true);
   ASSERT_EQ(logits.numel(), e.logits.numel());
@@ -44,7 +45,7 @@ TEST_P(Parity, LogitsAndLossMatchTransformers) {
 
 TEST_P(Parity, GreedyContinuationMatchesTransformers) {
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   ParityExpected e = load_parity_expected(dir);
   auto prompt = e.meta["prompt"].get<std::vector<int32_t>>();
   auto want = e.meta["greedy_cached"].get<std::vector<int32_t>>();
@@ -57,7 +58,7 @@ TEST_P(Parity, SkipClassIsExercised) {
   // The fixture's balancing biases make the skip class win for some tokens; check that this
   // implementation routes some tokens to skip and some to every... at least two experts.
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   ParityExpected e = load_parity_expected(dir);
   RoutingRecord rec;
   m.forward(e.ids, e.B, e.S, false, nullptr, &rec);
@@ -79,7 +80,7 @@ TEST_P(Parity, SkipClassIsExercised) {
 
 TEST_P(Parity, IncrementalDecodingMatchesFullForward) {
   const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = ZayaModel::load(dir);
+  ZayaModel m = load_model(dir);
   ParityExpected e = load_parity_expected(dir);
   const int64_t S = e.S, V = m.cfg.vocab_size;
   std::vector<int32_t> row(e.ids.begin(), e.ids.begin() + S);

@@ -8,7 +8,9 @@
 #include <fstream>
 
 #include "io/manifest.h"
+#include "ckpt/model_io.h"
 #include "model/zaya.h"
+#include "ckpt/checkpoint.h"
 #include "train/trainer.h"
 #include "train_test_util.h"
 
@@ -58,7 +60,7 @@ TEST(TrainResume, SplitRunIsBitExactAcrossPhaseChangeAndBlend) {
   auto la = losses(d + "/straight"), lb = losses(d + "/split");
   ASSERT_EQ(la.size(), 6u);
   EXPECT_EQ(la, lb);
-  ZayaModel ma = ZayaModel::load(d + "/straight/model"), mb = ZayaModel::load(d + "/split/model");
+  ZayaModel ma = load_model(d + "/straight/model"), mb = load_model(d + "/split/model");
   auto ta = ma.named_tensors(), tb = mb.named_tensors();
   ASSERT_EQ(ta.size(), tb.size());
   for (size_t i = 0; i < ta.size(); i++)

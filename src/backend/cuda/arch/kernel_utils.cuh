@@ -179,7 +179,7 @@ __device__ __forceinline__ void store_w(T* p, const float (&v)[W]) {
 // The router's choice for one row, by one warp (all 32 lanes): fp32 softmax of the E1 logits into
 // probs, choice = the first maximum of probs + bias (ties to the lowest class; class 0 when v[0] is
 // NaN or nothing exceeds −inf, as cpu::router_select), gate = probs[choice]. Shared by the training
-// kernel (router.cu) and the decode router (infer.cu).
+// kernel (router.cu) and the decode router (decode/decode.cu).
 __device__ __forceinline__ void warp_router_select(float* probs, int32_t* choice, float* gate,
                                                    const float* l, const float* bias, int64_t E1) {
   const int lane = lane_id();

@@ -1,6 +1,6 @@
 // Inference of the ZAYA1 model on one CUDA device: batched prefill with the training-path kernels
 // and cuBLASLt GEMMs, then cached decoding one token per sequence per step with weight-streaming
-// matrix-vector kernels (infer_kernels.h), replayed from a CUDA graph so that a step costs one
+// matrix-vector kernels (backend/cuda/decode/decode_kernels.h), replayed from a CUDA graph so that a step costs one
 // launch. Weights are bf16 copies (the router MLP and all vectors stay fp32); the cache holds K and
 // V in bf16, and the convolution history and delayed value in fp32, on the device.
 //

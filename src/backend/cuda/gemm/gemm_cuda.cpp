@@ -1,4 +1,4 @@
-// GemmContext (backend/cuda/gemm.h): row-major GEMMs on cuBLASLt, with a plan cache (per exact
+// GemmContext (backend/cuda/gemm/gemm.h): row-major GEMMs on cuBLASLt, with a plan cache (per exact
 // problem, or per size bucket for the grouped expert GEMMs) and an opt-in autotune of cuBLASLt's
 // heuristic candidates.
 //
@@ -81,8 +81,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "backend/cuda/gemm.h"
-#include "backend/cuda/lt_search.h"
+#include "backend/cuda/gemm/gemm.h"
+#include "backend/cuda/gemm/lt_search.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/log.h"

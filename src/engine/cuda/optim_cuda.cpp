@@ -2,7 +2,7 @@
 // is in backend/cuda/ops (adamw_step, muon_momentum, apply_update, sumsq, conversions) and the
 // Newton–Schulz products on GemmContext; this file owns the state layout, the parameter rules, the
 // Newton–Schulz driver and the host round trips (checkpoint state, norms).
-#include "backend/cuda/optim_cuda.h"
+#include "engine/cuda/optim_cuda.h"
 
 #include <algorithm>
 #include <cmath>
@@ -249,10 +249,19 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
 CudaOptimizer::~CudaOptimizer() = default;
 
 double CudaOptimizer::grad_sq_norm() {
+  return grad_sq_norm(std::vector<bool>());
+}
+
+double CudaOptimizer::grad_sq_norm(const std::vector<bool>& owned) {
   Impl& I = *impl_;
+  ZAYA_CHECK(owned.empty() || owned.size() == I.params->size(),
+             "optimizer: the ownership mask has {} entries for {} parameters", owned.size(),
+             I.params->size());
   std::vector<std::pair<const float*, int64_t>> xs;
-  for (const auto& p : *I.params)
-    if (p.grad) xs.emplace_back(p.grad, p.numel);
+  for (size_t i = 0; i < I.params->size(); i++) {
+    const auto& p = (*I.params)[i];
+    if (p.grad && (owned.empty() || owned[i])) xs.emplace_back(p.grad, p.numel);
+  }
   I.sums_of_squares(xs);
   double total = 0;  // fixed order: the parameters' order
   for (size_t i = 0; i < xs.size(); i++) total += I.ss_host[i];
@@ -260,9 +269,19 @@ double CudaOptimizer::grad_sq_norm() {
 }
 
 void CudaOptimizer::step(double lr, float grad_scale) {
+  step(lr, grad_scale, std::vector<bool>());
+}
+
+void CudaOptimizer::step(double lr, float grad_scale, const std::vector<bool>& owned) {
   Impl& I = *impl_;
   ZAYA_CHECK(std::isfinite(lr) && lr >= 0,
              "optimizer: learning rate must be finite and >= 0, got {}", lr);
+  ZAYA_CHECK(owned.empty() || owned.size() == I.params->size(),
+             "optimizer: the ownership mask has {} entries for {} parameters", owned.size(),
+             I.params->size());
+  auto mine = [&](const Impl::Entry& e) {
+    return owned.empty() || owned[size_t(e.p - I.params->data())];
+  };
   const int64_t t = I.steps + 1;
   const auto& as = I.settings.adamw;
   // Bias corrections formed in double and rounded once, like the CPU reference's scalars.
@@ -271,14 +290,14 @@ void CudaOptimizer::step(double lr, float grad_scale) {
   I.times = {};
   ZAYA_CUDA_CHECK(cudaEventRecord(I.ev[Impl::kStart], I.st));
   for (auto& e : I.entries) {
-    if (e.a.optimizer != OptimizerKind::AdamW) continue;
+    if (e.a.optimizer != OptimizerKind::AdamW || !mine(e)) continue;
     adamw_step(e.p->master, e.p->copy, e.exp_avg, e.exp_avg_sq, e.p->grad, grad_scale,
                float(lr * e.a.lr_mult), float(as.beta1), float(as.beta2), float(as.eps),
                float(e.a.weight_decay), bc1, bc2, e.p->numel, I.st);
   }
   ZAYA_CUDA_CHECK(cudaEventRecord(I.ev[Impl::kAdamEnd], I.st));
   for (auto& e : I.entries) {
-    if (e.a.optimizer != OptimizerKind::Muon) continue;
+    if (e.a.optimizer != OptimizerKind::Muon || !mine(e)) continue;
     I.muon_param(e, lr * e.a.lr_mult, grad_scale);
     // Wait for this parameter's Newton–Schulz interval before its events are recorded again (the
     // host is then one apply_update ahead of the device, enough to keep it busy).

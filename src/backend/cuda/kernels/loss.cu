@@ -10,7 +10,7 @@
 // every reduction (threads, warps, then the running value) is combined in a fixed order, so the
 // statistics are bit-reproducible. Deliberately not here: label smoothing, z-loss, and fusing the
 // LM-head GEMM with the softmax (the GEMM layer produces the chunk's logits).
-#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/arch/kernel_utils.cuh"
 
 namespace zaya::cuda {
 

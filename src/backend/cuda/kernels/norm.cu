@@ -30,10 +30,10 @@
 // residual backward with V = 4 (D > 2048 with W = 4, > 512 with W = 1: its sums would spill), and
 // the fused backward there runs as the two separate passes. Not here:
 // the norms of CCA (qk_norm lives with the CCA kernels) and decoding's single-row kernels
-// (infer.cu).
+// (decode/decode.cu).
 #include <type_traits>
 
-#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/arch/kernel_utils.cuh"
 
 namespace zaya::cuda {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/gemm.h"
+#include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/ops.h"
 #include "core/tensor.h"
 #include "model/backward.h"

@@ -1,4 +1,4 @@
-// Decode-step kernels (infer_kernels.h): weight-streaming matrix-vector products, the expert
+// Decode-step kernels (backend/cuda/decode/decode_kernels.h): weight-streaming matrix-vector products, the expert
 // product that picks each row's expert on the device, the CCA finish + cache append for one token,
 // split-context attention over the cache, and the small bookkeeping kernels (argmax, lengths).
 // Positions come from a device counter so a captured decode step replays unchanged.
@@ -15,8 +15,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cuda/infer_kernels.h"
-#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/decode/decode_kernels.h"
+#include "backend/cuda/arch/kernel_utils.cuh"
 #include "core/cuda_check.h"
 
 #ifndef ZAYA_DECODE_TRACE

@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cuda/gemm.h"
-#include "backend/cuda/model_cuda.h"
+#include "backend/cuda/gemm/gemm.h"
+#include "engine/cuda/model_cuda.h"
 #include "core/tensor.h"
 #include "optim/optimizer.h"
 
@@ -64,12 +64,17 @@ class CudaOptimizer {
   // host), in fp64: one deterministic sumsq per tensor, then a fixed-order sum on the host.
   // Synchronises the stream.
   double grad_sq_norm();
+  // The same over the parameters p with owned[p] (indices into `params`; all when empty).
+  double grad_sq_norm(const std::vector<bool>& owned);
 
   // One update of every trained parameter with learning rate lr·lr_mult; gradients are read as
   // g·grad_scale (pass the clip factor max_norm/(norm+1e-6), or 1). Writes the masters and their
   // bf16 copies. Muon parameters' gradient buffers are left intact. Synchronises once per Muon
   // parameter (to read its Frobenius norms) and at the end.
   void step(double lr, float grad_scale = 1.0f);
+  // The same update restricted to the parameters p with owned[p] (indices into `params`; all when
+  // empty); the step count advances as in step().
+  void step(double lr, float grad_scale, const std::vector<bool>& owned);
   int64_t steps() const;
 
   const OptimizerSettings& settings() const;

@@ -8,7 +8,7 @@
 // when the row width and pointers allow 4-wide accesses), blockIdx.y strides over rows, so there
 // is no 64-bit division per element. Deliberately not here: the tanh GELU approximation and fused
 // GEMM epilogues (the GEMM layer owns those).
-#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/arch/kernel_utils.cuh"
 
 namespace zaya::cuda {
 

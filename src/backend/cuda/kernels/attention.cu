@@ -36,7 +36,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cuda/mma_utils.cuh"
+#include "backend/cuda/arch/mma_utils.cuh"
 #include "backend/cuda/ops.h"
 #include "core/cuda_check.h"
 
@@ -47,7 +47,7 @@ constexpr int kThreads = 128;  // 4 warps: forward and D kernels (the dK/dV and 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// ---- PTX wrappers: backend/cuda/mma_utils.cuh ----
+// ---- PTX wrappers: backend/cuda/arch/mma_utils.cuh ----
 using namespace mma;
 
 // ---- fragment helpers (all per warp; lane = threadIdx.x & 31) ----

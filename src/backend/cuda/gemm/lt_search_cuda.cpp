@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "backend/cuda/lt_search.h"
+#include "backend/cuda/gemm/lt_search.h"
 
 namespace zaya::cuda {
 

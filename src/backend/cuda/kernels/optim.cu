@@ -18,7 +18,7 @@
 // Deliberately not here: Newton–Schulz (GEMMs, optim_cuda.cpp) and clipping decisions (host).
 #include <cmath>
 
-#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/arch/kernel_utils.cuh"
 
 namespace zaya::cuda {
 

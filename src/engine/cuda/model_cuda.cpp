@@ -1,5 +1,5 @@
 // CudaModel (model_cuda.h): the ZAYA1 training step and forward pass on one CUDA device, composed
-// from the kernels of backend/cuda/ops.h and the cuBLASLt GEMMs of backend/cuda/gemm.h. The CPU
+// from the kernels of backend/cuda/ops.h and the cuBLASLt GEMMs of backend/cuda/gemm/gemm.h. The CPU
 // model is the specification: ZayaModel::forward (model/zaya.cpp) for the forward and
 // zaya::forward_backward (model/backward.cpp) for the gradients, op for op in the same order, with
 // bf16 GEMM operands and fp32 everywhere ops.h says so (residual stream, norm and softmax
@@ -23,8 +23,8 @@
 // one, routing included), and reruns the layer's forward into one shared set before its backward.
 //
 // Not here: the optimizer (optim_cuda.h), gradient all-reduce and sharding (dist/), cached decoding
-// (infer_kernels.h), and multi-token-choice routing (top-1 only, as the config validates).
-#include "backend/cuda/model_cuda.h"
+// (backend/cuda/decode/decode_kernels.h), and multi-token-choice routing (top-1 only, as the config validates).
+#include "engine/cuda/model_cuda.h"
 
 #include <algorithm>
 #include <cmath>

@@ -11,6 +11,7 @@
 
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "ckpt/model_io.h"
 #include "model/zaya.h"
 
 using namespace zaya;
@@ -77,9 +78,9 @@ void write_text(const std::string& path, const std::string& s) {
 TEST(ModelIO, SaveLoadRoundTripIsBitExact) {
   ZayaModel m = random_model(small_config(), 5);
   const std::string d = tmpdir("rt");
-  m.save(d, DType::F32, 20000);  // small shards: exercises the index
+  save_model(m, d, DType::F32, 20000);  // small shards: exercises the index
   EXPECT_TRUE(fs::exists(d + "/model.safetensors.index.json"));
-  ZayaModel l = ZayaModel::load(d);
+  ZayaModel l = load_model(d);
   auto a = m.named_tensors(), b = l.named_tensors();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); i++) {
@@ -95,8 +96,8 @@ TEST(ModelIO, SaveLoadRoundTripIsBitExact) {
 TEST(ModelIO, Bf16CheckpointKeepsMatricesInBf16) {
   ZayaModel m = random_model(small_config(), 6);
   const std::string d = tmpdir("bf16");
-  m.save(d, DType::BF16);
-  ZayaModel l = ZayaModel::load(d);
+  save_model(m, d, DType::BF16);
+  ZayaModel l = load_model(d);
   EXPECT_EQ(l.layers[0].wq.dtype(), DType::BF16);
   EXPECT_EQ(l.layers[0].experts_gate_up.dtype(), DType::BF16);
   EXPECT_EQ(l.layers[0].ln_in.dtype(), DType::F32);
@@ -177,7 +178,7 @@ TEST(ModelIO, LoadsTheOriginalReleaseLayout) {
   ZayaModel m = random_model(c, 7);
   const std::string d = tmpdir("orig");
   save_original_layout(m, d);
-  ZayaModel l = ZayaModel::load(d);
+  ZayaModel l = load_model(d);
   EXPECT_EQ(l.cfg.num_hidden_layers, 2);
   EXPECT_EQ(l.cfg.skip_output, SkipOutput::ScaledInput);  // the release's skip behaviour
   m.cfg.skip_output = SkipOutput::ScaledInput;
@@ -203,7 +204,7 @@ TEST(ModelIO, SkipOutputModesDifferOnlyForSkippedTokens) {
 TEST(ModelIO, BadCheckpointsGiveClearErrors) {
   ZayaModel m = random_model(small_config(), 9);
   const std::string d = tmpdir("bad");
-  m.save(d);
+  save_model(m, d);
   // Missing tensors are listed by name.
   {
     auto t = m.named_tensors();
@@ -218,7 +219,7 @@ TEST(ModelIO, BadCheckpointsGiveClearErrors) {
     fs::create_directories(d2);
     save_safetensors(d2 + "/model.safetensors", t);
     fs::copy_file(d + "/config.json", d2 + "/config.json");
-    std::string e = error_of([&] { ZayaModel::load(d2); });
+    std::string e = error_of([&] { load_model(d2); });
     EXPECT_NE(e.find("2 tensor(s) missing"), std::string::npos) << e;
     EXPECT_NE(e.find("model.layers.1.self_attn.qk_norm.temp"), std::string::npos) << e;
     EXPECT_NE(e.find("model.norm.weight"), std::string::npos) << e;
@@ -232,7 +233,7 @@ TEST(ModelIO, BadCheckpointsGiveClearErrors) {
     fs::create_directories(d3);
     save_safetensors(d3 + "/model.safetensors", t);
     fs::copy_file(d + "/config.json", d3 + "/config.json");
-    std::string e = error_of([&] { ZayaModel::load(d3); });
+    std::string e = error_of([&] { load_model(d3); });
     EXPECT_NE(e.find("model.layers.0.self_attn.o_proj.weight"), std::string::npos) << e;
     EXPECT_NE(e.find("[32, 31]"), std::string::npos) << e;
     EXPECT_NE(e.find("[32, 32]"), std::string::npos) << e;
@@ -242,19 +243,19 @@ TEST(ModelIO, BadCheckpointsGiveClearErrors) {
     const std::string d4 = tmpdir("cfg");
     fs::create_directories(d4);
     fs::copy_file(d + "/model.safetensors", d4 + "/model.safetensors");
-    EXPECT_NE(error_of([&] { ZayaModel::load(d4); }).find("missing config.json"),
+    EXPECT_NE(error_of([&] { load_model(d4); }).find("missing config.json"),
               std::string::npos);
     write_text(d4 + "/config.json", "{\"model_type\": \"zaya\", ");
-    EXPECT_NE(error_of([&] { ZayaModel::load(d4); }).find("malformed JSON"), std::string::npos);
+    EXPECT_NE(error_of([&] { load_model(d4); }).find("malformed JSON"), std::string::npos);
     nlohmann::json c = m.cfg.to_json();
     c["model_type"] = "llama";
     write_text(d4 + "/config.json", c.dump());
-    EXPECT_NE(error_of([&] { ZayaModel::load(d4); }).find("model_type is \"llama\""),
+    EXPECT_NE(error_of([&] { load_model(d4); }).find("model_type is \"llama\""),
               std::string::npos);
     c = m.cfg.to_json();
     c["num_attention_heads"] = 3;
     write_text(d4 + "/config.json", c.dump());
-    EXPECT_NE(error_of([&] { ZayaModel::load(d4); }).find("multiple of num_key_value_heads"),
+    EXPECT_NE(error_of([&] { load_model(d4); }).find("multiple of num_key_value_heads"),
               std::string::npos);
   }
   // Truncated weights file.
@@ -264,7 +265,7 @@ TEST(ModelIO, BadCheckpointsGiveClearErrors) {
     fs::copy_file(d + "/config.json", d5 + "/config.json");
     fs::copy_file(d + "/model.safetensors", d5 + "/model.safetensors");
     fs::resize_file(d5 + "/model.safetensors", fs::file_size(d5 + "/model.safetensors") - 100);
-    std::string e = error_of([&] { ZayaModel::load(d5); });
+    std::string e = error_of([&] { load_model(d5); });
     EXPECT_NE(e.find("model.safetensors"), std::string::npos) << e;
   }
   // Token ids outside the vocabulary.

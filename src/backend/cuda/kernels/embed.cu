@@ -21,7 +21,7 @@
 #include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 
-#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/arch/kernel_utils.cuh"
 
 namespace zaya::cuda {
 

@@ -52,7 +52,7 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/cuda/mma_utils.cuh"
+#include "backend/cuda/arch/mma_utils.cuh"
 #include "backend/cuda/ops.h"
 #include "core/cuda_check.h"
 
@@ -104,7 +104,7 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// ---- tensor-core primitives: backend/cuda/mma_utils.cuh ----
+// ---- tensor-core primitives: backend/cuda/arch/mma_utils.cuh ----
 using namespace mma;
 
 // Eight floats → 16 bytes of bf16 (element 0 at the lowest address).

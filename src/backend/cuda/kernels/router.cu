@@ -21,7 +21,7 @@
 // to one class) and capacity limits (the grouped GEMMs take any counts).
 #include <cfloat>
 
-#include "backend/cuda/kernel_utils.cuh"
+#include "backend/cuda/arch/kernel_utils.cuh"
 
 namespace zaya::cuda {
 

@@ -1,15 +1,15 @@
 // CudaInference (infer_cuda.h): weights and cache on the device, batched prefill through the
 // training-path kernels and cuBLASLt, and decode steps through the weight-streaming kernels of
-// infer_kernels.h, captured once into a CUDA graph and replayed. Every buffer is carved out of one
+// backend/cuda/decode/decode_kernels.h, captured once into a CUDA graph and replayed. Every buffer is carved out of one
 // device allocation made at construction; prefill and decode allocate nothing.
-#include "backend/cuda/infer_cuda.h"
+#include "engine/cuda/infer_cuda.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "backend/cuda/carver.h"
-#include "backend/cuda/gemm.h"
-#include "backend/cuda/infer_kernels.h"
+#include "backend/cuda/gemm/gemm.h"
+#include "backend/cuda/decode/decode_kernels.h"
 #include "backend/cuda/ops.h"
 #include "core/cuda_check.h"
 #include "core/error.h"

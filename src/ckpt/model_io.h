@@ -1,0 +1,32 @@
+// Model checkpoints in the Hugging Face layouts: loading a directory of config.json + safetensors
+// (sharded with model.safetensors.index.json or not) in the `transformers` ZayaForCausalLM layout
+// or the original ZAYA1-base release layout (80 alternating attention/MoE stages, one tensor per
+// expert), and writing the `transformers` layout atomically.
+//
+// Loaded weights stay in their stored dtype as zero-copy views of the memory map (matrices); the
+// small vectors and convolution filters are widened to fp32. Deliberately not here: training state
+// (optimizer moments, data cursors), which ckpt/checkpoint.h stores beside the model.
+#pragma once
+#include <cstddef>
+#include <string>
+
+#include "core/dtype.h"
+#include "model/zaya.h"
+
+namespace zaya {
+
+// Loads a checkpoint directory (config.json + safetensors, sharded or not) in either layout.
+ZayaModel load_model(const std::string& dir);
+
+// Writes config.json and the weights in the `transformers` layout, staged and renamed into `dir`
+// (an existing directory is replaced only once the new one is complete). Balancing biases stay
+// fp32; the other tensors take `dtype`. Shards hold at most `max_shard_bytes` (0: 5 GiB).
+void save_model(const ZayaModel& model, const std::string& dir, DType dtype = DType::F32,
+                size_t max_shard_bytes = 0);
+
+// Name mapping of the original ZAYA1-base release (80 alternating stages) to `transformers` names.
+// Returns "" for names that carry no weight in the transformers model. Experts are handled by the
+// loader (one tensor per expert in the original, stacked in transformers).
+std::string original_to_hf_name(const std::string& name, int64_t num_stages);
+
+}  // namespace zaya

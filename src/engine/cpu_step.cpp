@@ -1,0 +1,156 @@
+// CpuStep: TrainStep on the CPU reference backend (model/backward.h's forward_backward, the fp32
+// Optimizer, the host balancing update). The model's tensors are re-homed into one flat fp32
+// master buffer, and the gradients live in one flat buffer with the same layout, so a
+// data-parallel wrapper can reduce or gather them as one span; every tensor starts on a 64-byte
+// boundary, as a tensor of its own would. Training writes the model's tensors in place.
+#include "engine/cpu_step.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "optim/grad_utils.h"
+#include "optim/param_rules.h"
+
+namespace zaya {
+
+namespace {
+
+constexpr int64_t kAlignFloats = 16;  // 64 bytes
+
+int64_t round_up(int64_t n, int64_t m) {
+  return (n + m - 1) / m * m;
+}
+
+class CpuStep final : public TrainStep {
+ public:
+  CpuStep(ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing)
+      : model_(model) {
+    auto slots = model.tensor_slots();
+    int64_t total = 0;
+    for (auto& [name, t] : slots) {
+      ParamSlot s;
+      s.name = name;
+      s.shape = t->shape();
+      s.numel = t->numel();
+      s.offset = total;
+      layout_.push_back(s);
+      total += round_up(s.numel, kAlignFloats);
+    }
+    master_ = Tensor::zeros({std::max<int64_t>(total, 1)});
+    grad_ = Tensor::zeros({std::max<int64_t>(total, 1)});
+    for (size_t i = 0; i < slots.size(); i++) {
+      const ParamSlot& s = layout_[i];
+      Tensor& t = *slots[i].second;
+      Tensor home = view_at(master_, s);
+      home.copy_from(t);  // widens bf16 or memory-mapped weights into owned fp32
+      t = home;
+      grads_.tensors.emplace_back(s.name, view_at(grad_, s));
+    }
+    for (size_t i = 0; i < slots.size(); i++)
+      params_.push_back({layout_[i].name, *slots[i].second, grads_.tensors[i].second});
+    opt_ = std::make_unique<Optimizer>(params_, optim);
+    balance_ = std::make_unique<BalancingBiasUpdater>(
+        BalancingBiasUpdater::from_params(params_, balancing));
+  }
+
+  std::string name() const override { return "cpu"; }
+  size_t device_bytes() const override { return 0; }
+  bool reports_mfu() const override { return false; }
+  const std::vector<ParamSlot>& layout() const override { return layout_; }
+
+  void zero_grads() override { grads_.zero(); }
+
+  StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
+                             float loss_scale) override {
+    return zaya::forward_backward(model_, ids, targets, B, S, grads_, loss_scale);
+  }
+
+  double grad_sq_norm(const ParamMask& owned) override {
+    return zaya::grad_sq_norm(owned.empty() ? params_ : subset(owned));
+  }
+
+  void optimizer_step(double lr, float grad_scale, const ParamMask& owned) override {
+    // The CPU optimizer reads the gradients as they are: apply the clip factor to them first.
+    if (grad_scale != 1.0f) scale_grads(owned.empty() ? params_ : subset(owned), grad_scale);
+    if (owned.empty())
+      opt_->step(lr);
+    else
+      opt_->step(lr, owned);
+  }
+  int64_t optimizer_steps() const override { return opt_->steps(); }
+
+  void update_balancing(const std::vector<std::vector<int64_t>>& counts) override {
+    balance_->update(counts);
+  }
+  int64_t balancing_steps() const override { return balance_->steps(); }
+
+  FlatBuffer grads() override { return {grad_.f32(), grad_.numel(), Device::CPU}; }
+  FlatBuffer masters() override { return {master_.f32(), master_.numel(), Device::CPU}; }
+  void weights_changed() override {}  // the model computes from the masters themselves
+
+  void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) override {
+    // One row at a time: each row's S1 − 1 predictions weigh the same in the mean.
+    for (int64_t r = 0; r < B; r++) {
+      std::vector<int32_t> row(rows.begin() + r * S1, rows.begin() + (r + 1) * S1);
+      acc.add(model_.loss(row, 1, S1), S1 - 1);
+    }
+  }
+
+  void set_rope(const RopeSettings& hybrid, const RopeSettings& sliding) override {
+    model_.cfg.rope_hybrid = hybrid;
+    model_.cfg.rope_sliding = sliding;
+  }
+
+  void export_weights(ZayaModel& host) override {
+    if (&host == &model_) return;
+    auto dst = host.tensor_slots();
+    ZAYA_CHECK(dst.size() == layout_.size(), "export_weights: the model has {} tensors, not {}",
+               dst.size(), layout_.size());
+    for (size_t i = 0; i < dst.size(); i++) dst[i].second->copy_from(view_at(master_, layout_[i]));
+  }
+
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    return join_step_state(opt_->state_tensors(), balance_->state_tensors());
+  }
+
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
+                  int64_t balancing_steps) override {
+    auto [ost, bst] = split_step_state(state);
+    opt_->load_state(ost, opt_steps);
+    balance_->load_state(bst, balancing_steps);
+  }
+
+ private:
+  static Tensor view_at(const Tensor& flat, const ParamSlot& s) {
+    return Tensor::from_storage(flat.storage(), size_t(s.offset) * sizeof(float), s.shape,
+                                DType::F32);
+  }
+
+  std::vector<ParamRef> subset(const ParamMask& owned) const {
+    ZAYA_CHECK(owned.size() == params_.size(),
+               "train step: the ownership mask has {} entries for {} parameters", owned.size(),
+               params_.size());
+    std::vector<ParamRef> out;
+    for (size_t i = 0; i < params_.size(); i++)
+      if (owned[i]) out.push_back(params_[i]);
+    return out;
+  }
+
+  ZayaModel& model_;
+  std::vector<ParamSlot> layout_;
+  Tensor master_, grad_;
+  ModelGrads grads_;
+  std::vector<ParamRef> params_;
+  std::unique_ptr<Optimizer> opt_;
+  std::unique_ptr<BalancingBiasUpdater> balance_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainStep> make_cpu_step(ZayaModel& model, const OptimizerSettings& optim,
+                                         const BalancingSettings& balancing) {
+  return std::make_unique<CpuStep>(model, optim, balancing);
+}
+
+}  // namespace zaya

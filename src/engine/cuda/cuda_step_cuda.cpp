@@ -1,0 +1,206 @@
+// TrainStep on one CUDA device: a CudaModel (weights, gradients, activations) and a CudaOptimizer
+// (AdamW + Muon state); see engine/train_step.h and engine/cuda/cuda_step.h.
+#include <cuda_runtime.h>
+
+#include "core/cuda_check.h"
+#include "core/error.h"
+#include "engine/cuda/cuda_step.h"
+#include "engine/cuda/model_cuda.h"
+#include "engine/cuda/optim_cuda.h"
+#include "optim/param_rules.h"
+
+namespace zaya {
+
+namespace {
+
+class CudaStep final : public TrainStep {
+ public:
+  CudaStep(ZayaModel& host, const OptimizerSettings& settings, const BalancingSettings& balancing,
+           const TrainStepOptions& o)
+      : host_(host), opt_(o), settings_(settings) {
+    check_cuda_step_available(o.device_index);
+    ZAYA_CUDA_CHECK(cudaSetDevice(o.device_index));
+    cudaDeviceProp prop{};
+    ZAYA_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device_index));
+    name_ = fmt::format("cuda:{} ({})", o.device_index, prop.name);
+    build(host);
+    // The host keeps the balancing biases (updated there from the routed counts, then uploaded):
+    // owned fp32 copies, whatever the checkpoint's dtype.
+    std::vector<ParamRef> biases;
+    for (auto& [name, t] : host.tensor_slots())
+      if (is_balancing_bias(name)) {
+        *t = t->to(DType::F32);
+        biases.push_back({name, *t, Tensor()});
+      }
+    balance_ = std::make_unique<BalancingBiasUpdater>(
+        BalancingBiasUpdater::from_params(biases, balancing));
+  }
+
+  std::string name() const override { return name_; }
+
+  size_t device_bytes() const override {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+    return total_b - free_b;
+  }
+
+  bool reports_mfu() const override { return true; }
+  const std::vector<ParamSlot>& layout() const override { return layout_; }
+
+  void zero_grads() override { model_->zero_grads(); }
+
+  StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
+                             float loss_scale) override {
+    return model_->forward_backward(ids, targets, B, S, loss_scale);
+  }
+
+  double grad_sq_norm(const ParamMask& owned) override { return optim_->grad_sq_norm(owned); }
+
+  void optimizer_step(double lr, float grad_scale, const ParamMask& owned) override {
+    optim_->step(lr, grad_scale, owned);
+  }
+  int64_t optimizer_steps() const override { return optim_->steps(); }
+
+  void update_balancing(const std::vector<std::vector<int64_t>>& counts) override {
+    balance_->update(counts);
+    upload_balancing_biases();
+  }
+  int64_t balancing_steps() const override { return balance_->steps(); }
+
+  FlatBuffer grads() override {
+    auto& p = model_->params();
+    return {p.front().grad, flat_numel_, Device::CUDA};
+  }
+  FlatBuffer masters() override {
+    return {model_->params().front().master, flat_numel_, Device::CUDA};
+  }
+  void weights_changed() override { model_->refresh_copies(); }
+
+  void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) override {
+    // Every row has S1 − 1 predictions, so the batch mean weighs them as the CPU's row loop does.
+    acc.add(model_->loss(rows, B, S1), B * (S1 - 1));
+  }
+
+  void set_rope(const RopeSettings& hybrid, const RopeSettings& sliding) override {
+    const ZayaConfig& c = model_->cfg();
+    if (c.rope_hybrid.theta == hybrid.theta && c.rope_sliding.theta == sliding.theta &&
+        c.rope_hybrid.partial_rotary_factor == hybrid.partial_rotary_factor &&
+        c.rope_sliding.partial_rotary_factor == sliding.partial_rotary_factor) {
+      host_.cfg.rope_hybrid = hybrid;
+      host_.cfg.rope_sliding = sliding;
+      return;
+    }
+    // CudaModel takes its configuration at construction: rebuild it around the same weights and
+    // optimizer state (a phase change happens a few times per run, so the round trip is cheap
+    // next to the phase itself). download() expects the device model's configuration: copy with
+    // the old RoPE settings, then put the new ones in.
+    auto state = optim_->state_tensors();
+    const int64_t steps = optim_->steps();
+    host_.cfg.rope_hybrid = c.rope_hybrid;
+    host_.cfg.rope_sliding = c.rope_sliding;
+    export_weights(host_);
+    host_.cfg.rope_hybrid = hybrid;
+    host_.cfg.rope_sliding = sliding;
+    optim_.reset();
+    model_.reset();
+    build(host_);
+    optim_->load_state(state, steps);
+  }
+
+  void export_weights(ZayaModel& host) override {
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(model_->stream()));
+    model_->download(host);
+  }
+
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    return join_step_state(optim_->state_tensors(), balance_->state_tensors());
+  }
+
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
+                  int64_t balancing_steps) override {
+    auto [ost, bst] = split_step_state(state);
+    optim_->load_state(ost, opt_steps);
+    balance_->load_state(bst, balancing_steps);
+  }
+
+ private:
+  void build(const ZayaModel& host) {
+    cuda::CudaModelOptions mo;
+    mo.max_tokens = opt_.max_tokens;
+    mo.max_seq = opt_.max_seq;
+    mo.recompute = opt_.recompute;
+    mo.device = opt_.device_index;
+    model_ = std::make_unique<cuda::CudaModel>(host, mo);
+    cuda::CudaOptimizerOptions oo;
+    oo.ns_bf16 = opt_.ns_bf16;
+    optim_ = std::make_unique<cuda::CudaOptimizer>(model_->params(), settings_, model_->gemm(),
+                                                   model_->stream(), oo);
+    // The layout: offsets into the one master allocation (the gradients use the same offsets).
+    auto& params = model_->params();
+    ZAYA_ASSERT(!params.empty() && params.front().grad);
+    const float* base = params.front().master;
+    layout_.clear();
+    flat_numel_ = 0;
+    for (const auto& p : params) {
+      ParamSlot s;
+      s.name = p.name;
+      s.shape = p.shape;
+      s.numel = p.numel;
+      s.offset = int64_t(p.master - base);
+      s.has_grad = p.grad != nullptr;
+      ZAYA_ASSERT(!p.grad || p.grad - params.front().grad == s.offset);
+      flat_numel_ = std::max(flat_numel_, s.offset + s.numel);
+      layout_.push_back(s);
+    }
+  }
+
+  // Copies the host model's balancing biases to the device (after the host update).
+  void upload_balancing_biases() {
+    const auto named = host_.named_tensors();
+    auto& params = model_->params();
+    ZAYA_ASSERT(named.size() == params.size());
+    for (size_t i = 0; i < params.size(); i++) {
+      if (!is_balancing_bias(params[i].name)) continue;
+      ZAYA_ASSERT(named[i].first == params[i].name);
+      const Tensor& t = named[i].second;
+      ZAYA_CHECK(t.dtype() == DType::F32 && t.is_contiguous() && t.numel() == params[i].numel,
+                 "{}: the host balancing biases must be contiguous fp32 [{}]", params[i].name,
+                 params[i].numel);
+      ZAYA_CUDA_CHECK(cudaMemcpyAsync(params[i].master, t.f32(), t.nbytes(), cudaMemcpyHostToDevice,
+                                      model_->stream()));
+    }
+    // The host tensors are pageable and change on the next update: finish the copies now.
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(model_->stream()));
+  }
+
+  ZayaModel& host_;
+  TrainStepOptions opt_;
+  OptimizerSettings settings_;
+  std::string name_;
+  std::vector<ParamSlot> layout_;
+  int64_t flat_numel_ = 0;
+  std::unique_ptr<BalancingBiasUpdater> balance_;
+  // Declared in this order so the optimizer (which points into the model's parameters) goes
+  // first.
+  std::unique_ptr<cuda::CudaModel> model_;
+  std::unique_ptr<cuda::CudaOptimizer> optim_;
+};
+
+}  // namespace
+
+void check_cuda_step_available(int device) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  ZAYA_CHECK(e == cudaSuccess && n > 0, "train.device = \"cuda\": no CUDA device ({})",
+             e == cudaSuccess ? std::string("none found") : std::string(cudaGetErrorString(e)));
+  ZAYA_CHECK(device >= 0 && device < n, "train.device: CUDA device {} does not exist ({} found)",
+             device, n);
+}
+
+std::unique_ptr<TrainStep> make_cuda_step(ZayaModel& host, const OptimizerSettings& optim,
+                                          const BalancingSettings& balancing,
+                                          const TrainStepOptions& options) {
+  return std::make_unique<CudaStep>(host, optim, balancing, options);
+}
+
+}  // namespace zaya

@@ -1,0 +1,53 @@
+// make_train_step: the TrainStep for a device name, and the CUDA factory's stand-in for a build
+// without the CUDA backend (the CUDA build defines it in engine/cuda/cuda_step_cuda.cpp).
+#include "engine/train_step.h"
+
+#include "core/error.h"
+#include "engine/cpu_step.h"
+#include "engine/cuda/cuda_step.h"
+
+namespace zaya {
+
+#if !defined(ZAYA_HAVE_CUDA)
+void check_cuda_step_available(int) {
+  fail(
+      "train.device = \"cuda\": this zaya was built without CUDA (configure with -DZAYA_CUDA=ON "
+      "on a machine with nvcc to get the GPU training path)");
+}
+
+std::unique_ptr<TrainStep> make_cuda_step(ZayaModel&, const OptimizerSettings&,
+                                          const BalancingSettings&, const TrainStepOptions& o) {
+  check_cuda_step_available(o.device_index);
+  return nullptr;  // not reached
+}
+#endif
+
+NamedTensors join_step_state(NamedTensors optimizer, const NamedTensors& balancing) {
+  optimizer.insert(optimizer.end(), balancing.begin(), balancing.end());
+  return optimizer;
+}
+
+std::pair<NamedTensors, NamedTensors> split_step_state(const NamedTensors& state) {
+  std::pair<NamedTensors, NamedTensors> parts;
+  for (auto& kv : state)
+    (kv.first.rfind("balance.", 0) == 0 ? parts.second : parts.first).push_back(kv);
+  return parts;
+}
+
+void check_train_device(const TrainStepOptions& o) {
+  if (o.device == "cuda") {
+    check_cuda_step_available(o.device_index);
+    return;
+  }
+  ZAYA_CHECK(o.device == "cpu", "train.device = \"{}\": expected \"cpu\" or \"cuda\"", o.device);
+}
+
+std::unique_ptr<TrainStep> make_train_step(ZayaModel& model, const OptimizerSettings& optim,
+                                           const BalancingSettings& balancing,
+                                           const TrainStepOptions& options) {
+  check_train_device(options);
+  if (options.device == "cuda") return make_cuda_step(model, optim, balancing, options);
+  return make_cpu_step(model, optim, balancing);
+}
+
+}  // namespace zaya

@@ -1,0 +1,144 @@
+// TrainStep: the training loop's view of one device that holds a model replica with its gradients
+// and its optimizer state, whatever the device. CpuStep (engine/cpu_step.cpp: the CPU reference ops
+// and the fp32 Optimizer) and CudaStep (engine/cuda/cuda_step_cuda.cpp: CudaModel + CudaOptimizer)
+// implement it; train/trainer.cpp runs every backend through it and has no device branches.
+//
+// A step's life: zero_grads → forward_backward per micro-batch (accumulating) → grad_sq_norm →
+// optimizer_step → update_balancing. The parts are separate so that a data-parallel wrapper can put
+// collectives between them without knowing the device:
+//   1. gradients ready: grads() is every gradient in one flat fp32 buffer, laid out as layout()
+//      says (name, shape, offset), for a reduce-scatter (ZeRO-1) or an all-reduce in place;
+//   2. update of an owned subset: grad_sq_norm(owned) and optimizer_step(..., owned) touch only the
+//      parameters a rank owns (whole tensors, so Muon sees whole matrices);
+//   3. all-gather of weights: masters() is every fp32 master weight in one flat buffer with the
+//      same layout; after other ranks' updates are written into it, weights_changed() refreshes
+//      what the device derives from the masters (the bf16 copies on the GPU).
+// The routed-token counts given to update_balancing are the caller's (all-reduced across ranks
+// when there are several), so every replica takes the same balancing decision.
+//
+// Named state (state()/load_state()) is what checkpoints store: the optimizer's moments and Muon
+// momentum under the CPU Optimizer's names, and the balancing update's moments, as whole tensors
+// (ckpt/named_state.h says where a piece sits in its global tensor). The weights themselves are
+// exported into a host ZayaModel (export_weights) and stored in the `transformers` layout.
+//
+// Deliberately not here: data, schedules, the NaN guard, metrics, checkpoint files, collectives.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/backward.h"
+#include "model/zaya.h"
+#include "optim/balancing.h"
+#include "optim/optimizer.h"
+
+namespace zaya {
+
+// Where one parameter sits in the flat gradient and master buffers. Offsets are in elements; the
+// CUDA layout pads each tensor's start for alignment, so offsets are not always prefix sums.
+struct ParamSlot {
+  std::string name;  // the `transformers` name
+  Shape shape;
+  int64_t offset = 0, numel = 0;
+  bool has_grad = true;  // false for the balancing biases (updated from routing counts)
+};
+
+// A flat fp32 buffer of a step: host memory (Device::CPU) or device memory (Device::CUDA).
+struct FlatBuffer {
+  float* data = nullptr;
+  int64_t numel = 0;
+  Device device = Device::CPU;
+};
+
+// Which parameters an update covers: owned[i] for layout()[i]. Empty means every parameter.
+using ParamMask = std::vector<bool>;
+
+// Accumulates the held-out loss the way the loop averages it: Σ mean_loss · predictions over
+// batches, and the number of predictions.
+struct LossSum {
+  double total = 0;
+  int64_t count = 0;
+  void add(double mean_loss, int64_t predictions) {
+    total += mean_loss * double(predictions);
+    count += predictions;
+  }
+};
+
+struct TrainStepOptions {
+  std::string device = "cpu";  // "cpu" or "cuda"
+  int device_index = 0;        // CUDA device
+  int64_t max_tokens = 0;      // largest B·S of a micro-batch or of an evaluation batch (CUDA)
+  int64_t max_seq = 0;         // longest sequence (CUDA)
+  bool recompute = false;      // activation recomputation in backward (CUDA)
+  bool ns_bf16 = true;         // Muon's Newton–Schulz GEMMs in bf16, else fp32 (CUDA)
+};
+
+class TrainStep {
+ public:
+  virtual ~TrainStep() = default;
+
+  virtual std::string name() const = 0;     // "cpu", "cuda:0 (NVIDIA H200)"
+  virtual size_t device_bytes() const = 0;  // memory the step holds on its device (0 on CPU)
+  virtual bool reports_mfu() const = 0;     // whether MFU means anything on this device
+  virtual const std::vector<ParamSlot>& layout() const = 0;
+
+  virtual void zero_grads() = 0;
+  // Accumulates loss_scale · d(mean loss)/d(param) into the gradients (forward_backward's
+  // contract, model/backward.h); returns the loss, the counted tokens and the routed counts.
+  virtual StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B,
+                                     int64_t S, float loss_scale) = 0;
+  // Σ g² over the gradients of the parameters in `owned` (all when empty), in double.
+  virtual double grad_sq_norm(const ParamMask& owned = {}) = 0;
+  // One optimizer update of the parameters in `owned` (all when empty) at learning rate lr, with
+  // gradients read as g·grad_scale (the clip factor, or 1).
+  virtual void optimizer_step(double lr, float grad_scale, const ParamMask& owned = {}) = 0;
+  virtual int64_t optimizer_steps() const = 0;
+  // The aux-loss-free balancing update from this step's routed counts (summed over ranks).
+  virtual void update_balancing(const std::vector<std::vector<int64_t>>& counts) = 0;
+  virtual int64_t balancing_steps() const = 0;
+
+  // Stage views for data parallelism (see the file comment).
+  virtual FlatBuffer grads() = 0;
+  virtual FlatBuffer masters() = 0;
+  virtual void weights_changed() = 0;
+
+  // Next-token loss of rows [B, S1] (S1 − 1 predictions each), no gradients, added into `acc`.
+  virtual void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) = 0;
+
+  // Makes the model use these RoPE settings from the next forward on (a phase changed theta);
+  // the weights and optimizer state are kept.
+  virtual void set_rope(const RopeSettings& hybrid, const RopeSettings& sliding) = 0;
+
+  // Copies the fp32 master weights (balancing biases included) into `host`, a model of the same
+  // config: for checkpoints and the exported model.
+  virtual void export_weights(ZayaModel& host) = 0;
+
+  // Checkpointed state: optimizer moments and momentum (optim.*) and balancing moments (balance.*).
+  virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
+  // Restores state() and the step counters, so the next step continues bit-exactly. Unknown or
+  // missing names are errors.
+  virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state,
+                          int64_t optimizer_steps, int64_t balancing_steps) = 0;
+};
+
+// A step's named state is the optimizer's (optim.*) followed by the balancing update's (balance.*).
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+NamedTensors join_step_state(NamedTensors optimizer, const NamedTensors& balancing);
+// Splits state() back into the optimizer's part and the balancing part (names "balance.*").
+std::pair<NamedTensors, NamedTensors> split_step_state(const NamedTensors& state);
+
+// The step for options.device over `model` (weights uploaded to, or taken over by, the step: the
+// CPU step trains `model`'s tensors in place, re-homed into its flat master buffer, so `model`
+// must outlive it). Throws zaya::Error for an unknown device, a build without CUDA, or a machine
+// without the CUDA device.
+std::unique_ptr<TrainStep> make_train_step(ZayaModel& model, const OptimizerSettings& optim,
+                                           const BalancingSettings& balancing,
+                                           const TrainStepOptions& options);
+
+// Throws zaya::Error unless options.device can train here (for "cuda": the build has the CUDA
+// backend and the machine has the device). The loop calls it first, before any data or model work.
+void check_train_device(const TrainStepOptions& options);
+
+}  // namespace zaya

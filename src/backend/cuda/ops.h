@@ -275,4 +275,9 @@ void scale_f32(float* y, float a, int64_t n, cudaStream_t st);  // y *= a
 void axpby_f32(float* y, float a, const float* x, float b, int64_t n,
                cudaStream_t st);  // y = a·x + b·y
 
+// C[m, n] += bias[n] for an M×N row-major block (fp32 or bf16 C): the GEMM layer's bias when the
+// cuBLASLt epilogue cannot take it.
+void add_bias_rows(void* C, int64_t ldc, bool c_bf16, const float* bias_N, int64_t M, int64_t N,
+                   cudaStream_t st);
+
 }  // namespace zaya::cuda

@@ -61,7 +61,7 @@
 // Bias: an fp32 bias[N] through CUBLASLT_EPILOGUE_BIAS with CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE =
 // CUDA_R_32F. cuBLASLt documents bias elements of the output type for non-fp8 GEMMs, so for bf16
 // outputs the heuristic may find no fp32-bias kernel; the plan then runs without the epilogue and
-// detail::add_bias_rows (convert.cu) adds the bias afterwards, which rounds to bf16 twice (at most
+// add_bias_rows (convert.cu) adds the bias afterwards, which rounds to bf16 twice (at most
 // one more bf16 ulp than the epilogue would give).
 //
 // Grouped GEMMs: one cuBLASLt matmul per non-empty group, from the row counts on the host. A
@@ -83,17 +83,12 @@
 
 #include "backend/cuda/gemm/gemm.h"
 #include "backend/cuda/gemm/lt_search.h"
+#include "backend/cuda/ops.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/log.h"
 
 namespace zaya::cuda {
-
-namespace detail {
-// convert.cu: C[m, n] += bias[n] for an M×N row-major block (fp32 or bf16 C).
-void add_bias_rows(void* C, int64_t ldc, bool c_bf16, const float* bias_N, int64_t M, int64_t N,
-                   cudaStream_t st);
-}  // namespace detail
 
 namespace {
 
@@ -192,7 +187,7 @@ struct Plan {
   cublasLtMatrixLayout_t lay_b = nullptr;  // cuBLASLt's B: our A
   cublasLtMatrixLayout_t lay_c = nullptr;  // C and D (same layout)
   cublasLtMatmulAlgo_t algo{};
-  bool bias_epilogue = false;  // false with a bias: added by detail::add_bias_rows instead
+  bool bias_epilogue = false;  // false with a bias: added by add_bias_rows instead
   // Bucket plans: false when no candidate is legal at both ends of the bucket (every call then
   // runs an exact-shape plan); cur_M/cur_K are the dimensions the layouts hold now.
   bool usable = true;
@@ -540,7 +535,7 @@ struct GemmContext::Impl {
     }
     ZAYA_CUBLAS_CHECK(matmul(p, call, p.algo, call.C));
     if (call.bias && !p.bias_epilogue)
-      detail::add_bias_rows(call.C, k.ldc, k.c == GemmType::BF16, call.bias, k.M, k.N, call.st);
+      add_bias_rows(call.C, k.ldc, k.c == GemmType::BF16, call.bias, k.M, k.N, call.st);
   }
 
   Plan& plan_for(const Key& k, const Call& call) {

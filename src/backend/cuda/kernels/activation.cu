@@ -136,30 +136,27 @@ struct ColumnOf {
 
 void swiglu_fwd(bf16* y_NI, const bf16* gu_N2I, int64_t N, int64_t I, cudaStream_t st) {
   if (!check_sizes("swiglu_fwd", __LINE__, N, I)) return;
-  if (vec4_ok(I, {y_NI, gu_N2I}))
-    swiglu_fwd_kernel<4><<<tile_grid(N, I, 4), kColThreads, 0, st>>>(y_NI, gu_N2I, N, I);
-  else
-    swiglu_fwd_kernel<1><<<tile_grid(N, I, 1), kColThreads, 0, st>>>(y_NI, gu_N2I, N, I);
+  const bool vec = vec4_ok(I, {y_NI, gu_N2I});
+  auto* kernel = vec ? swiglu_fwd_kernel<4> : swiglu_fwd_kernel<1>;
+  kernel<<<tile_grid(N, I, vec ? 4 : 1), kColThreads, 0, st>>>(y_NI, gu_N2I, N, I);
   ZAYA_KERNEL_CHECK();
 }
 
 void swiglu_bwd(bf16* dgu_N2I, const bf16* dy_NI, const bf16* gu_N2I, int64_t N, int64_t I,
                 cudaStream_t st) {
   if (!check_sizes("swiglu_bwd", __LINE__, N, I)) return;
-  if (vec4_ok(I, {dgu_N2I, dy_NI, gu_N2I}))
-    swiglu_bwd_kernel<4><<<tile_grid(N, I, 4), kColThreads, 0, st>>>(dgu_N2I, dy_NI, gu_N2I, N, I);
-  else
-    swiglu_bwd_kernel<1><<<tile_grid(N, I, 1), kColThreads, 0, st>>>(dgu_N2I, dy_NI, gu_N2I, N, I);
+  const bool vec = vec4_ok(I, {dgu_N2I, dy_NI, gu_N2I});
+  auto* kernel = vec ? swiglu_bwd_kernel<4> : swiglu_bwd_kernel<1>;
+  kernel<<<tile_grid(N, I, vec ? 4 : 1), kColThreads, 0, st>>>(dgu_N2I, dy_NI, gu_N2I, N, I);
   ZAYA_KERNEL_CHECK();
 }
 
 void bias_gelu_fwd(float* y, const float* x, const float* b, int64_t N, int64_t F,
                    cudaStream_t st) {
   if (!check_sizes("bias_gelu_fwd", __LINE__, N, F)) return;
-  if (vec4_ok(F, {y, x, b}))
-    bias_gelu_fwd_kernel<4><<<tile_grid(N, F, 4), kColThreads, 0, st>>>(y, x, b, N, F);
-  else
-    bias_gelu_fwd_kernel<1><<<tile_grid(N, F, 1), kColThreads, 0, st>>>(y, x, b, N, F);
+  const bool vec = vec4_ok(F, {y, x, b});
+  auto* kernel = vec ? bias_gelu_fwd_kernel<4> : bias_gelu_fwd_kernel<1>;
+  kernel<<<tile_grid(N, F, vec ? 4 : 1), kColThreads, 0, st>>>(y, x, b, N, F);
   ZAYA_KERNEL_CHECK();
 }
 
@@ -174,10 +171,9 @@ void bias_gelu_bwd(float* dx, float* db, const float* dy, const float* x, const 
     colreduce<1>(OutPtrs<1>{{db}}, BiasGeluBwd{dx, dy, x, b, F}, N, F, ws, st);
     return;
   }
-  if (vec4_ok(F, {dx, dy, x, b}))
-    bias_gelu_bwd_kernel<4><<<tile_grid(N, F, 4), kColThreads, 0, st>>>(dx, dy, x, b, N, F);
-  else
-    bias_gelu_bwd_kernel<1><<<tile_grid(N, F, 1), kColThreads, 0, st>>>(dx, dy, x, b, N, F);
+  const bool vec = vec4_ok(F, {dx, dy, x, b});
+  auto* kernel = vec ? bias_gelu_bwd_kernel<4> : bias_gelu_bwd_kernel<1>;
+  kernel<<<tile_grid(N, F, vec ? 4 : 1), kColThreads, 0, st>>>(dx, dy, x, b, N, F);
   ZAYA_KERNEL_CHECK();
 }
 

@@ -1,5 +1,5 @@
 // Elementwise fp32/bf16 kernels of backend/cuda/ops.h: f32_to_bf16, bf16_to_f32, add_f32,
-// scale_f32, axpby_f32, plus the bias-add fallback of the GEMM layer (detail::add_bias_rows, used
+// scale_f32, axpby_f32, plus the bias-add fallback of the GEMM layer (add_bias_rows, used
 // by gemm_cuda.cpp when cuBLASLt has no bias epilogue for a problem).
 //
 // All kernels are grid-stride loops over 4-element vectors (16-byte fp32 loads and stores; 8-byte
@@ -22,11 +22,6 @@
 #include "core/cuda_check.h"
 
 namespace zaya::cuda {
-
-namespace detail {
-void add_bias_rows(void* C, int64_t ldc, bool c_bf16, const float* bias_N, int64_t M, int64_t N,
-                   cudaStream_t st);
-}  // namespace detail
 
 namespace {
 
@@ -168,7 +163,6 @@ void axpby_f32(float* y, float a, const float* x, float b, int64_t n, cudaStream
   launch_axpby(y, a, x, b, true, b != 0.f, n, st);
 }
 
-namespace detail {
 
 void add_bias_rows(void* C, int64_t ldc, bool c_bf16, const float* bias_N, int64_t M, int64_t N,
                    cudaStream_t st) {
@@ -181,7 +175,5 @@ void add_bias_rows(void* C, int64_t ldc, bool c_bf16, const float* bias_N, int64
         <<<grid, kThreads, 0, st>>>(static_cast<float*>(C), ldc, bias_N, M, N);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
-
-}  // namespace detail
 
 }  // namespace zaya::cuda

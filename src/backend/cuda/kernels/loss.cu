@@ -188,12 +188,9 @@ void ce_chunk_stats(float* max_N, float* sumexp_N, float* tlogit_N, const float*
                     const int32_t* targets_N, int64_t v0, int64_t N, int64_t Vc, cudaStream_t st) {
   if (!check_sizes("ce_chunk_stats", __LINE__, N, Vc)) return;
   if (N > int64_t(INT32_MAX)) fail_arg("ce_chunk_stats", __LINE__, "too many rows");
-  if (vec4_ok(Vc, {logits_NVc}))
-    ce_chunk_stats_kernel<4><<<unsigned(N), kCeThreads, 0, st>>>(max_N, sumexp_N, tlogit_N,
-                                                                 logits_NVc, targets_N, v0, Vc);
-  else
-    ce_chunk_stats_kernel<1><<<unsigned(N), kCeThreads, 0, st>>>(max_N, sumexp_N, tlogit_N,
-                                                                 logits_NVc, targets_N, v0, Vc);
+  auto* kernel = vec4_ok(Vc, {logits_NVc}) ? ce_chunk_stats_kernel<4> : ce_chunk_stats_kernel<1>;
+  kernel<<<unsigned(N), kCeThreads, 0, st>>>(max_N, sumexp_N, tlogit_N, logits_NVc, targets_N, v0,
+                                             Vc);
   ZAYA_KERNEL_CHECK();
 }
 
@@ -210,12 +207,10 @@ void ce_chunk_grad(bf16* dlogits_NVc, const float* logits_NVc, const float* lse_
                    cudaStream_t st) {
   if (!check_sizes("ce_chunk_grad", __LINE__, N, Vc)) return;
   if (N > int64_t(INT32_MAX)) fail_arg("ce_chunk_grad", __LINE__, "too many rows");
-  if (vec4_ok(Vc, {dlogits_NVc, logits_NVc}))
-    ce_chunk_grad_kernel<4><<<unsigned(N), kCeThreads, 0, st>>>(dlogits_NVc, logits_NVc, lse_N,
-                                                                targets_N, scale, v0, Vc);
-  else
-    ce_chunk_grad_kernel<1><<<unsigned(N), kCeThreads, 0, st>>>(dlogits_NVc, logits_NVc, lse_N,
-                                                                targets_N, scale, v0, Vc);
+  auto* kernel = vec4_ok(Vc, {dlogits_NVc, logits_NVc}) ? ce_chunk_grad_kernel<4>
+                                                          : ce_chunk_grad_kernel<1>;
+  kernel<<<unsigned(N), kCeThreads, 0, st>>>(dlogits_NVc, logits_NVc, lse_N, targets_N, scale, v0,
+                                             Vc);
   ZAYA_KERNEL_CHECK();
 }
 

@@ -110,13 +110,22 @@ __device__ __forceinline__ float update_elem(float p, float o, float decay, floa
   return __fmaf_rn(p, decay, -__fmul_rn(step, o));
 }
 
-__global__ void adamw_kernel(float* p, bf16* pb, float* m, float* v, const float* g, AdamScalars k,
-                             int64_t n, bool vec) {
+// Calls f(i, full) for each group of four elements [i, i + 4) of n that this thread takes in a
+// grid-stride loop; full: all four are in range and vector access is allowed (vec).
+template <class F>
+__device__ __forceinline__ void for_each_group4(int64_t n, bool vec, F&& f) {
   const int64_t groups = ceil_div(n, 4);
   for (int64_t gi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; gi < groups;
        gi += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = gi * 4;
-    if (vec && i + 4 <= n) {
+    f(i, vec && i + 4 <= n);
+  }
+}
+
+__global__ void adamw_kernel(float* p, bf16* pb, float* m, float* v, const float* g, AdamScalars k,
+                             int64_t n, bool vec) {
+  for_each_group4(n, vec, [&](int64_t i, bool full) {
+    if (full) {
       float pv[4], mv[4], vv[4], gv[4];
       load4(p + i, pv);
       load4(m + i, mv);
@@ -138,16 +147,13 @@ __global__ void adamw_kernel(float* p, bf16* pb, float* m, float* v, const float
         if (pb) pb[e] = __float2bfloat16_rn(pe);
       }
     }
-  }
+  });
 }
 
 __global__ void muon_momentum_kernel(float* buf, float* u, const float* g, float gs, float mu,
                                      bool nesterov, int64_t n, bool vec) {
-  const int64_t groups = ceil_div(n, 4);
-  for (int64_t gi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; gi < groups;
-       gi += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = gi * 4;
-    if (vec && i + 4 <= n) {
+  for_each_group4(n, vec, [&](int64_t i, bool full) {
+    if (full) {
       float b[4], gv[4], o[4];
       load4(buf + i, b);
       load4(g + i, gv);
@@ -163,16 +169,13 @@ __global__ void muon_momentum_kernel(float* buf, float* u, const float* g, float
         u[e] = o;
       }
     }
-  }
+  });
 }
 
 __global__ void apply_update_kernel(float* p, bf16* pb, const float* o, float decay, float step,
                                     int64_t n, bool vec) {
-  const int64_t groups = ceil_div(n, 4);
-  for (int64_t gi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; gi < groups;
-       gi += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = gi * 4;
-    if (vec && i + 4 <= n) {
+  for_each_group4(n, vec, [&](int64_t i, bool full) {
+    if (full) {
       float pv[4], ov[4];
       load4(p + i, pv);
       load4(o + i, ov);
@@ -187,7 +190,7 @@ __global__ void apply_update_kernel(float* p, bf16* pb, const float* o, float de
         if (pb) pb[e] = __float2bfloat16_rn(r);
       }
     }
-  }
+  });
 }
 
 bool all_aligned(std::initializer_list<const void*> ptrs) {

@@ -134,27 +134,6 @@ TEST_P(CudaInfer, PrefillAndDecodeStepsMatchTheCpuCache) {
   EXPECT_EQ(inf.length(), S + steps);
 }
 
-// The decode step with the attention's cluster form (DecodeTuning::attn_cluster, not the split
-// form's bits) against the CPU cache, as above.
-TEST_P(CudaInfer, ClusterAttentionDecodeMatchesTheCpuCache) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = parity_fixture(GetParam());
-  ZayaModel m = load_model(dir);
-  const auto prompt = parity_prompt(dir);
-  const int64_t S = int64_t(prompt.size()), steps = 12;
-  CudaInferOptions o;
-  o.max_context = S + steps + 4;
-  o.decode.attn_cluster = true;
-  CudaInference inf(m, o);
-  inf.reset(1);
-  InferenceCache cache = m.new_cache(1, S + steps + 4);
-  Tensor ref = m.forward(prompt, 1, S, true, &cache);
-  inf.prefill(prompt, S, true);
-  RowErrors dec = decode_steps_against_cpu(m, inf, cache, ref, steps);
-  EXPECT_LE(dec.median(), kTol) << "decode: median step error";
-  EXPECT_LE(dec.fraction_over(kTol), 0.25) << "decode: steps off by more than " << kTol;
-}
-
 // The GPU's two paths against each other: one batched prefill vs the same prompt fed one token at
 // a time through the decode path (GEMVs, split-context attention, device-side positions).
 TEST_P(CudaInfer, PrefillEqualsTokenByTokenDecode) {
@@ -289,14 +268,13 @@ TEST_P(CudaInfer, BatchedChunkedAndGraphRunsAgree) {
 
 // The logits of 6 decode steps (the first eager, then graph replays) and 4 greedy tokens of the
 // parity fixture, with programmatic dependent launch on or off.
-std::vector<float> decode_bits(const std::string& dir, bool pdl, const DecodeTuning& t = {}) {
+std::vector<float> decode_bits(const std::string& dir, bool pdl) {
   ZayaModel m = load_model(dir);
   const auto prompt = parity_prompt(dir);
   const int64_t S = int64_t(prompt.size());
-  set_decode_pdl(pdl);
   CudaInferOptions o;
   o.max_context = S + 12;
-  o.decode = t;
+  o.policy.pdl = pdl;
   CudaInference inf(m, o);
   inf.reset(1);
   inf.prefill(prompt, S);
@@ -307,7 +285,6 @@ std::vector<float> decode_bits(const std::string& dir, bool pdl, const DecodeTun
   }
   const auto greedy = inf.decode_greedy({prompt[0]}, 4);
   for (int32_t t : greedy) all.push_back(float(t));
-  set_decode_pdl(true);
   return all;
 }
 
@@ -364,9 +341,8 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
         DecodeTraceEvent::AttnScores, DecodeTraceEvent::AttnPV, DecodeTraceEvent::AttnPartials,
         DecodeTraceEvent::AttnCombine, DecodeTraceEvent::CcaFinish})
     EXPECT_EQ(per_step(e), n * NL) << decode_trace_event_name(e);
-  // The convolutions run inside the finish's launch with DecodeTuning::fuse_cca, in one of their
-  // own without it.
-  EXPECT_EQ(per_step(DecodeTraceEvent::CcaConv), DecodeTuning{}.fuse_cca ? 0 : n * NL);
+  // The convolutions run in a launch of their own.
+  EXPECT_EQ(per_step(DecodeTraceEvent::CcaConv), n * NL);
   EXPECT_EQ(per_step(DecodeTraceEvent::Gemv), n * (2 * NL + 1));  // q|k|v, o; the LM head
   EXPECT_EQ(per_step(DecodeTraceEvent::Norm), n * (2 * NL + 1));  // two a layer; the first
   // Within a layer the router's stamps follow each other in stage order.
@@ -377,146 +353,6 @@ TEST_P(CudaInfer, DecodeTraceStampsEveryKernelAndKeepsTheTokens) {
       EXPECT_EQ(stamps[i + 5].first, unsigned(DecodeTraceEvent::RouterLogits));
       EXPECT_EQ(stamps[i + 6].first, unsigned(DecodeTraceEvent::RouterSelect));
     }
-}
-
-// The decode choices that keep every operation and its order (DecodeTuning: router cluster size and
-// layout, attention passes in flight and combine staging, residual norms fused, folded or launched
-// alone, their early trigger) give the same bits.
-TEST_P(CudaInfer, BitPreservingDecodeTuningKeepsTheBits) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const std::string dir = parity_fixture(GetParam());
-  const auto base = decode_bits(dir, true);
-  const std::vector<std::pair<const char*, std::function<void(DecodeTuning&)>>> choices = {
-      {"router clusters of 4", [](DecodeTuning& t) { t.router_cluster = 4; }},
-      {"no router cluster", [](DecodeTuning& t) { t.router_cluster = 1; }},
-      {"4 attention passes in flight", [](DecodeTuning& t) { t.attn_pipe = 4; }},
-      {"1 attention pass in flight", [](DecodeTuning& t) { t.attn_pipe = 1; }},
-      {"residual norms fused or alone (not the default)",
-       [](DecodeTuning& t) { t.fuse_norms = !t.fuse_norms; }},
-      {"post-MLP norm folded into the q|k|v GEMV", [](DecodeTuning& t) { t.fold_qkv_norm = true; }},
-      {"attention partials staged for the combine",
-       [](DecodeTuning& t) { t.attn_stage_combine = true; }},
-      {"router MLP rows read where they are",
-       [](DecodeTuning& t) { t.router_stage = t.router_mlp_regs = false; }},
-      {"router blocks one per SM", [](DecodeTuning& t) { t.router_one_per_sm = true; }},
-      {"router stages exchanged by st.async or a cluster barrier (not the default)",
-       [](DecodeTuning& t) { t.router_async = !t.router_async; }},
-      {"router stages by st.async, MLP rows staged in shared memory",
-       [](DecodeTuning& t) {
-         t.router_async = true;
-         t.router_mlp_regs = false;
-       }},
-      {"post-attention norm computed by the router's cluster or launched alone (not the "
-       "default)",
-       [](DecodeTuning& t) { t.router_norm = !t.router_norm; }},
-      {"post-attention norm in the router, router clusters of at most 8",
-       [](DecodeTuning& t) {
-         t.router_norm = !t.router_norm;
-         t.router_cluster = 8;
-       }},
-      {"post-attention norm in the router, without early triggers",
-       [](DecodeTuning& t) {
-         t.router_norm = !t.router_norm;
-         t.norm_early_trigger = false;
-       }},
-      {"router MLP rows in registers or staged (not the default)",
-       [](DecodeTuning& t) { t.router_mlp_regs = !t.router_mlp_regs; }},
-      {"residual norms trigger their successor before or after their wait (not the default)",
-       [](DecodeTuning& t) { t.norm_early_trigger = !t.norm_early_trigger; }},
-      {"post-MLP norm triggers the next q|k|v GEMV after its wait",
-       [](DecodeTuning& t) { t.mlp_norm_early_trigger = false; }},
-      {"o projection triggers its successor before or after its wait (not the default)",
-       [](DecodeTuning& t) { t.oproj_early_trigger = !t.oproj_early_trigger; }},
-      {"step ends fused or as separate launches (not the default)",
-       [](DecodeTuning& t) { t.fused_step_ends = !t.fused_step_ends; }},
-      {"CCA convolutions and finish fused or as two launches (not the default)",
-       [](DecodeTuning& t) { t.fuse_cca = !t.fuse_cca; }},
-      {"LM head rows kept in L2", [](DecodeTuning& t) { t.lm_head_l2_mib = 16; }},
-      {"expert-down blocks of 4 rows", [](DecodeTuning& t) { t.expert_down_rows = 4; }},
-      {"expert-down blocks of 2 rows", [](DecodeTuning& t) { t.expert_down_rows = 2; }},
-      {"attention blocks trigger the o projection after their scores",
-       [](DecodeTuning& t) { t.attn_trigger = 1; }},
-      {"attention blocks trigger the o projection after their wait (not the default)",
-       [](DecodeTuning& t) { t.attn_trigger = 0; }},
-      {"attention compiled for exactly 4 heads per kv head or up to 8 (not the default)",
-       [](DecodeTuning& t) { t.attn_exact_heads = !t.attn_exact_heads; }},
-      {"expert products in one launch or two (not the default)",
-       [](DecodeTuning& t) { t.fuse_experts = !t.fuse_experts; }},
-      {"weight streams with L2 evict_first or evict_normal (not the default)",
-       [](DecodeTuning& t) { t.weights_evict_first = !t.weights_evict_first; }},
-      {"LM head rows loaded before or after its wait (not the default)",
-       [](DecodeTuning& t) { t.lm_head_prefetch = !t.lm_head_prefetch; }},
-      {"LM head rows loaded before its wait, with evict_first weights",
-       [](DecodeTuning& t) {
-         t.lm_head_prefetch = !t.lm_head_prefetch;
-         t.weights_evict_first = !t.weights_evict_first;
-       }},
-      {"LM head as one resident grid, rows loaded after or before its wait",
-       [](DecodeTuning& t) { t.lm_head_persistent = !t.lm_head_persistent; }},
-      {"LM head as one resident grid, rows loaded before its wait",
-       [](DecodeTuning& t) {
-         t.lm_head_persistent = !t.lm_head_persistent;
-         t.lm_head_prefetch = !t.lm_head_prefetch;
-       }},
-      {"no early triggers",
-       [](DecodeTuning& t) { t.norm_early_trigger = t.oproj_early_trigger = false; }},
-      {"GEMV inputs staged in shared memory or not (not the default)",
-       [](DecodeTuning& t) { t.gemv_stage_x = !t.gemv_stage_x; }},
-      {"expert inputs staged in shared memory or not (not the default)",
-       [](DecodeTuning& t) { t.expert_stage_x = !t.expert_stage_x; }},
-      {"router's first sums from the post-attention norm's launch or its own (not the default)",
-       [](DecodeTuning& t) { t.router_down_in_norm = !t.router_down_in_norm; }},
-      {"router's first sums from the norm's launch, post-MLP norm folded into the q|k|v GEMV",
-       [](DecodeTuning& t) {
-         t.router_down_in_norm = !t.router_down_in_norm;
-         t.fold_qkv_norm = true;
-       }},
-      {"router's first sums from the norm's launch, without early triggers",
-       [](DecodeTuning& t) {
-         t.router_down_in_norm = !t.router_down_in_norm;
-         t.norm_early_trigger = false;
-       }},
-      {"post-MLP norm in the q|k|v launch's blocks, vectors in registers, or alone (not the "
-       "default)",
-       [](DecodeTuning& t) { t.qkv_norm_gemv = !t.qkv_norm_gemv; }},
-      {"both norms with the GEMV after them (router sums, q|k|v)",
-       [](DecodeTuning& t) { t.qkv_norm_gemv = t.router_down_in_norm = true; }},
-      {"LM head input staged in shared memory", [](DecodeTuning& t) { t.lm_head_stage_x = true; }},
-      {"LM head rows not allocated in L1, input staged or not",
-       [](DecodeTuning& t) {
-         t.lm_head_no_l1 = true;
-         t.lm_head_stage_x = !t.lm_head_stage_x;
-       }},
-      {"router input staged in shared memory or not (not the default)",
-       [](DecodeTuning& t) { t.router_stage_x = !t.router_stage_x; }},
-      {"router input staged, router clusters of at most 4",
-       [](DecodeTuning& t) {
-         t.router_stage_x = !t.router_stage_x;
-         t.router_cluster = 4;
-       }},
-      {"expert and GEMV inputs staged in shared memory",
-       [](DecodeTuning& t) { t.expert_stage_x = t.gemv_stage_x = true; }},
-      {"every decode kernel asking for the largest shared-memory carveout",
-       [](DecodeTuning& t) { t.smem_carveout = 100; }},
-      {"every decode kernel asking for no shared-memory carveout beyond what it needs",
-       [](DecodeTuning& t) { t.smem_carveout = 0; }},
-      {"expert-down rows hinted towards L2 by the SwiGLU launch or not (not the default)",
-       [](DecodeTuning& t) { t.expert_down_l2 = !t.expert_down_l2; }},
-      {"expert-down rows staged in shared memory or registers (not the default)",
-       [](DecodeTuning& t) { t.expert_down_smem = !t.expert_down_smem; }},
-      {"CCA finish folded into the attention or a launch of its own (not the default)",
-       [](DecodeTuning& t) { t.attn_finish = !t.attn_finish; }},
-      {"CCA finish folded into the attention, 1 pass in flight",
-       [](DecodeTuning& t) {
-         t.attn_finish = !t.attn_finish;
-         t.attn_pipe = 1;
-       }},
-  };
-  for (const auto& [what, set] : choices) {
-    DecodeTuning t;
-    set(t);
-    EXPECT_EQ(decode_bits(dir, true, t), base) << what;
-  }
 }
 
 TEST_P(CudaInfer, BadInputIsRefused) {
@@ -530,21 +366,7 @@ TEST_P(CudaInfer, BadInputIsRefused) {
   EXPECT_THROW(inf.decode({1}), Error);                             // nothing prefilled yet
   EXPECT_THROW(inf.prefill(std::vector<int32_t>(9, 1), 9), Error);  // past the capacity
   EXPECT_THROW(inf.reset(2), Error);                                // above max_batch
-  DecodeTuning t;
-  t.attn_chunk = 24;  // not a multiple of 16
-  EXPECT_THROW(inf.set_decode_tuning(t), Error);
-  t.attn_chunk = 0;
-  t.skip = 1u << unsigned(DecodeOp::Count);  // no such op class
-  EXPECT_THROW(inf.set_decode_tuning(t), Error);
-  t.skip = 0;
-  t.router_cluster = 3;
-  EXPECT_THROW(inf.set_decode_tuning(t), Error);
-  t.router_cluster = 0;
-  t.attn_pipe = 3;
-  EXPECT_THROW(inf.set_decode_tuning(t), Error);
-  t.attn_pipe = 1;
-  t.fuse_norms = t.fold_qkv_norm = true;  // one or the other
-  EXPECT_THROW(inf.set_decode_tuning(t), Error);
+  EXPECT_THROW(inf.set_decode_skip(1u << unsigned(DecodeOp::Count)), Error);  // no such op class
 }
 
 // cfg_b has head dim 16, below what the GPU attention and CCA kernels take (32, 64, 128).

@@ -9,8 +9,7 @@
 # 2. times `zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64` with the new
 #    and base binaries, alternating, ROUNDS (3) times each: the change's effect on the step, with
 #    the GPU's drift shared by both sides;
-# 3. with the new binary: the decode variants of $VARIANTS (default "--fused-ends 0,1
-#    --lm-head-l2 0,32") and the ablation; with the trace binary: the same run with --trace (the
+# 3. with the new binary: the ablation (the step without each op class); with the trace binary: the same run with --trace (the
 #    graph step kernel by kernel).
 # 4. with SASS=1: the decode kernels' SASS from the new binary (cuobjdump), sass_decode.txt.gz.
 # 5. with NCU=1: Nsight Compute's warp stall reasons of the decode kernels (each kernel alone, with
@@ -70,10 +69,10 @@ for ((r = 0; r < ${ROUNDS:-3}; r++)); do
   done
 done
 # shellcheck disable=SC2086
-build-ab-new/zaya "${args[@]}" ${VARIANTS---fused-ends 0,1 --lm-head-l2 0,32} --ablate --json "$OUT/bench_infer_new.json" \
+build-ab-new/zaya "${args[@]}" --ablate --json "$OUT/bench_infer_new.json" \
   >"$LOGS/infer_variants.log" 2>&1
-note "variants and ablation: exit $?"
-sed -n '/# decode variants/,$p' "$LOGS/infer_variants.log" | tee -a "$summary"
+note "ablation: exit $?"
+sed -n '/# decode step without/,$p' "$LOGS/infer_variants.log" | tee -a "$summary"
 if [ -x build-ab-trace/zaya ]; then
   build-ab-trace/zaya "${args[@]}" --trace >"$LOGS/infer_trace.log" 2>&1
   note "traced run: exit $?"

@@ -14,8 +14,8 @@
 # 5. if time is left (SKIP_TINY=1 skips it): 200 steps of the tiny preset on the GPU and on the
 #    CPU, loss curves compared;
 # 6. if time is left: the kernel benchmarks (attention, CCA, norms), `zaya bench infer --profile`
-#    (extra arguments in $INFER_ARGS, default "--fused-ends 0,1 --fuse-cca 0,1 --ablate": the
-#    decode variants and the step without each op class), then the whole 40-layer ZAYA1-base at batch 1 (SKIP_FULL_INFER=1 skips it) and its transformers
+#    (extra arguments in $INFER_ARGS, default "--ablate": the step without each op
+#    class), then the whole 40-layer ZAYA1-base at batch 1 (SKIP_FULL_INFER=1 skips it) and its transformers
 #    peer (tools/bench_infer_peer.py; SKIP_INFER_PEER=1 skips it). DECODE_TRACE=ON builds
 #    with -DZAYA_DECODE_TRACE=ON and traces both decode runs kernel by kernel (--trace; what the
 #    trace costs the step is itself to be measured: tools/device/decode_ab.sh).
@@ -182,7 +182,7 @@ trace_arg=""
 # Inference: its figures are the decode target's (most of its time is building the random model on
 # the host).
 if [ -x "$Z" ]; then
-  infer_args="${INFER_ARGS---fused-ends 0,1 --fuse-cca 0,1 --ablate} $trace_arg"
+  infer_args="${INFER_ARGS---ablate} $trace_arg"
   # shellcheck disable=SC2086
   stage bench_infer 120 "$Z" bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64 \
     --profile --json "$W/bench_infer.json" $infer_args

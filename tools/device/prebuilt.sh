@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds here (no GPU needed) the binaries that a device call runs as they are, so that the call
 # spends no time compiling (the device's own build of the CUDA sources takes 2–3 minutes of its
-# budget; a run of `zaya bench infer` with a few variants then takes ~15 s):
+# budget; a run of `zaya bench infer` then takes ~15 s):
 #     bash tools/device/prebuilt.sh                     # build-dev/zaya (sm_90a, no MPI)
 #     TESTS=1 bash tools/device/prebuilt.sh             # and build-dev/zaya_gpu_tests
 #     BUILD=build-trace TRACE=1 bash tools/device/prebuilt.sh   # a decode-trace build beside it
@@ -9,7 +9,7 @@
 #     source tools/device/deps.sh >/dev/null && build-dev/zaya bench infer ...
 # or, for the usual set of measurements in one call (tests, bandwidth, 8 and 40 layers, trace):
 #     bash tools/device/prebuilt_run.sh --pack   # here; then carry [".debs", "build-pack"] and run
-#     bash tools/device/prebuilt_run.sh          # on the device (VARIANTS="..." for decode variants)
+#     bash tools/device/prebuilt_run.sh          # on the device (INFER_ARGS="..." for bench infer flags)
 # The binaries need the device's CUDA 13 runtime and cuBLAS (/usr/local/cuda/lib, their run path)
 # and the fmt, toml++ and xxhash shared libraries that deps.sh unpacks from .debs (fetch them
 # with `bash tools/device/deps.sh --download`); NCCL and MPI stay out of them. The GPU tests find

@@ -11,7 +11,7 @@
 #   mem.txt         `zaya bench mem --tests read,copy` at 2 and 4 GB (the roofline's bandwidth)
 #   gpu_tests.txt   build-dev/zaya_gpu_tests (when it was packed)
 #   infer8.txt/json `zaya bench infer --preset zaya1-base --layers 8 --prompt 1024 --decode 64`
-#                   with $VARIANTS (default none), the roofline over the copy bandwidth it measures
+#                   with $INFER_ARGS (default none), the roofline over the copy bandwidth it measures
 #   infer40.txt/json the whole 40-layer model (LAYERS40=0 skips it)
 #   trace.txt       the trace build's `--trace` of the defaults (when it was packed)
 #   peer8.txt/json  tools/bench_infer_peer.py, transformers' ZayaForCausalLM on the same card and
@@ -68,10 +68,9 @@ if [ -x build-dev/zaya_gpu_tests ]; then
 fi
 B="build-dev/zaya bench infer --preset zaya1-base --prompt 1024"
 # shellcheck disable=SC2086
-$B --layers 8 --decode 64 ${VARIANTS:-} --json "$OUT/infer8.json" >"$OUT/infer8.txt" 2>&1
+$B --layers 8 --decode 64 ${INFER_ARGS:-} --json "$OUT/infer8.json" >"$OUT/infer8.txt" 2>&1
 echo "infer, 8 layers: exit $?"
 grep -E "^(decode|copy|roofline|fraction|prefill tokens)" "$OUT/infer8.txt"
-grep -A20 "decode variants" "$OUT/infer8.txt" | grep -v "^#"
 if [ "${PEER:-1}" = 1 ]; then
   $B --layers 8 --decode 64 --write-config "$OUT/peer8_config.json" >/dev/null 2>&1
   python3 tools/bench_infer_peer.py --config "$OUT/peer8_config.json" --batch 1 --prompt 1024 \

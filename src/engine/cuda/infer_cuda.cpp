@@ -19,6 +19,10 @@ namespace zaya::cuda {
 
 namespace {
 
+// The router's layout in the decode step: the largest cluster the device schedules, the MLP rows
+// in registers, the stages exchanged by st.async, its row of x staged in shared memory.
+constexpr DecodeRouterLayout kRouterLayout{0, true, false, true, true, true};
+
 // Weights of one layer on the device. Matrices that feed GEMMs/GEMVs are bf16; the router MLP
 // (small, decides routing) and every vector stay fp32.
 struct DevLayer {
@@ -48,9 +52,10 @@ struct CudaInference::Impl {
   size_t arena_bytes = 0;
   Workspace ws;  // scratch for the training-path kernels (sort_by_expert)
   size_t ws_bytes = 0;
-  bool qkv_norm_foldable = false;   // DecodeTuning::fold_qkv_norm can take effect
-  bool router_pre_down_ok = false;  // DecodeTuning::router_down_in_norm can take effect
-  bool norm_gemv_ok = false;        // DecodeTuning::qkv_norm_gemv can take effect
+  // The router starts from sums the post-attention norm's launch computed (decode_norm_gemv, then
+  // decode_router's r0) where both kernels take the model's sizes and the buffers' layout.
+  bool router_pre_down_ok = false;
+  unsigned skip = 0;  // set_decode_skip
   std::vector<DevLayer> L;
   bf16* embed = nullptr;
   float *in_s = nullptr, *in_b = nullptr, *final_norm = nullptr;
@@ -58,13 +63,10 @@ struct CudaInference::Impl {
   float *h = nullptr, *rstd = nullptr, *conv = nullptr, *r[2] = {nullptr, nullptr}, *rn = nullptr,
         *t1 = nullptr, *t2 = nullptr, *rlog = nullptr, *probs = nullptr, *gate = nullptr,
         *logits = nullptr, *attn_ws = nullptr;
-  float* h2 = nullptr;  // decode: the residual's other buffer (DecodeTuning::fold_qkv_norm)
-  float* r0 = nullptr;  // decode: the router's first sums (DecodeTuning::router_down_in_norm)
+  float* h2 = nullptr;  // decode: the residual's other buffer (router_pre_down_ok)
+  float* r0 = nullptr;  // decode: the router's first sums (router_pre_down_ok)
   void* argmax_ws = nullptr;
-  unsigned* tail_ctr = nullptr;  // the fused residual norms' counters (decode_tail_counter_bytes)
   unsigned long long* lm_keys = nullptr;  // lm_head_greedy's per-row keys (zero between steps)
-  L2Persist lm_persist;                   // DecodeTuning::lm_head_l2_mib as set on the device
-  int lm_l2_mib_set = 0;                  // the MiB it was set for
   bf16 *x = nullptr, *qkv = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
        *a = nullptr, *xs = nullptr, *gu = nullptr, *act = nullptr, *ys = nullptr;
   int32_t *ids = nullptr, *choice = nullptr, *perm = nullptr, *counts = nullptr, *offsets = nullptr,
@@ -111,7 +113,7 @@ struct CudaInference::Impl {
   void run_decode_step();
   void decode_launch(int64_t steps = 1);
   StepGraph& step_graph(int64_t steps);  // captured (not run) for the current batch if needed
-  void set_tuning(const DecodeTuning& t);
+  void set_skip(unsigned ops);
 };
 
 CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.cfg), opt(o) {
@@ -125,7 +127,6 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   ZAYA_CHECK(e == cudaSuccess && ndev > o.device, "cuda inference: no CUDA device {} ({})",
              o.device, e == cudaSuccess ? std::to_string(ndev) + " found" : cudaGetErrorString(e));
   ZAYA_CUDA_CHECK(cudaSetDevice(o.device));
-  set_tuning(o.decode);
   D = c.hidden_size, d = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   C = c.conv_channels(), QD = Hq * d, KD = Hkv * d, VH = KD / 2, LD = C + KD;
   R = c.router_hidden_size, E = c.num_experts, E1 = E + 1, I = c.moe_intermediate_size;
@@ -147,22 +148,10 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
   ZAYA_CUDA_CHECK(cudaMallocHost(&counts_host, size_t(E1) * sizeof(int32_t)));
   upload(m);
   zero_cache();
-  // The folded norm takes the vector layout for every layer's vectors (else fold_qkv_norm falls
-  // back to the launch of its own).
-  qkv_norm_foldable = true;
-  for (const DevLayer& l : L)
-    for (float* hi : {h, h2})
-      qkv_norm_foldable =
-          qkv_norm_foldable &&
-          decode_norm_in_supported(DecodeNormIn{hi, hi == h ? h2 : h, a, l.pm_hs, l.pm_hb, l.pm_rs,
-                                                l.pm_rb, l.ln_in, 0.f, nullptr},
-                                   opt.max_batch, D);
   // The router starting from sums computed by the post-attention norm's launch: its register and
-  // st.async form at the router layout of the default tuning, and the norm's vector layout for
-  // every layer (else router_down_in_norm leaves the norm and the router as they are).
-  const DecodeTuning dt;
-  const DecodeRouterLayout lay{dt.router_cluster, dt.router_stage, dt.router_one_per_sm, true,
-                               true};
+  // st.async form at the decode step's router layout, and the norm's vector layout for every layer
+  // (else the norm and the router stay as they are).
+  const DecodeRouterLayout lay{0, true, false, true, true};
   router_pre_down_ok = decode_router_pre_down_supported(R, E1, lay);
   for (const DevLayer& l : L)
     for (float* hi : {h, h2})
@@ -170,46 +159,12 @@ CudaInference::Impl::Impl(const ZayaModel& m, const CudaInferOptions& o) : c(m.c
           router_pre_down_ok &&
           decode_norm_gemv_supported(D, {hi, hi == h ? h2 : h, x, a, l.pa_hs, l.pa_hb, l.pa_rs,
                                          l.pa_rb, l.ln_post, l.r_down});
-  // The post-MLP norm with the next layer's q|k|v projection (qkv_norm_gemv).
-  norm_gemv_ok = true;
-  for (size_t li = 1; li < L.size(); li++)
-    for (float* hi : {h, h2})
-      norm_gemv_ok =
-          norm_gemv_ok && decode_norm_gemv_supported(
-                              D, {hi, hi == h ? h2 : h, a, L[li - 1].pm_hs, L[li - 1].pm_hb,
-                                  L[li - 1].pm_rs, L[li - 1].pm_rb, L[li].ln_in, L[li].wqkv, qkv});
 }
 
-void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
-  ZAYA_CHECK(t.attn_chunk == 0 || (t.attn_chunk % 16 == 0 && t.attn_chunk <= 256),
-             "cuda inference: attention keys per chunk must be a multiple of 16 up to 256 (0: "
-             "automatic), got {}",
-             t.attn_chunk);
-  ZAYA_CHECK(t.router_cluster == 0 || t.router_cluster == 1 || t.router_cluster == 2 ||
-                 t.router_cluster == 4 || t.router_cluster == 8 || t.router_cluster == 16,
-             "cuda inference: router cluster size must be 1, 2, 4, 8 or 16 (0: automatic), got {}",
-             t.router_cluster);
-  ZAYA_CHECK(t.smem_carveout >= -1 && t.smem_carveout <= 100,
-             "cuda inference: the shared-memory carveout must be -1 (the driver's choice) or 0 "
-             "to 100 percent, got {}",
-             t.smem_carveout);
-  ZAYA_CHECK(t.attn_pipe == 1 || t.attn_pipe == 2 || t.attn_pipe == 4,
-             "cuda inference: attention passes in flight must be 1, 2 or 4, got {}", t.attn_pipe);
-  ZAYA_CHECK(!(t.fuse_norms && t.router_norm),
-             "cuda inference: the post-attention residual norm is either fused into the o "
-             "projection (fuse_norms) or folded into the router (router_norm), not both");
-  ZAYA_CHECK(!(t.fuse_norms && t.fold_qkv_norm),
-             "cuda inference: the post-MLP residual norm is either fused into the expert launch "
-             "(fuse_norms) or folded into the next q|k|v GEMV (fold_qkv_norm), not both");
-  ZAYA_CHECK(t.lm_head_l2_mib >= 0 && t.lm_head_l2_mib <= 1024,
-             "cuda inference: LM head L2 window must be 0..1024 MiB, got {}", t.lm_head_l2_mib);
-  ZAYA_CHECK(t.skip < (1u << unsigned(DecodeOp::Count)),
-             "cuda inference: decode skip mask {:#x} names no op class", t.skip);
-  if (t.lm_head_l2_mib != lm_l2_mib_set) {
-    lm_persist = set_l2_persisting(size_t(t.lm_head_l2_mib) << 20);
-    lm_l2_mib_set = t.lm_head_l2_mib;
-  }
-  opt.decode = t;
+void CudaInference::Impl::set_skip(unsigned ops) {
+  ZAYA_CHECK(ops < (1u << unsigned(DecodeOp::Count)),
+             "cuda inference: decode skip mask {:#x} names no op class", ops);
+  skip = ops;
   one_step.drop();
   k_steps.drop();
   decode_steps_run = 0;  // the next step runs eagerly (launch set-up outside any capture)
@@ -218,11 +173,6 @@ void CudaInference::Impl::set_tuning(const DecodeTuning& t) {
 CudaInference::Impl::~Impl() {
   one_step.drop();
   k_steps.drop();
-  if (lm_l2_mib_set > 0) {  // give the L2 set-aside back (no throwing from a destructor)
-    cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, 0);
-    cudaCtxResetPersistingL2Cache();
-    (void)cudaGetLastError();
-  }
   if (counts_host) cudaFreeHost(counts_host);
   if (arena) cudaFree(arena);
   if (st) cudaStreamDestroy(st);
@@ -275,7 +225,6 @@ void CudaInference::Impl::plan(Carver& cv) {
   attn_ws = cv.take<float>(int64_t(decode_attention_workspace_bytes(MB, Hq, d, cap) / 4) + 1);
   argmax_ws = cv.take<char>(int64_t(argmax_workspace_bytes(MB)));
   lm_keys = cv.take<unsigned long long>(MB);
-  tail_ctr = reinterpret_cast<unsigned*>(cv.take<float>(int64_t(decode_tail_counter_bytes() / 4)));
   ws_bytes = sort_by_expert_workspace_bytes(N, E1) + 4096;
   char* wsp = cv.take<char>(int64_t(ws_bytes));
   ws.base = wsp, ws.capacity = ws_bytes, ws.used = 0;
@@ -347,7 +296,6 @@ void CudaInference::Impl::zero_cache() {
   // decode_attention's counters start at zero (each launch leaves them there again).
   ZAYA_CUDA_CHECK(cudaMemsetAsync(
       attn_ws, 0, decode_attention_workspace_bytes(MB, Hq, d, opt.max_context), st));
-  ZAYA_CUDA_CHECK(cudaMemsetAsync(tail_ctr, 0, decode_tail_counter_bytes(), st));
   ZAYA_CUDA_CHECK(cudaMemsetAsync(lm_keys, 0, size_t(opt.max_batch) * sizeof(*lm_keys), st));
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
   length = 0;
@@ -365,10 +313,7 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeN
     decode_router(rc, s.probs, s.choice, s.gate, s.x, s.D, l.r_down, l.r_down_b,
                   li > 0 ? rp : nullptr, l.r_scale, l.r_norm, float(s.c.rms_norm_eps), l.fc1_w,
                   l.fc1_b, l.fc2_w, l.fc2_b, l.out_w, l.balancing, N, s.D, s.R, s.E1, s.st,
-                  DecodeRouterLayout{s.opt.decode.router_cluster, s.opt.decode.router_stage,
-                                     s.opt.decode.router_one_per_sm, s.opt.decode.router_mlp_regs,
-                                     s.opt.decode.router_async, s.opt.decode.router_stage_x},
-                  nin, r0_sums);
+                  kRouterLayout, nin, r0_sums, s.opt.policy);
     return;
   }
   s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R, GemmType::BF16,
@@ -408,7 +353,7 @@ void CudaInference::Impl::run_prefill(int64_t S, bool all_logits) {
                  l.conv_g_b, B, S, C, d, c.cca_time0, c.cca_time1, st);
     cca_qkv_finish_fwd(q, k, v, nullptr, conv, qkv, LD, l.temp, l.vd_last, true, past, rs.theta,
                        rot, B, S, Hq, Hkv, d, st);
-    kv_append(l.kc, l.vc, k, v, past, opt.max_context, B, S, Hkv, d, st);
+    kv_append(l.kc, l.vc, k, v, past, opt.max_context, B, S, Hkv, d, st, opt.policy);
     attention_fwd(o, nullptr, q, l.kc, l.vc, B, S, opt.max_context, past, Hq, Hkv, d, window, st);
     gemm->gemm(false, true, N, D, QD, 1.f, o, QD, l.wo, QD, 0.f, a, D, GemmType::BF16,
                GemmType::BF16, nullptr, st);
@@ -437,164 +382,92 @@ void CudaInference::Impl::run_prefill(int64_t S, bool all_logits) {
     gemm->gemm(false, true, N, V, D, 1.f, x, D, embed, D, 0.f, logits, V, GemmType::BF16,
                GemmType::F32, nullptr, st);
   else if (B <= kGemvMaxRows)
-    gemv_bf16(logits, nullptr, V, x + (S - 1) * D, S * D, embed, D, nullptr, B, V, D, st);
+    gemv_bf16(logits, nullptr, V, x + (S - 1) * D, S * D, embed, D, nullptr, B, V, D, st, false,
+              false, opt.policy);
   else
     gemm->gemm(false, true, B, V, D, 1.f, x + (S - 1) * D, S * D, embed, D, 0.f, logits, V,
                GemmType::BF16, GemmType::F32, nullptr, st);
-  advance_lengths(len, int32_t(S), B, st);
+  advance_lengths(len, int32_t(S), B, st, opt.policy);
 }
 
 // One token per sequence, positions from the device counter `len`; graph-capturable (no host
-// reads, no synchronisation, no position arguments).
+// reads, no synchronisation, no position arguments). The launch forms are the ones measured
+// fastest (docs/PERFORMANCE.md, the decode sections; the alternatives are gone from the engine):
+// two 16-key passes in flight per attention block, which lets the o projection start once its
+// partials are stored; GEMV and expert inputs staged in shared memory; the residual norms as
+// launches of their own that let their successor start before they wait; the router's first sums
+// computed by the post-attention norm's launch; the step's ends in fewer launches.
 void CudaInference::Impl::run_decode_step() {
   const int64_t M = B;
   const float eps = float(c.rms_norm_eps);
+  const DecodePolicy& pol = opt.policy;
+  constexpr int kAttnPipe = 2, kAttnTrigger = 2;
+  constexpr bool kEarly = true;  // the norms' early trigger
   mark("start");
-  // fused_step_ends: the embedding and the first norm as one launch, the LM head's argmax folded
-  // into its GEMV and the token and lengths committed by one more (the same bits).
-  const bool fused_ends = opt.decode.fused_step_ends &&
-                          decode_embed_norm_supported(D, {h, x, embed, in_s, in_b, L[0].ln_in}) &&
+  // The embedding and the first norm as one launch, the LM head's argmax folded into its GEMV and
+  // the token and lengths committed by one more (the same bits as the separate launches, which
+  // run where the fused ones do not take the sizes).
+  const bool fused_ends = decode_embed_norm_supported(D, {h, x, embed, in_s, in_b, L[0].ln_in}) &&
                           lm_head_greedy_supported(M, V, D, x, D, embed);
   if (fused_ends) {
-    decode_embed_norm(h, x, ids, embed, in_s, in_b, bad, L[0].ln_in, eps, M, D, V, st);
+    decode_embed_norm(h, x, ids, embed, in_s, in_b, bad, L[0].ln_in, eps, M, D, V, st, pol);
   } else {
     embed_affine_fwd(h, ids, embed, in_s, in_b, bad, M, D, V, st);
     decode_residual_norm(h, x, nullptr, nullptr, nullptr, nullptr, nullptr, L[0].ln_in, eps, M, D,
-                         st);
+                         st, false, pol);
   }
   mark("embedding, norms, residuals");
-  const auto on = [&](DecodeOp op) { return (opt.decode.skip & (1u << unsigned(op))) == 0; };
-  // fold_qkv_norm: the post-MLP residual norm of layer li − 1 runs inside layer li's q|k|v GEMV,
-  // which reads the residual from one buffer and writes it to the other (hc: the current one).
-  const bool fold_smem = opt.decode.fold_qkv_norm && qkv_norm_foldable;
-  // qkv_norm_gemv: the same, as decode_norm_gemv (the norm's vectors in registers, x in shared
-  // memory, the q|k|v rows in ⌈LD/8⌉ blocks per row).
-  const bool fold_gemv = opt.decode.qkv_norm_gemv && norm_gemv_ok && !fold_smem &&
-                         !opt.decode.fuse_norms && on(DecodeOp::Qkv);
-  const bool fold = fold_smem || fold_gemv;
-  // router_norm: the post-attention residual norm inside the router launch (decode_router's
-  // norm_in; it launches the norm itself where its folded form does not apply).
-  const bool router_norm = opt.decode.router_norm && !opt.decode.fuse_norms && on(DecodeOp::Router);
-  // router_down_in_norm: the post-attention norm's launch also computes the router's first sums,
-  // from which the router starts; the residual then moves to the other buffer.
-  const bool pre_down = opt.decode.router_down_in_norm && router_pre_down_ok && !router_norm &&
-                        !opt.decode.fuse_norms && on(DecodeOp::Router) &&
-                        opt.decode.router_mlp_regs && opt.decode.router_async &&
-                        opt.decode.router_cluster == 0 && !opt.decode.router_one_per_sm;
+  const auto on = [&](DecodeOp op) { return (skip & (1u << unsigned(op))) == 0; };
+  // The post-attention norm's launch also computes the router's first sums, from which the router
+  // starts; the residual then moves to the other buffer (hc: the current one).
+  const bool pre_down = router_pre_down_ok && on(DecodeOp::Router);
   float* hc = h;
   for (int64_t li = 0; li < NL; li++) {
     DevLayer& l = L[size_t(li)];
     const RopeSettings& rs = c.rope_for_layer(li);
     const int64_t rot = int64_t(double(d) * rs.partial_rotary_factor);
     const int64_t window = c.layer_is_sliding(li) ? c.sliding_window : 0;
-    if (fold_gemv && li > 0) {
-      float* hn = hc == h ? h2 : h;
-      const DevLayer& p = L[size_t(li - 1)];
-      decode_norm_gemv(hc, hn, nullptr, a, p.pm_hs, p.pm_hb, p.pm_rs, p.pm_rb, l.ln_in, eps, l.wqkv,
-                       nullptr, nullptr, qkv, LD, M, D, LD, st, false);
-      hc = hn;
-    } else if (fold && li > 0) {
-      float* hn = hc == h ? h2 : h;
-      const DevLayer& p = L[size_t(li - 1)];
-      if (on(DecodeOp::Qkv))
-        gemv_bf16_norm_in(
-            qkv, LD, l.wqkv, D, M, LD, D,
-            DecodeNormIn{hc, hn, a, p.pm_hs, p.pm_hb, p.pm_rs, p.pm_rb, l.ln_in, eps, nullptr}, st);
-      hc = hn;
-    } else if (on(DecodeOp::Qkv)) {
-      gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st, false,
-                opt.decode.gemv_stage_x);
-    }
+    if (on(DecodeOp::Qkv))
+      gemv_bf16(nullptr, qkv, LD, x, D, l.wqkv, D, nullptr, M, LD, D, st, false, true, pol);
     mark("qkv, o projections");
-    const bool cca_fused =
-        opt.decode.fuse_cca && on(DecodeOp::CcaConv) && on(DecodeOp::CcaFinish) &&
-        decode_conv_finish_supported(M, Hq, Hkv, d, c.cca_time0, c.cca_time1, rot, l.conv_g_w);
-    // attn_finish: the finish runs inside the attention's launch (both must be on).
-    const bool fin = opt.decode.attn_finish && !cca_fused && on(DecodeOp::CcaFinish) &&
-                     on(DecodeOp::Attention) && decode_attention_finish_supported(Hq, Hkv, d, rot);
-    if (cca_fused) {
-      decode_conv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, qkv, LD, l.conv_dw_w, l.conv_dw_b,
-                         l.conv_g_w, l.conv_g_b, l.temp, len, opt.max_context, float(rs.theta), rot,
-                         M, Hq, Hkv, d, c.cca_time0, c.cca_time1, st);
-    } else {
-      if (on(DecodeOp::CcaConv))
-        decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C,
-                    d, c.cca_time0, c.cca_time1, st);
-      mark("cca conv");
-      if (on(DecodeOp::CcaFinish) && !fin)
-        decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
-                          opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st);
-    }
+    if (on(DecodeOp::CcaConv))
+      decode_conv(conv, qkv, LD, l.hist, l.conv_dw_w, l.conv_dw_b, l.conv_g_w, l.conv_g_b, M, C, d,
+                  c.cca_time0, c.cca_time1, st, pol);
+    mark("cca conv");
+    if (on(DecodeOp::CcaFinish))
+      decode_qkv_finish(q, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
+                        opt.max_context, float(rs.theta), rot, M, Hq, Hkv, d, st, pol);
     mark("cca qk-norm, rope, cache");
-    if (fin)
-      decode_attention_finish(o, l.kc, l.vc, l.vd_last, l.hist, P, conv, qkv, LD, l.temp, len,
-                              opt.max_context, float(rs.theta), rot, window, M, Hq, Hkv, d, attn_ws,
-                              st, opt.decode.attn_chunk, opt.decode.attn_pipe,
-                              opt.decode.attn_exact_heads);
-    else if (on(DecodeOp::Attention))
+    if (on(DecodeOp::Attention))
       decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
-                       opt.decode.attn_chunk, opt.decode.attn_pipe, opt.decode.attn_stage_combine,
-                       opt.decode.attn_cluster, opt.decode.attn_exact_heads,
-                       opt.decode.attn_trigger);
+                       0, kAttnPipe, false, false, true, kAttnTrigger, pol);
     mark("attention");
     // The o projection, then the post-attention residual + norm; the experts, then the post-MLP
-    // residual + norm (into the next layer's input norm). With fuse_norms each norm runs in the
-    // last block of the launch before it (slower under PDL on the H200). Separate counters: the two
-    // launches may overlap under PDL only in the prologue, which touches no counter, but keeping
-    // them apart costs nothing.
-    DecodeResidualNorm pa{hc, x, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, tail_ctr};
+    // residual + norm (into the next layer's input norm).
     if (on(DecodeOp::OProj)) {
-      if (opt.decode.fuse_norms) {
-        gemv_bf16_residual_norm(a, o, QD, l.wo, QD, M, D, QD, pa, st);
+      gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st, false, true, pol);
+      if (pre_down) {
+        float* hn = hc == h ? h2 : h;
+        decode_norm_gemv(hc, hn, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, l.r_down,
+                         l.r_down_b, r0, nullptr, R, M, D, R, st, kEarly, pol);
+        hc = hn;
       } else {
-        gemv_bf16(nullptr, a, D, o, QD, l.wo, QD, nullptr, M, D, QD, st,
-                  opt.decode.oproj_early_trigger, opt.decode.gemv_stage_x);
-        if (pre_down) {
-          float* hn = hc == h ? h2 : h;
-          decode_norm_gemv(hc, hn, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps,
-                           l.r_down, l.r_down_b, r0, nullptr, R, M, D, R, st,
-                           opt.decode.norm_early_trigger);
-          hc = hn;
-        } else if (!router_norm) {
-          decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D,
-                               st, opt.decode.norm_early_trigger);
-        }
+        decode_residual_norm(hc, x, a, l.pa_hs, l.pa_hb, l.pa_rs, l.pa_rb, l.ln_post, eps, M, D, st,
+                             kEarly, pol);
       }
     }
     mark("o projection + residual norm");
-    if (router_norm) {
-      const DecodeNormIn nin{hc,
-                             hc,
-                             a,
-                             l.pa_hs,
-                             l.pa_hb,
-                             l.pa_rs,
-                             l.pa_rb,
-                             l.ln_post,
-                             eps,
-                             x,
-                             opt.decode.norm_early_trigger};
-      router(li, M, true, &nin);
-    } else if (pre_down) {
+    if (pre_down)
       router(li, M, true, nullptr, r0);
-    } else if (on(DecodeOp::Router)) {
+    else if (on(DecodeOp::Router))
       router(li, M, true);
-    }
     mark("router");
-    DecodeResidualNorm pm{
-        hc, x, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, tail_ctr + kGemvMaxRows};
     if (on(DecodeOp::Experts)) {
       decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
-                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st,
-                     opt.decode.fuse_norms ? &pm : nullptr,
-                     opt.decode.fuse_experts ? tail_ctr + 2 * kGemvMaxRows : nullptr,
-                     opt.decode.expert_down_smem, opt.decode.expert_down_l2,
-                     opt.decode.expert_stage_x, opt.decode.expert_down_rows);
-      // Folded, only the last layer's post-MLP norm (into the final norm) runs on its own.
-      if (!opt.decode.fuse_norms && (!fold || li + 1 == NL))
-        decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
-                             st,
-                             opt.decode.norm_early_trigger && opt.decode.mlp_norm_early_trigger);
+                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st, nullptr, nullptr, false,
+                     false, true, 8, pol);
+      decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
+                           st, kEarly, pol);
     }
     mark("experts + residual norm");
   }
@@ -602,18 +475,18 @@ void CudaInference::Impl::run_decode_step() {
   // position (decode_greedy reads the history once, after its last step).
   if (fused_ends) {
     if (on(DecodeOp::LmHead))
-      lm_head_greedy(logits, x, D, embed, M, V, D, lm_keys, ids, tok_hist, len, st, lm_persist,
-                     opt.decode.lm_head_prefetch, opt.decode.lm_head_persistent,
-                     opt.decode.lm_head_stage_x, opt.decode.lm_head_no_l1);
+      lm_head_greedy(logits, x, D, embed, M, V, D, lm_keys, ids, tok_hist, len, st, L2Persist{},
+                     false, false, true, true, pol);
     else
-      advance_lengths(len, 1, M, st);
+      advance_lengths(len, 1, M, st, pol);
     mark("lm head, argmax, lengths");
     return;
   }
-  if (on(DecodeOp::LmHead)) gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st);
+  if (on(DecodeOp::LmHead))
+    gemv_bf16(logits, nullptr, V, x, D, embed, D, nullptr, M, V, D, st, false, false, pol);
   mark("lm head");
-  argmax_rows(ids, logits, M, V, argmax_ws, st, tok_hist, len);
-  advance_lengths(len, 1, M, st);
+  argmax_rows(ids, logits, M, V, argmax_ws, st, tok_hist, len, pol);
+  advance_lengths(len, 1, M, st, pol);
   mark("argmax, lengths");
 }
 
@@ -621,8 +494,6 @@ void CudaInference::Impl::run_decode_step() {
 // loading, kernel attributes), then from a graph captured for the current batch size.
 void CudaInference::Impl::decode_launch(int64_t steps) {
   ZAYA_CHECK(steps == 1 || steps == kGraphSteps, "cuda decode: {} steps in one launch", steps);
-  set_decode_weights_evict_first(opt.decode.weights_evict_first);  // for the launches below
-  set_decode_smem_carveout(opt.decode.smem_carveout);
   if (!opt.graphs || decode_steps_run == 0) {
     for (int64_t i = 0; i < steps; i++) {
       run_decode_step();
@@ -691,8 +562,8 @@ const char* decode_op_name(DecodeOp op) {
   return "?";
 }
 
-void CudaInference::set_decode_tuning(const DecodeTuning& t) {
-  impl_->set_tuning(t);
+void CudaInference::set_decode_skip(unsigned ops) {
+  impl_->set_skip(ops);
 }
 size_t CudaInference::device_bytes() const {
   return impl_->arena_bytes;

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "backend/cuda/decode/decode_policy.h"
+
 namespace zaya::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -25,28 +27,10 @@ using bf16 = __nv_bfloat16;
 // Largest M the matrix-vector kernels take (decode batch).
 constexpr int kGemvMaxRows = 8;
 
-// Programmatic dependent launch (sm_90 and later): every decode kernel here is launched so that it
-// may start while the previous kernel of the stream finishes, loading its weights, and waits on the
-// device before it reads anything that kernel (or an earlier one) wrote; captured into a graph the
-// launches become programmatic edges. Used where the device supports it unless switched off here
-// or by ZAYA_DECODE_PDL=0 in the environment (read on the first launch). Results are the same bits
-// with and without it. A graph captured before a change keeps the setting it was captured with.
-void set_decode_pdl(bool on);
-bool decode_pdl_active();  // on the current device
-
-// The weight loads of the decode launches made after this call (the q|k|v and o GEMVs without a
-// fused tail, the expert SwiGLU and down products, the LM head's greedy GEMV) with L2 evict_first
-// priority (true), or plain loads with the hardware's default policy (false, the initial setting):
-// kernels compiled for each. A graph captured before a change keeps the setting it was captured
-// with. The same bits either way (DecodeTuning::weights_evict_first).
-void set_decode_weights_evict_first(bool on);
-
-// The preferred shared-memory carveout of the decode launches made after this call: -1 (the
-// initial setting) leaves it to the driver per kernel; 0–100 asks every decode kernel for that
-// percentage of the largest shared-memory configuration, so that kernels which overlap under
-// programmatic dependent launch want the same L1/shared split (an SM changes its split only when
-// idle). The same bits either way (DecodeTuning::smem_carveout; measured slower, see there).
-void set_decode_smem_carveout(int percent);
+// Every launcher below takes the DecodePolicy (decode_policy.h) it launches under, last; callers
+// that pass none get the default one.
+// Whether launches under `policy` use programmatic dependent launch on the current device.
+bool decode_pdl_active(const DecodePolicy& policy = {});
 
 // Where a decode kernel stamps the trace: as it passes its programmatic-dependency wait (the
 // kernel kinds), and the router also after each of its stages (cluster barriers) and its choice.
@@ -108,7 +92,8 @@ size_t decode_tail_counter_bytes();
 // reads them there (where they fit 48 KB; the same bits).
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st,
-               bool early_trigger = false, bool stage_x = false);
+               bool early_trigger = false, bool stage_x = false,
+    const DecodePolicy& policy = {});
 
 // A residual norm computed by the launch that consumes it, at its start (every block of the
 // launch computes the rows it reads; no launch of its own): h_out = (a + hb)⊙hs + (h_in + rb)⊙rs,
@@ -131,15 +116,18 @@ bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D);
 // y = gemv_bf16 of x = the norm n (D = K) into a bf16 [M, O] (the q|k|v projection with the
 // post-MLP residual norm of the layer before).
 void gemv_bf16_norm_in(bf16* y_bf16, int64_t ldy, const bf16* W, int64_t ldw, int64_t M, int64_t O,
-                       int64_t K, const DecodeNormIn& n, cudaStream_t st);
+                       int64_t K, const DecodeNormIn& n, cudaStream_t st,
+    const DecodePolicy& policy = {});
 // a[m,o] = bf16(Σ_k x[m,k] W[o,k]) (gemv_bf16 into a bf16 [M, O]), then the residual norm rn over
 // a with D = O, in one launch (the o projection and the post-attention residual + norm).
 void gemv_bf16_residual_norm(bf16* a_MO, const bf16* x, int64_t ldx, const bf16* W, int64_t ldw,
                              int64_t M, int64_t O, int64_t K, const DecodeResidualNorm& rn,
-                             cudaStream_t st);
+                             cudaStream_t st,
+    const DecodePolicy& policy = {});
 // The same with fp32 weights and inputs (the router MLP, which stays fp32).
 void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
-              const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st);
+              const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st,
+    const DecodePolicy& policy = {});
 // The experts of decode rows, two launches: act = silu(x·Wg_e^T) ⊙ (x·Wu_e^T) with e = choice[m]
 // (packed gate|up rows [E, 2I, D]), then out[m] = gate[m] · act[m]·Wd_e^T ([E, D, I]); rows whose
 // choice is the skip class (>= E) get gate[m]·x[m] (skip_scaled_input) or 0. x, act, out bf16.
@@ -165,7 +153,8 @@ void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* ga
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
                     const DecodeResidualNorm* rn = nullptr, unsigned* fused_barrier = nullptr,
                     bool down_smem = false, bool down_l2 = false, bool stage_x = false,
-                    int down_rows = 8);
+                    int down_rows = 8,
+    const DecodePolicy& policy = {});
 // Whether the one-launch form applies on the current device (D, I multiples of 8, act within
 // 48 KB of shared memory, the grid resident at once); 16-byte aligned pointers are needed too.
 bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);
@@ -176,7 +165,8 @@ bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);
 // fp32 [M,C]. hist is only read: decode_qkv_finish advances it. Needs d % 8 == 0, M <= 8.
 void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC,
                  const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
-                 int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st);
+                 int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st,
+    const DecodePolicy& policy = {});
 // After the convolutions, for one token per sequence at position len_B[b]: mean skip, QK-norm
 // (temperature on k), partial NeoX RoPE, delayed value (vd_last_B holds vd of the previous token
 // and is updated), and the new k, v appended to the cache at index len_B[b]. q out bf16 [M,Hq,d];
@@ -185,7 +175,8 @@ void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC
 void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
                        int64_t P, const float* conv_MC, const bf16* qkv, int64_t ld,
                        const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
-                       int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st);
+                       int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st,
+    const DecodePolicy& policy = {});
 // decode_conv followed by decode_qkv_finish in one launch, the same bits (conv_MC is not
 // written): one block per head (its d channels are one conv group, its weight rows loaded before
 // the programmatic-dependency wait) and blocks for the delayed values. P = (t0 − 1) + (t1 − 1).
@@ -198,7 +189,8 @@ void decode_conv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_
                         const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
                         const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
                         int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, int64_t t0,
-                        int64_t t1, cudaStream_t st);
+                        int64_t t1, cudaStream_t st,
+    const DecodePolicy& policy = {});
 // Split-context attention of one query per sequence over keys 0..len_B[b] (causal, optional
 // sliding window), fp32 softmax, in one launch: chunk partials in ws, combined by the last block of
 // each (sequence, kv head) through a counter in ws. ws: decode_attention_workspace_bytes, zero-
@@ -225,7 +217,8 @@ void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const 
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
                       int pipe = 1, bool stage_combine = false, bool cluster = false,
-                      bool exact_heads = false, int trigger_at = 0);
+                      bool exact_heads = false, int trigger_at = 0,
+    const DecodePolicy& policy = {});
 // decode_qkv_finish followed by decode_attention (the split form) in one launch, the same bits:
 // every block of the attention finishes the heads of its kv head's group itself after the wait
 // (mean skip, QK-norm, RoPE; q never goes through memory), takes the new token's key and value
@@ -240,7 +233,8 @@ void decode_attention_finish(bf16* o_MHd, bf16* kcache, bf16* vcache, float* vd_
                              int64_t ld, const float* temp_G, const int32_t* len_B, int64_t cap,
                              float theta, int64_t r, int64_t window, int64_t M, int64_t Hq,
                              int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
-                             int pipe = 1, bool exact_heads = true);
+                             int pipe = 1, bool exact_heads = true,
+    const DecodePolicy& policy = {});
 // Decode rows (block per row): h = (a + hb)⊙hs + (h + rb)⊙rs in place (skipped when a is null),
 // then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
 // early_trigger: under programmatic dependent launch the next launch may start its prologue before
@@ -249,18 +243,21 @@ void decode_attention_finish(bf16* o_MHd, bf16* kcache, bf16* vcache, float* vd_
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st,
-                          bool early_trigger = false);
+                          bool early_trigger = false,
+    const DecodePolicy& policy = {});
 // Copies S new k and v rows per sequence (bf16 [B,S,Hkv,d]) into the cache at offset `past`
 // (prefill: the host knows the position; a plain launch).
 void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,
-               int64_t B, int64_t S, int64_t Hkv, int64_t d, cudaStream_t st);
+               int64_t B, int64_t S, int64_t Hkv, int64_t d, cudaStream_t st,
+    const DecodePolicy& policy = {});
 // ids_out[m] = argmax_v logits[m,v] (ties to the lowest id); logits fp32 [M, V]. Two passes over
 // slices of each row (ws: argmax_workspace_bytes(M)). hist (optional, with len_B): the token is
 // also written to hist[len_B[m]·M + m] — a history by position that a decode step fills without a
 // copy of its own (len_B as the step has it: not yet advanced).
 size_t argmax_workspace_bytes(int64_t M);
 void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, void* ws,
-                 cudaStream_t st, int32_t* hist = nullptr, const int32_t* len_B = nullptr);
+                 cudaStream_t st, int32_t* hist = nullptr, const int32_t* len_B = nullptr,
+    const DecodePolicy& policy = {});
 // The greedy end of a decode step in two launches: logits = gemv_bf16 of x by W ([V, D], the tied
 // LM head; the same bits), each block folding its rows' best (logit, index) into keys_M (zero
 // before the first call; each call leaves them at zero again) with an atomic max, then one small
@@ -287,7 +284,8 @@ void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W,
                     int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
                     int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist = {},
                     bool prefetch = false, bool persistent = false, bool stage_x = false,
-                    bool no_l1 = false);
+                    bool no_l1 = false,
+    const DecodePolicy& policy = {});
 // stage_x (DecodeTuning::lm_head_stage_x): each block copies the M input rows into shared memory
 // once and its warps read them there; no_l1 (DecodeTuning::lm_head_no_l1): the head's rows are
 // loaded without allocating in L1, which then keeps the input rows. Neither with prefetch,
@@ -300,7 +298,8 @@ bool decode_embed_norm_supported(int64_t D, std::initializer_list<const void*> p
 void decode_embed_norm(float* h_MD, bf16* y_MD, const int32_t* ids_M, const bf16* table_VD,
                        const float* s_D, const float* b_D, int32_t* bad_id_flag,
                        const float* norm_w_D, float eps, int64_t M, int64_t D, int64_t V,
-                       cudaStream_t st);
+                       cudaStream_t st,
+    const DecodePolicy& policy = {});
 // The router of decode rows in one launch (a thread-block cluster per row on sm_90): the down
 // projection r = x·W_down^T + b (x bf16 [M,D] with row stride ldx, W_down bf16 [R,D], fp32 out),
 // r += state ⊙ scale (EDA; state null in layer 0; r_MR keeps the result as the next layer's
@@ -313,7 +312,8 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st, int max_cluster = 0);
+                   int64_t E1, cudaStream_t st, int max_cluster = 0,
+    const DecodePolicy& policy = {});
 // How the router is laid out on the device; timing only, the results do not depend on it.
 struct DecodeRouterLayout {
   int max_cluster = 0;      // as above
@@ -337,7 +337,8 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, cudaStream_t st, const DecodeRouterLayout& layout,
-                   const DecodeNormIn* norm_in = nullptr, const float* r0_MR = nullptr);
+                   const DecodeNormIn* norm_in = nullptr, const float* r0_MR = nullptr,
+    const DecodePolicy& policy = {});
 // With norm_in (DecodeTuning::router_norm): x_MD (= norm_in->x_out, ldx = D) is first the
 // post-attention residual norm norm_in of the same rows — computed by the router's cluster itself
 // where its st.async, register form applies (each block its share of the row, the exchange by
@@ -359,8 +360,10 @@ void decode_norm_gemv(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const b
                       const float* hs_D, const float* hb_D, const float* rs_D, const float* rb_D,
                       const float* norm_w_D, float eps, const bf16* W_OD, const float* bias_O,
                       float* out32, bf16* out16, int64_t ldo, int64_t M, int64_t D, int64_t O,
-                      cudaStream_t st, bool early_trigger);
+                      cudaStream_t st, bool early_trigger,
+    const DecodePolicy& policy = {});
 // len_B[b] += n for every sequence.
-void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st);
+void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st,
+    const DecodePolicy& policy = {});
 
 }  // namespace zaya::cuda

@@ -280,13 +280,7 @@ void print_shapes(const std::vector<GemmShape>& shapes) {
   fmt::print("# {} shapes, {:.1f} GFLOP per training step (counts applied)\n", shapes.size(), step);
 }
 
-#ifndef ZAYA_HAVE_CUDA
-[[noreturn]] void no_cuda(const char* what) {
-  fail("{} needs the CUDA build of zaya (this one was built without CUDA)", what);
-}
-#endif
 
-#ifdef ZAYA_HAVE_CUDA
 // Fills fractions and returns the peaks used (given > device spec > best measured).
 std::pair<double, double> apply_peaks(std::vector<GemmResult>& rs, const DeviceInfo& dev,
                                       double given_bf16, double given_fp8) {
@@ -333,7 +327,6 @@ std::string gemm_svg(const std::vector<GemmResult>& rs, const std::string& devic
   return render_svg(p);
 }
 
-#endif
 
 int bench_gemm_cli(int argc, char** argv) {
   CLI::App app{"zaya bench gemm: cuBLASLt GEMM throughput (bf16, fp8)", "zaya bench gemm"};
@@ -348,9 +341,6 @@ int bench_gemm_cli(int argc, char** argv) {
     return 0;
   }
   out.check();
-#ifndef ZAYA_HAVE_CUDA
-  no_cuda("zaya bench gemm");
-#else
   const DeviceInfo dev = query_device(opt.device);
   fmt::print("# zaya bench gemm: {} (sm_{}{}, {} SMs, L2 {} MiB), {} shapes\n", dev.name,
              dev.cc_major, dev.cc_minor, dev.sm_count, dev.l2_bytes >> 20, opt.shapes.size());
@@ -387,7 +377,6 @@ int bench_gemm_cli(int argc, char** argv) {
     return 1;
   }
   return 0;
-#endif
 }
 
 // ---- mem ----
@@ -433,9 +422,6 @@ int bench_mem_cli(int argc, char** argv) {
   if (!parse(app, argc, argv)) return 0;
   const MemBenchOptions opt = m.options();
   out.check();
-#ifndef ZAYA_HAVE_CUDA
-  no_cuda("zaya bench mem");
-#else
   const DeviceInfo dev = query_device(opt.device);
   const double peak = m.peak > 0 ? m.peak : dev.peak_hbm_gbs;
   fmt::print("# zaya bench mem: {} (L2 {} MiB, HBM {:.1f} GiB, peak {:.0f} GB/s{})\n{}\n", dev.name,
@@ -454,7 +440,6 @@ int bench_mem_cli(int argc, char** argv) {
     return 1;
   }
   return 0;
-#endif
 }
 
 // ---- kernels ----
@@ -499,9 +484,6 @@ int bench_kernels_cli(int argc, char** argv) {
   check_output_path("--profile", profile);
   ZayaConfig cfg = !config.empty() ? ZayaConfig::load(config)
                                    : ZayaConfig::preset(preset.empty() ? "zaya1-base" : preset);
-#ifndef ZAYA_HAVE_CUDA
-  no_cuda("zaya bench kernels");
-#else
   const DeviceInfo dev = query_device(device);
   // The references the fractions are taken of: the flags, else the profile being extended (its
   // measured copy bandwidth), else the built-in profile of this GPU, else the device's figures.
@@ -549,7 +531,6 @@ int bench_kernels_cli(int argc, char** argv) {
     fmt::print("# merged {} kernel efficiency rows into {}\n", eff.size(), profile);
   }
   return 0;
-#endif
 }
 
 // ---- profile ----
@@ -577,9 +558,6 @@ int bench_profile_cli(int argc, char** argv) {
   const GemmBenchOptions gopt = g.options();
   const MemBenchOptions mopt = m.options();
   check_output_path("--out", outp);
-#ifndef ZAYA_HAVE_CUDA
-  no_cuda("zaya bench profile");
-#else
   const DeviceInfo dev = query_device(gopt.device);
   fmt::print("# zaya bench profile: {}\n{}\n", dev.name, mem_table_header());
   const auto mrs = run_mem_bench(mopt, dev.peak_hbm_gbs);
@@ -593,7 +571,6 @@ int bench_profile_cli(int argc, char** argv) {
   write_text_file_atomic(outp, prof.dump(1) + "\n");
   fmt::print("# wrote {}\n", outp);
   return 0;
-#endif
 }
 
 int run_bench(int argc, char** argv) {

@@ -1,12 +1,12 @@
-// GPU tests of the CCA kernels (backend/cuda/kernels/cca.cu; label gpu, skipped without a CUDA device):
-// cca_conv_fwd + cca_qkv_finish_fwd and their backward passes against the CPU reference ops
-// composed exactly as ZayaModel / Trainer compose them (mean skip, the two convolutions, QK-norm
-// with temperature on k, partial NeoX RoPE, delayed values), on random bf16-representable packed
-// projections; bit-identical repeated backward (determinism); and decoding with the conv history
-// and the delayed-value state (prefix, then short segments including S < P) against the full
-// sequence. Tolerances: fp32 paths (mid, norms, dconv) as before; the tensor-core conv outputs and
-// the gradients that flow through them by the bf16 rule of expect_bf16_rule (twice the error of a
-// naive bf16-operand computation against the fp32 reference), and conv additionally within
+// GPU tests of the CCA kernels (backend/cuda/kernels/cca.cu; label gpu, skipped without a CUDA
+// device): cca_conv_fwd + cca_qkv_finish_fwd and their backward passes against the CPU reference
+// ops composed exactly as ZayaModel / Trainer compose them (mean skip, the two convolutions,
+// QK-norm with temperature on k, partial NeoX RoPE, delayed values), on random bf16-representable
+// packed projections; bit-identical repeated backward (determinism); and decoding with the conv
+// history and the delayed-value state (prefix, then short segments including S < P) against the
+// full sequence. Tolerances: fp32 paths (mid, norms, dconv) as before; the tensor-core conv outputs
+// and the gradients that flow through them by the bf16 rule of expect_bf16_rule (twice the error of
+// a naive bf16-operand computation against the fp32 reference), and conv additionally within
 // 1e-5·max|ref| of the exact bf16-operand product. ZAYA_CCA_BENCH=1 additionally enables
 // CudaCca.Benchmark (ZAYA1 training shape and a decode step; prints ms per call, GB/s and, for the
 // convs, TFLOP/s).
@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../backend/op_registry.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/ops.h"
 #include "core/dtype.h"
@@ -117,32 +118,17 @@ std::vector<float> rounded_bf16(std::vector<float> v) {
   return v;
 }
 
-// Tolerance rule of the tensor-core conv (bf16 operands, fp32 accumulation), after DESIGN.md's
-// "at most about twice the error of a naive bf16 computation, both against fp32": the result may
-// differ from the fp32 reference by twice as much as the same computation done naively with
-// bf16-rounded operands (exact products, double sums) does, plus `fp32_rel`·max|ref| for what the
-// fp32 parts (summation order, the fp32 inputs' own tolerance) contribute. Random inputs at these
-// sizes put the naive error at 2–3e-3·max|ref|: one bf16 rounding (2^-9 relative) per operand,
-// summed with random signs over d·t1 (conv) or B·S (weight gradient) terms. A wrong tap, group or
+// Tolerance of the tensor-core conv (bf16 operands, fp32 accumulation): the registry's bf16 rule
+// (tests/backend/op_registry.h, tests/README.md) with the naive computation done with
+// bf16-rounded operands (exact products, double sums) and `fp32_rel`·max|ref| for what the fp32
+// parts (summation order, the fp32 inputs' own tolerance) contribute. Random inputs at these sizes
+// put the naive error at 2–3e-3·max|ref|: one bf16 rounding (2^-9 relative) per operand, summed
+// with random signs over d·t1 (conv) or B·S (weight gradient) terms. A wrong tap, group or
 // transposition is an O(max|ref|) error and fails by two orders of magnitude.
 void expect_bf16_rule(const std::string& what, const std::vector<float>& got,
                       const std::vector<float>& ref, const std::vector<float>& naive,
                       double fp32_rel) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  const double naive_err = max_abs_diff(naive, ref), mx = max_abs(ref);
-  const double bound = 2.0 * naive_err + fp32_rel * mx + 1e-30;
-  double md = 0;
-  size_t worst = 0;
-  bool finite = true;
-  for (size_t i = 0; i < ref.size(); i++) {
-    if (!std::isfinite(got[i])) finite = false;
-    const double d = std::fabs(double(got[i]) - double(ref[i]));
-    if (d > md) md = d, worst = i;
-  }
-  EXPECT_TRUE(finite) << what << ": non-finite values";
-  EXPECT_LE(md, bound) << what << ": max |diff| " << md << " at " << worst << " (got " << got[worst]
-                       << ", ref " << ref[worst] << "), naive bf16 error " << naive_err
-                       << ", max |ref| " << mx;
+  if (auto f = op_test::bf16_failure(what, got, ref, naive, fp32_rel)) ADD_FAILURE() << *f;
 }
 
 struct Shape {

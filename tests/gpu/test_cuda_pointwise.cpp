@@ -5,7 +5,9 @@
 // backend/cuda/ops.h. Inputs that the kernels take as bf16 are rounded to bf16 first and the
 // reference sees the same rounded values, so the tolerances measure only the kernels' own error:
 // fp32 outputs within ~1e-5 of the reference scale, bf16 outputs within 2e-2, routing decisions
-// and sort results exactly equal. Odd sizes exercise the scalar (non-vectorised) paths.
+// and sort results exactly equal. Odd sizes exercise the scalar (non-vectorised) paths. SwiGLU is
+// tested by the op-test registry (tests/backend/op_cases.cpp, run on the GPU by
+// test_cuda_ops_registry.cpp).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -251,30 +253,6 @@ TEST(CudaPointwise, ResidualScale) {
 
 // ---- activations
 // -----------------------------------------------------------------------------------
-void swiglu_case(int64_t N, int64_t I, uint64_t seed) {
-  Rng r(seed);
-  const auto gu = r.uniform(size_t(N * 2 * I), -4, 4, true);
-  const auto dy = r.uniform(size_t(N * I), -1, 1, true);
-  Dev dev;
-  bf16 *d_gu = dev.up_bf16(gu), *d_dy = dev.up_bf16(dy), *d_y = dev.alloc<bf16>(size_t(N * I)),
-       *d_dgu = dev.alloc<bf16>(size_t(N * 2 * I));
-  swiglu_fwd(d_y, d_gu, N, I, nullptr);
-  swiglu_bwd(d_dgu, d_dy, d_gu, N, I, nullptr);
-  ASSERT_CUDA_OK(cudaDeviceSynchronize());
-  std::vector<float> y_ref(static_cast<size_t>(N * I)), dgu_ref(static_cast<size_t>(N * 2 * I));
-  cpu::swiglu(y_ref.data(), gu.data(), N, I);
-  cpu::swiglu_backward(dgu_ref.data(), dy.data(), gu.data(), N, I);
-  expect_close("swiglu y", download_bf16(d_y, size_t(N * I)), y_ref, kBf16);
-  expect_close("swiglu dgu", download_bf16(d_dgu, size_t(N * 2 * I)), dgu_ref, kBf16);
-}
-
-TEST(CudaPointwise, SwiGlu) {
-  SKIP_WITHOUT_GPU();
-  swiglu_case(33, 20, 30);
-  swiglu_case(7, 13, 31);
-  swiglu_case(70000, 8, 32);  // more rows than one grid dimension holds
-}
-
 void gelu_case(int64_t N, int64_t F, bool with_bias, uint64_t seed) {
   Rng r(seed);
   const auto x = r.uniform(size_t(N * F), -3, 3), dy = r.uniform(size_t(N * F), -1, 1);

@@ -1,0 +1,820 @@
+// The cases of the op-test registry (op_registry.h): one add_* function per op of
+// src/backend/cpu/ops.h, each building one case from its sizes (fresh inputs per seed) with the
+// fp32 CPU op, the double reference, the CPU backward and, in the GPU test binary
+// (ZAYA_OP_TESTS_CUDA), the CUDA variants of the op. This file is compiled into both zaya_tests and
+// zaya_gpu_tests; the table is the same in both, so every case runs on the CPU in the CPU suite and
+// on the GPU as well where it has a CUDA variant.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "op_registry.h"
+
+#if ZAYA_OP_TESTS_CUDA
+#include "../gpu/gpu_test_util.h"
+#include "backend/cuda/ops.h"
+#endif
+
+namespace zaya::op_test {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+Tensor as_tensor(const Buf& v, const Shape& s, DType dt = DType::F32) {
+  Tensor t = Tensor::from_vector(v, s);
+  return dt == DType::F32 ? t : t.to(dt);
+}
+// The values a float buffer takes once stored in dt (what the op reads from a BF16/F16 tensor).
+Buf stored_as(const Buf& v, DType dt) {
+  if (dt == DType::F32) return v;
+  Tensor t = as_tensor(v, {int64_t(v.size())}, dt);
+  Buf out(v.size());
+  for (size_t i = 0; i < v.size(); i++) out[i] = t.get(int64_t(i));
+  return out;
+}
+std::string dt_name(DType dt) {
+  return dt == DType::F32 ? "f32" : dt == DType::BF16 ? "bf16" : "f16";
+}
+
+#if ZAYA_OP_TESTS_CUDA
+// Device side of the CUDA variants: buffers in a test_util::DeviceArena, freed when the variant
+// returns, and copies that are complete when they return (gpu_test_util.h).
+using cuda::bf16;
+cuda::Workspace workspace(test_util::DeviceArena& arena, size_t bytes) {
+  return cuda::Workspace{arena.alloc<char>(bytes), bytes, 0};
+}
+Buf get(const float* p, int64_t n) {
+  return test_util::download(p, sz(n));
+}
+Buf get(const bf16* p, int64_t n) {
+  return test_util::download_bf16(p, sz(n));
+}
+void sync() {
+  const cudaError_t e = cudaDeviceSynchronize();
+  EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+}
+#endif
+
+// ---- cases
+// Each add_* builds one case from its sizes; seeds differ per case so inputs are fresh.
+
+void add_linear(Cases& cs, uint64_t seed, int64_t N, int64_t K, int64_t O, DType wt, bool bias,
+                bool acc) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("linear_{}_N{}_K{}_O{}{}{}", dt_name(wt), N, K, O, bias ? "_bias" : "",
+                       acc ? "_acc" : "");
+  // x, W (already on the dtype's grid), bias, y0 (the buffer's prior content when accumulating).
+  c.in = {{"x", randn(r, N * K), acc ? Grad::Accumulate : Grad::Overwrite},
+          {"w", stored_as(randn(r, O * K, 1.0f / std::sqrt(float(K))), wt), Grad::Accumulate},
+          {"b", bias ? randn(r, O) : Buf{}, bias ? Grad::Accumulate : Grad::None},
+          {"y0", acc ? randn(r, N * O) : Buf{}, Grad::None}};
+  c.out = {{"y"}};
+  c.op = [=](const Bufs& in) {
+    Buf y = acc ? in[3] : Buf(sz(N * O), kNaN);
+    cpu::linear(y.data(), in[0].data(), as_tensor(in[1], {O, K}, wt), bias ? in[2].data() : nullptr,
+                N, K, O, acc);
+    return Bufs{y};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf y(sz(N * O));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t o = 0; o < O; o++) {
+        double s = (acc ? in[3][n * O + o] : 0.0) + (bias ? in[2][o] : 0.0);
+        for (int64_t k = 0; k < K; k++) s += in[0][n * K + k] * in[1][o * K + k];
+        y[n * O + o] = s;
+      }
+    return DBufs{y};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    const Tensor w = as_tensor(in[1], {O, K}, wt);
+    cpu::linear_backward_input(g[0].data(), dy[0].data(), w, N, K, O, acc);
+    cpu::linear_backward_weight(g[1].data(), bias ? g[2].data() : nullptr, dy[0].data(),
+                                in[0].data(), N, K, O);
+  };
+  cs.push_back(c);
+}
+
+void add_embedding(Cases& cs, uint64_t seed, int64_t N, int64_t V, int64_t D, DType dt) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("embedding_{}_N{}_V{}_D{}", dt_name(dt), N, V, D);
+  std::vector<int32_t> ids(sz(N));
+  for (auto& i : ids) i = int32_t(randint(r, V));  // N > V: repeated ids accumulate
+  c.in = {{"table", stored_as(randn(r, V * D), dt), Grad::Accumulate}};
+  c.out = {{"y"}};
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(N * D), kNaN);
+    cpu::embedding(y.data(), ids.data(), as_tensor(in[0], {V, D}, dt), N, D);
+    return Bufs{y};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf y(sz(N * D));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t i = 0; i < D; i++) y[n * D + i] = in[0][ids[n] * D + i];
+    return DBufs{y};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    cpu::embedding_backward(g[0].data(), dy[0].data(), ids.data(), N, D, V);
+  };
+  cs.push_back(c);
+}
+
+void add_rmsnorm(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("rmsnorm_N{}_D{}", N, D);
+  const float eps = 1e-5f;
+  c.in = {{"x", randn(r, N * D, 2.0f), Grad::Overwrite},
+          {"w", randu(r, D, 0.5f, 1.5f), Grad::Accumulate}};
+  c.out = {{"y"}, {"rstd", false}};
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(N * D), kNaN), rstd(sz(N), kNaN);
+    cpu::rmsnorm(y.data(), rstd.data(), in[0].data(), in[1].data(), eps, N, D);
+    return Bufs{y, rstd};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf y(sz(N * D)), rstd(sz(N));
+    for (int64_t n = 0; n < N; n++) {
+      double ms = 0;
+      for (int64_t i = 0; i < D; i++) ms += in[0][n * D + i] * in[0][n * D + i];
+      rstd[n] = 1.0 / std::sqrt(ms / double(D) + double(eps));
+      for (int64_t i = 0; i < D; i++) y[n * D + i] = in[1][i] * in[0][n * D + i] * rstd[n];
+    }
+    return DBufs{y, rstd};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    Buf y(sz(N * D)), rstd(sz(N));
+    cpu::rmsnorm(y.data(), rstd.data(), in[0].data(), in[1].data(), eps, N, D);
+    cpu::rmsnorm_backward(g[0].data(), g[1].data(), dy[0].data(), in[0].data(), in[1].data(),
+                          rstd.data(), N, D);
+  };
+  cs.push_back(c);
+}
+
+void add_residual_scale(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("residual_scale_N{}_D{}", N, D);
+  c.in = {{"a", randn(r, N * D), Grad::Overwrite}, {"h", randn(r, N * D), Grad::Overwrite},
+          {"hs", randn(r, D), Grad::Accumulate},   {"hb", randn(r, D), Grad::Accumulate},
+          {"rs", randn(r, D), Grad::Accumulate},   {"rb", randn(r, D), Grad::Accumulate}};
+  c.out = {{"out"}};
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(N * D), kNaN);
+    cpu::residual_scale(y.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(),
+                        in[4].data(), in[5].data(), N, D);
+    return Bufs{y};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf y(sz(N * D));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t i = 0; i < D; i++) {
+        const int64_t j = n * D + i;
+        y[j] = (in[0][j] + in[3][i]) * in[2][i] + (in[1][j] + in[5][i]) * in[4][i];
+      }
+    return DBufs{y};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    cpu::residual_scale_backward(g[0].data(), g[1].data(), g[2].data(), g[3].data(), g[4].data(),
+                                 g[5].data(), dy[0].data(), in[0].data(), in[1].data(),
+                                 in[2].data(), in[3].data(), in[4].data(), in[5].data(), N, D);
+  };
+  cs.push_back(c);
+}
+
+void add_affine(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("affine_N{}_D{}", N, D);
+  c.in = {{"x", randn(r, N * D)}, {"s", randn(r, D)}, {"b", randn(r, D)}};
+  c.out = {{"y"}};
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(N * D), kNaN);
+    cpu::affine(y.data(), in[0].data(), in[1].data(), in[2].data(), N, D);
+    return Bufs{y};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf y(sz(N * D));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t i = 0; i < D; i++) y[n * D + i] = (in[0][n * D + i] + in[2][i]) * in[1][i];
+    return DBufs{y};
+  };
+  cs.push_back(c);
+}
+
+void add_gelu(Cases& cs, uint64_t seed, int64_t n) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("gelu_n{}", n);
+  c.in = {{"x", randn(r, n, 2.0f), Grad::Overwrite}};
+  c.out = {{"y"}};
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(n), kNaN);
+    cpu::gelu(y.data(), in[0].data(), n);
+    return Bufs{y};
+  };
+  c.ref = [=](const DBufs& in) {  // exact GELU: x Φ(x)
+    DBuf y(sz(n));
+    for (int64_t i = 0; i < n; i++)
+      y[i] = 0.5 * in[0][i] * (1.0 + std::erf(in[0][i] / std::sqrt(2.0)));
+    return DBufs{y};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    cpu::gelu_backward(g[0].data(), dy[0].data(), in[0].data(), n);
+  };
+  cs.push_back(c);
+}
+
+void add_swiglu(Cases& cs, uint64_t seed, int64_t N, int64_t I) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("swiglu_N{}_I{}", N, I);
+  c.in = {{"gu", randn_bf16(r, N * 2 * I, 2.0f), Grad::Overwrite}};
+  c.out = {{"y"}};
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(N * I), kNaN);
+    cpu::swiglu(y.data(), in[0].data(), N, I);
+    return Bufs{y};
+  };
+  c.ref = [=](const DBufs& in) {  // silu(gate) * up on packed [gate | up] rows
+    DBuf y(sz(N * I));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t i = 0; i < I; i++) {
+        const double g = in[0][n * 2 * I + i], u = in[0][n * 2 * I + I + i];
+        y[n * I + i] = g / (1.0 + std::exp(-g)) * u;
+      }
+    return DBufs{y};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    cpu::swiglu_backward(g[0].data(), dy[0].data(), in[0].data(), N, I);
+  };
+#if ZAYA_OP_TESTS_CUDA
+  CudaVariant v;  // bf16 in, bf16 out, fp32 math
+  v.out_bf16 = {true};
+  v.grad_bf16 = {true};
+  v.fwd = [=](const Bufs& in) {
+    test_util::DeviceArena dv;
+    bf16* y = dv.alloc<bf16>(sz(N * I));
+    cuda::swiglu_fwd(y, dv.up_bf16(in[0]), N, I, nullptr);
+    sync();
+    return Bufs{get(y, N * I)};
+  };
+  v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    test_util::DeviceArena dv;
+    bf16* dgu = dv.alloc<bf16>(sz(N * 2 * I));
+    cuda::swiglu_bwd(dgu, dv.up_bf16(dy[0]), dv.up_bf16(in[0]), N, I, nullptr);
+    sync();
+    g[0] = get(dgu, N * 2 * I);
+  };
+  c.cuda.push_back(v);
+#endif
+  cs.push_back(c);
+}
+
+void add_cross_entropy(Cases& cs, uint64_t seed, int64_t N, int64_t V) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("cross_entropy_N{}_V{}", N, V);
+  std::vector<int32_t> tgt(sz(N));
+  for (int64_t n = 0; n < N; n++) tgt[n] = n % 3 == 1 ? -100 : int32_t(randint(r, V));
+  tgt[sz(N - 1)] = -1;  // both -1 and -100 style ignore indices
+  c.in = {{"logits", randn(r, N * V, 3.0f), Grad::Overwrite}};
+  c.out = {{"loss"}};
+  c.op = [=](const Bufs& in) {
+    return Bufs{{float(cpu::cross_entropy(nullptr, in[0].data(), tgt.data(), N, V))}};
+  };
+  c.ref = [=](const DBufs& in) {
+    double sum = 0;
+    int count = 0;
+    for (int64_t n = 0; n < N; n++) {
+      if (tgt[n] < 0) continue;
+      double z = 0;
+      for (int64_t v = 0; v < V; v++) z += std::exp(in[0][n * V + v]);
+      sum += std::log(z) - in[0][n * V + tgt[n]];
+      count++;
+    }
+    return DBufs{{sum / count}};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    // dlogits is d(mean loss)/dlogits; L = w·loss scales it by w.
+    cpu::cross_entropy(g[0].data(), in[0].data(), tgt.data(), N, V);
+    for (float& x : g[0]) x *= dy[0][0];
+  };
+  cs.push_back(c);
+}
+
+void add_cca_mean_skip(Cases& cs, uint64_t seed, int64_t N, int64_t Hq, int64_t Hkv, int64_t d) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("cca_mean_skip_N{}_Hq{}_Hkv{}_d{}", N, Hq, Hkv, d);
+  c.in = {{"q0", randn(r, N * Hq * d)}, {"k0", randn(r, N * Hkv * d)}};
+  c.out = {{"mq"}, {"mk"}};
+  c.op = [=](const Bufs& in) {
+    Buf mq(sz(N * Hq * d), kNaN), mk(sz(N * Hkv * d), kNaN);
+    cpu::cca_mean_skip(mq.data(), mk.data(), in[0].data(), in[1].data(), N, Hq, Hkv, d);
+    return Bufs{mq, mk};
+  };
+  c.ref = [=](const DBufs& in) {
+    const int64_t G = Hq / Hkv;
+    DBuf mq(sz(N * Hq * d)), mk(sz(N * Hkv * d), 0.0);
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t h = 0; h < Hq; h++)
+        for (int64_t i = 0; i < d; i++) {
+          const double m = (in[0][(n * Hq + h) * d + i] + in[1][(n * Hkv + h / G) * d + i]) / 2;
+          mq[(n * Hq + h) * d + i] = m;
+          mk[(n * Hkv + h / G) * d + i] += m / double(G);
+        }
+    return DBufs{mq, mk};
+  };
+  cs.push_back(c);
+}
+
+// Independent CCA conv reference: builds the padded input explicitly (history or zeros), then the
+// depthwise conv over every padded window (so the intermediate at padded positions carries the
+// depthwise bias), then the grouped conv. Returns {y [B,S,C], mid [B,M,C]}.
+DBufs ref_cca_conv(const DBufs& in, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
+                   int64_t t1) {
+  const DBuf &x = in[0], &wdw = in[1], &bdw = in[2], &wg = in[3], &bg = in[4], &hist = in[5];
+  const int64_t P = (t0 - 1) + (t1 - 1), L = S + P, M = L - t0 + 1;
+  DBuf pad(sz(B * L * C), 0.0), mid(sz(B * M * C)), y(sz(B * S * C));
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t i = 0; i < L; i++)
+      for (int64_t c = 0; c < C; c++)
+        pad[(b * L + i) * C + c] =
+            i < P ? (hist.empty() ? 0.0 : hist[(b * P + i) * C + c]) : x[(b * S + i - P) * C + c];
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t c = 0; c < C; c++) {
+        double s = bdw[c];
+        for (int64_t j = 0; j < t0; j++) s += wdw[c * t0 + j] * pad[(b * L + i + j) * C + c];
+        mid[(b * M + i) * C + c] = s;
+      }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < S; t++)
+      for (int64_t c = 0; c < C; c++) {
+        const int64_t g0 = (c / d) * d;  // first channel of c's group
+        double s = bg[c];
+        for (int64_t ci = 0; ci < d; ci++)
+          for (int64_t j = 0; j < t1; j++)
+            s += wg[(c * d + ci) * t1 + j] * mid[(b * M + t + j) * C + g0 + ci];
+        y[(b * S + t) * C + c] = s;
+      }
+  return {y, mid};
+}
+
+void add_cca_conv(Cases& cs, uint64_t seed, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
+                  int64_t t1, bool with_hist) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("cca_conv_B{}_S{}_C{}_d{}_t0{}_t1{}{}", B, S, C, d, t0, t1,
+                       with_hist ? "_hist" : "");
+  const int64_t P = (t0 - 1) + (t1 - 1), M = S + t1 - 1;
+  // Gradients only without history (backward is training-only).
+  const Grad ow = with_hist ? Grad::None : Grad::Overwrite;
+  const Grad ac = with_hist ? Grad::None : Grad::Accumulate;
+  c.in = {{"x", randn(r, B * S * C), ow},
+          {"wdw", randn(r, C * t0, 0.7f), ac},
+          {"bdw", randn(r, C, 0.5f), ac},
+          {"wg", randn(r, C * d * t1, 1.0f / std::sqrt(float(d * t1))), ac},
+          {"bg", randn(r, C, 0.5f), ac},
+          {"hist", with_hist ? randn(r, B * P * C) : Buf{}, Grad::None}};
+  c.out = {{"y"}, {"mid", false}};
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(B * S * C), kNaN), mid(sz(B * M * C), kNaN);
+    cpu::cca_conv(y.data(), mid.data(), in[0].data(), with_hist ? in[5].data() : nullptr,
+                  in[1].data(), in[2].data(), in[3].data(), in[4].data(), B, S, C, d, t0, t1);
+    return Bufs{y, mid};
+  };
+  c.ref = [=](const DBufs& in) { return ref_cca_conv(in, B, S, C, d, t0, t1); };
+  if (!with_hist)
+    c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+      Buf y(sz(B * S * C)), mid(sz(B * M * C));
+      cpu::cca_conv(y.data(), mid.data(), in[0].data(), nullptr, in[1].data(), in[2].data(),
+                    in[3].data(), in[4].data(), B, S, C, d, t0, t1);
+      cpu::cca_conv_backward(g[0].data(), g[1].data(), g[2].data(), g[3].data(), g[4].data(),
+                             dy[0].data(), in[0].data(), mid.data(), in[1].data(), in[3].data(), B,
+                             S, C, d, t0, t1);
+    };
+  cs.push_back(c);
+}
+
+void add_qk_norm(Cases& cs, uint64_t seed, int64_t N, int64_t H, int64_t d, bool temp) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("qk_norm_N{}_H{}_d{}{}", N, H, d, temp ? "_temp" : "");
+  Buf x = randn(r, N * H * d);
+  for (int64_t row = 0; row < N * H; row++) {  // rows of very different norms
+    const float s = 0.05f + 4.0f * r.uniform();
+    for (int64_t i = 0; i < d; i++) x[row * d + i] *= s;
+  }
+  c.in = {{"x", x, Grad::Overwrite},
+          {"temp", temp ? randu(r, H, 0.5f, 2.0f) : Buf{}, temp ? Grad::Accumulate : Grad::None}};
+  c.out = {{"y"}, {"norm", false}};
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(N * H * d), kNaN), nrm(sz(N * H), kNaN);
+    cpu::qk_norm(y.data(), nrm.data(), in[0].data(), temp ? in[1].data() : nullptr, N, H, d);
+    return Bufs{y, nrm};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf y(sz(N * H * d)), nrm(sz(N * H));
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t h = 0; h < H; h++) {
+        const double* v = in[0].data() + (n * H + h) * d;
+        double ss = 0;
+        for (int64_t i = 0; i < d; i++) ss += v[i] * v[i];
+        const double nv = std::max(std::sqrt(ss), double(FLT_EPSILON));
+        nrm[n * H + h] = nv;
+        for (int64_t i = 0; i < d; i++)
+          y[(n * H + h) * d + i] = std::sqrt(double(d)) * v[i] / nv * (temp ? in[1][h] : 1.0);
+      }
+    return DBufs{y, nrm};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    Buf y(sz(N * H * d)), nrm(sz(N * H));
+    const float* t = temp ? in[1].data() : nullptr;
+    cpu::qk_norm(y.data(), nrm.data(), in[0].data(), t, N, H, d);
+    cpu::qk_norm_backward(g[0].data(), temp ? g[1].data() : nullptr, dy[0].data(), in[0].data(),
+                          nrm.data(), t, N, H, d);
+  };
+  cs.push_back(c);
+}
+
+void add_rope(Cases& cs, uint64_t seed, int64_t N, int64_t H, int64_t d, int64_t rd, double theta) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("rope_N{}_H{}_d{}_r{}_theta{}", N, H, d, rd, int64_t(theta));
+  // Positions stay small: the op's angles are fp32 (as transformers), the reference's double.
+  std::vector<int64_t> pos(sz(N));
+  for (auto& p : pos) p = randint(r, 48);
+  c.in = {{"x", randn(r, N * H * d), Grad::Overwrite}};
+  c.out = {{"y"}};
+  c.op = [=](const Bufs& in) {
+    Buf y = in[0];
+    cpu::rope(y.data(), pos.data(), theta, N, H, d, rd);
+    return Bufs{y};
+  };
+  c.ref = [=](const DBufs& in) {
+    // NeoX rotate-half on the first rd dims: pairs (j, j + rd/2) rotate by pos · θ^(−2j/rd).
+    DBuf y = in[0];
+    const int64_t h2 = rd / 2;
+    for (int64_t n = 0; n < N; n++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t j = 0; j < h2; j++) {
+          const double a = double(pos[n]) * std::pow(theta, -2.0 * double(j) / double(rd));
+          const double* v = in[0].data() + (n * H + h) * d;
+          y[(n * H + h) * d + j] = v[j] * std::cos(a) - v[j + h2] * std::sin(a);
+          y[(n * H + h) * d + j + h2] = v[j + h2] * std::cos(a) + v[j] * std::sin(a);
+        }
+    return DBufs{y};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    g[0] = dy[0];  // in place on the gradient
+    cpu::rope_backward(g[0].data(), pos.data(), theta, N, H, d, rd);
+  };
+  cs.push_back(c);
+}
+
+// The naive bf16 attention, as an unfused framework computes it in bf16 (the bf16 rule's "naive"):
+// scores q·kᵀ stored in bf16, scaled by 1/sqrt(d) in bf16, probabilities P = softmax stored in
+// bf16, o = P·v stored in bf16; with dout (on the bf16 grid) its backward instead: dv = Pᵀ·dout,
+// dP = dout·vᵀ, dS = P ⊙ (dP − Σ P⊙dP) scaled by 1/sqrt(d), dq = dS·k, dk = dSᵀ·q, each stored in
+// bf16. Math between the stores in double. Returns {o, lse} or {dq, dk, dv}.
+DBufs naive_attention(const DBufs& in, const Buf* dout, int64_t B, int64_t Sq, int64_t Sk,
+                      int64_t q_start, int64_t Hq, int64_t Hkv, int64_t d, int64_t window) {
+  auto rb = [](double x) { return double(round_bf16(float(x))); };
+  const double scale = 1.0 / std::sqrt(double(d));
+  DBuf o(sz(B * Sq * Hq * d)), lse(sz(B * Hq * Sq));
+  DBuf dq(in[0].size()), dk(in[1].size(), 0.0), dv(in[2].size(), 0.0);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < Hq; h++)
+      for (int64_t t = 0; t < Sq; t++) {
+        const int64_t g = h / (Hq / Hkv), pos = q_start + t, row = ((b * Sq + t) * Hq + h) * d;
+        const double* q = in[0].data() + row;
+        std::vector<int64_t> keys;
+        DBuf s;
+        for (int64_t j = 0; j <= pos; j++) {
+          if (window > 0 && j <= pos - window) continue;
+          const double* k = in[1].data() + ((b * Sk + j) * Hkv + g) * d;
+          double dot = 0;
+          for (int64_t i = 0; i < d; i++) dot += q[i] * k[i];
+          s.push_back(rb(rb(dot) * scale));
+          keys.push_back(j);
+        }
+        const double mx = *std::max_element(s.begin(), s.end());
+        double z = 0;
+        for (double x : s) z += std::exp(x - mx);
+        lse[sz((b * Hq + h) * Sq + t)] = mx + std::log(z);
+        DBuf p(s.size());
+        for (size_t m = 0; m < s.size(); m++) p[m] = rb(std::exp(s[m] - mx) / z);
+        auto kv = [&](const DBuf& x, size_t m) {
+          return x.data() + ((b * Sk + keys[m]) * Hkv + g) * d;
+        };
+        if (!dout) {
+          for (int64_t i = 0; i < d; i++) {
+            double acc = 0;
+            for (size_t m = 0; m < p.size(); m++) acc += p[m] * kv(in[2], m)[i];
+            o[sz(row + i)] = rb(acc);
+          }
+          continue;
+        }
+        const float* go = dout->data() + row;
+        DBuf dp(p.size()), ds(p.size());
+        double D = 0;
+        for (size_t m = 0; m < p.size(); m++) {
+          double acc = 0;
+          for (int64_t i = 0; i < d; i++) acc += double(go[i]) * kv(in[2], m)[i];
+          dp[m] = rb(acc);
+          D += p[m] * dp[m];
+        }
+        for (size_t m = 0; m < p.size(); m++) ds[m] = rb(rb(p[m] * (dp[m] - D)) * scale);
+        for (int64_t i = 0; i < d; i++) {
+          double acc = 0;
+          for (size_t m = 0; m < p.size(); m++) acc += ds[m] * kv(in[1], m)[i];
+          dq[sz(row + i)] = rb(acc);
+        }
+        for (size_t m = 0; m < p.size(); m++) {
+          const int64_t kr = ((b * Sk + keys[m]) * Hkv + g) * d;
+          for (int64_t i = 0; i < d; i++) {
+            dv[sz(kr + i)] += p[m] * double(go[i]);
+            dk[sz(kr + i)] += ds[m] * q[i];
+          }
+        }
+      }
+  if (!dout) return {o, lse};
+  for (double& x : dk) x = rb(x);
+  for (double& x : dv) x = rb(x);
+  return {dq, dk, dv};
+}
+
+// Causal GQA attention with queries at q_start.. over keys 0..Sk-1; backward only for the training
+// layout (Sq == Sk, q_start == 0).
+void add_attention(Cases& cs, uint64_t seed, int64_t B, int64_t Sq, int64_t Sk, int64_t q_start,
+                   int64_t Hq, int64_t Hkv, int64_t d, int64_t window) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("attention_B{}_Sq{}_Sk{}_q{}_Hq{}_Hkv{}_d{}_w{}", B, Sq, Sk, q_start, Hq,
+                       Hkv, d, window);
+  const bool train = Sq == Sk && q_start == 0;
+  const Grad gm = train ? Grad::Overwrite : Grad::None;
+  c.in = {{"q", randn_bf16(r, B * Sq * Hq * d, 1.2f), gm},
+          {"k", randn_bf16(r, B * Sk * Hkv * d, 1.2f), gm},
+          {"v", randn_bf16(r, B * Sk * Hkv * d), gm}};
+  c.out = {{"o"}, {"lse", false}};
+  c.op = [=](const Bufs& in) {
+    Buf o(sz(B * Sq * Hq * d), kNaN), lse(sz(B * Hq * Sq), kNaN);
+    cpu::attention(o.data(), lse.data(), in[0].data(), in[1].data(), in[2].data(), B, Sq, Sk,
+                   q_start, Hq, Hkv, d, window);
+    return Bufs{o, lse};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf o(sz(B * Sq * Hq * d), 0.0), lse(sz(B * Hq * Sq));
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t h = 0; h < Hq; h++)
+        for (int64_t t = 0; t < Sq; t++) {
+          const int64_t g = h / (Hq / Hkv), pos = q_start + t;
+          const double* q = in[0].data() + ((b * Sq + t) * Hq + h) * d;
+          DBuf s;  // scores of the visible keys pos-window+1..pos (all of 0..pos without window)
+          std::vector<int64_t> keys;
+          for (int64_t j = 0; j <= pos; j++) {
+            if (window > 0 && j <= pos - window) continue;
+            const double* k = in[1].data() + ((b * Sk + j) * Hkv + g) * d;
+            double dot = 0;
+            for (int64_t i = 0; i < d; i++) dot += q[i] * k[i];
+            s.push_back(dot / std::sqrt(double(d)));
+            keys.push_back(j);
+          }
+          double z = 0;
+          for (double x : s) z += std::exp(x);
+          lse[(b * Hq + h) * Sq + t] = std::log(z);
+          for (size_t m = 0; m < keys.size(); m++) {
+            const double* v = in[2].data() + ((b * Sk + keys[m]) * Hkv + g) * d;
+            for (int64_t i = 0; i < d; i++)
+              o[((b * Sq + t) * Hq + h) * d + i] += std::exp(s[m]) / z * v[i];
+          }
+        }
+    return DBufs{o, lse};
+  };
+  if (train)
+    c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+      Buf o(sz(B * Sq * Hq * d)), lse(sz(B * Hq * Sq));
+      cpu::attention(o.data(), lse.data(), in[0].data(), in[1].data(), in[2].data(), B, Sq, Sk, 0,
+                     Hq, Hkv, d, window);
+      cpu::attention_backward(g[0].data(), g[1].data(), g[2].data(), dy[0].data(), o.data(),
+                              lse.data(), in[0].data(), in[1].data(), in[2].data(), B, Sq, Hq, Hkv,
+                              d, window);
+    };
+  c.naive_bf16 = [=](const DBufs& in) {
+    return naive_attention(in, nullptr, B, Sq, Sk, q_start, Hq, Hkv, d, window);
+  };
+  c.naive_bf16_grads = [=](const Bufs& in, const Bufs& dy) {
+    return naive_attention(widen(in), &dy[0], B, Sq, Sk, q_start, Hq, Hkv, d, window);
+  };
+#if ZAYA_OP_TESTS_CUDA
+  if (d == 32 || d == 64 || d == 128) {  // the head dims attention_fwd/bwd support
+    const int64_t nq = B * Sq * Hq * d, nkv = B * Sk * Hkv * d, nl = B * Hq * Sq;
+    CudaVariant v;
+    v.out_bf16 = {true, false};
+    v.fwd = [=](const Bufs& in) {
+      test_util::DeviceArena dv;
+      bf16* o = dv.alloc<bf16>(sz(nq));
+      float* lse = dv.alloc<float>(sz(nl));
+      cuda::attention_fwd(o, lse, dv.up_bf16(in[0]), dv.up_bf16(in[1]), dv.up_bf16(in[2]), B, Sq,
+                          Sk, q_start, Hq, Hkv, d, window, nullptr);
+      sync();
+      return Bufs{get(o, nq), get(lse, nl)};
+    };
+    if (train) {
+      // Backward on the GPU's own forward outputs (o bf16, lse fp32), as the model runs it.
+      v.grad_bf16 = {true, true, true};
+      v.bwd_repeatable = true;
+      v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+        test_util::DeviceArena dv;
+        cuda::Workspace ws = workspace(dv, cuda::attention_bwd_workspace_bytes(B, Sq, Hq, Hkv, d));
+        bf16 *q = dv.up_bf16(in[0]), *k = dv.up_bf16(in[1]), *vv = dv.up_bf16(in[2]),
+             *dout = dv.up_bf16(dy[0]);
+        bf16 *o = dv.alloc<bf16>(sz(nq)), *dq = dv.alloc<bf16>(sz(nq)),
+             *dk = dv.alloc<bf16>(sz(nkv)), *dvv = dv.alloc<bf16>(sz(nkv));
+        float* lse = dv.alloc<float>(sz(nl));
+        cuda::attention_fwd(o, lse, q, k, vv, B, Sq, Sk, 0, Hq, Hkv, d, window, nullptr);
+        cuda::attention_bwd(dq, dk, dvv, dout, o, lse, q, k, vv, B, Sq, Hq, Hkv, d, window, ws,
+                            nullptr);
+        sync();
+        g[0] = get(dq, nq);
+        g[1] = get(dk, nkv);
+        g[2] = get(dvv, nkv);
+      };
+    }
+    c.cuda.push_back(v);
+  }
+#endif
+  cs.push_back(c);
+}
+
+void add_router_select(Cases& cs, uint64_t seed, int64_t N, int64_t E1, bool bias) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("router_select_N{}_E1_{}{}", N, E1, bias ? "_bias" : "");
+  // Biases of the size of the probability gaps so they often change the choice; rows whose two
+  // best biased scores are within 1e-3 are redrawn so the choice is unambiguous in fp32.
+  Buf b = bias ? randn(r, E1, 0.15f) : Buf{};
+  Buf logits(sz(N * E1));
+  for (int64_t n = 0; n < N; n++) {
+    for (;;) {
+      Buf l = randn(r, E1, 1.5f);
+      double z = 0;
+      for (float x : l) z += std::exp(double(x));
+      DBuf sc(sz(E1));
+      for (int64_t e = 0; e < E1; e++) sc[e] = std::exp(double(l[e])) / z + (bias ? b[e] : 0.0);
+      std::sort(sc.begin(), sc.end());
+      if (E1 == 1 || sc[E1 - 1] - sc[E1 - 2] > 1e-3) {
+        std::copy(l.begin(), l.end(), logits.begin() + n * E1);
+        break;
+      }
+    }
+  }
+  c.in = {{"logits", logits}, {"bias", b}};
+  c.out = {{"probs"}, {"choice", false, true}, {"gate"}};
+  c.op = [=](const Bufs& in) {
+    Buf p(sz(N * E1), kNaN), gate(sz(N), kNaN);
+    std::vector<int32_t> ch(sz(N), -7);
+    cpu::router_select(p.data(), ch.data(), gate.data(), in[0].data(),
+                       bias ? in[1].data() : nullptr, N, E1);
+    return Bufs{p, Buf(ch.begin(), ch.end()), gate};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf p(sz(N * E1)), ch(sz(N)), gate(sz(N));
+    for (int64_t n = 0; n < N; n++) {
+      double z = 0;
+      for (int64_t e = 0; e < E1; e++) z += std::exp(in[0][n * E1 + e]);
+      int64_t best = -1;
+      double bv = -1e300;
+      for (int64_t e = 0; e < E1; e++) {
+        p[n * E1 + e] = std::exp(in[0][n * E1 + e]) / z;
+        const double v = p[n * E1 + e] + (bias ? in[1][e] : 0.0);
+        if (v > bv) bv = v, best = e;  // strict: ties keep the lowest index
+      }
+      ch[n] = double(best);
+      gate[n] = p[n * E1 + best];  // the unbiased probability
+    }
+    return DBufs{p, ch, gate};
+  };
+  cs.push_back(c);
+}
+
+Cases make_cases() {
+  Cases cs;
+  uint64_t s = 100;
+  // linear: both row paths (N < 4 decoding, N >= 4 batched) for each weight dtype, odd sizes.
+  add_linear(cs, s++, 5, 13, 7, DType::F32, false, false);
+  add_linear(cs, s++, 6, 8, 4, DType::F32, true, true);
+  add_linear(cs, s++, 2, 11, 9, DType::F32, true, false);
+  add_linear(cs, s++, 3, 10, 5, DType::F32, false, true);
+  add_linear(cs, s++, 1, 9, 11, DType::BF16, true, true);
+  add_linear(cs, s++, 9, 16, 6, DType::BF16, true, false);
+  add_linear(cs, s++, 3, 17, 5, DType::F16, false, true);
+  add_linear(cs, s++, 7, 5, 3, DType::F16, true, false);
+  add_embedding(cs, s++, 9, 5, 7, DType::F32);
+  add_embedding(cs, s++, 20, 7, 16, DType::BF16);
+  add_rmsnorm(cs, s++, 4, 16);
+  add_rmsnorm(cs, s++, 3, 37);
+  add_rmsnorm(cs, s++, 1, 7);
+  add_residual_scale(cs, s++, 5, 12);
+  add_residual_scale(cs, s++, 3, 7);
+  add_affine(cs, s++, 4, 9);
+  add_gelu(cs, s++, 37);
+  add_swiglu(cs, s++, 3, 5);
+  add_swiglu(cs, s++, 4, 16);
+  add_swiglu(cs, s++, 33, 20);
+  add_swiglu(cs, s++, 7, 13);
+  add_swiglu(cs, s++, 70000, 8);  // more rows than one CUDA grid dimension holds
+  add_cross_entropy(cs, s++, 6, 11);
+  add_cross_entropy(cs, s++, 9, 32);
+  add_cross_entropy(cs, s++, 4, 3);
+  // CCA: GQA ratios 1, 2, 4.
+  add_cca_mean_skip(cs, s++, 3, 4, 4, 5);
+  add_cca_mean_skip(cs, s++, 4, 4, 2, 8);
+  add_cca_mean_skip(cs, s++, 2, 8, 2, 3);
+  // conv: t0/t1 in {2, 3}, one to three groups, with and without history (S = 1: a decode step).
+  add_cca_conv(cs, s++, 2, 6, 12, 4, 2, 2, false);
+  add_cca_conv(cs, s++, 1, 7, 10, 5, 3, 2, false);
+  add_cca_conv(cs, s++, 2, 5, 6, 3, 2, 3, false);
+  add_cca_conv(cs, s++, 1, 4, 9, 3, 3, 3, false);
+  add_cca_conv(cs, s++, 2, 5, 12, 4, 2, 2, true);
+  add_cca_conv(cs, s++, 1, 1, 10, 5, 3, 3, true);
+  add_qk_norm(cs, s++, 3, 4, 8, true);
+  add_qk_norm(cs, s++, 2, 3, 5, false);
+  add_qk_norm(cs, s++, 1, 2, 16, true);
+  // rope: partial (r < d, incl. an odd half r/2 = 3) and full rotary, several θ.
+  add_rope(cs, s++, 5, 3, 8, 4, 1e4);
+  add_rope(cs, s++, 4, 2, 16, 16, 1e6);
+  add_rope(cs, s++, 3, 1, 10, 6, 1e4);
+  add_rope(cs, s++, 2, 2, 12, 8, 5e6);
+  // attention: training layout with GQA 1/2/4 and windows 0/1/2/3; then decoding/chunked layouts.
+  add_attention(cs, s++, 2, 7, 7, 0, 2, 2, 8, 0);
+  add_attention(cs, s++, 1, 9, 9, 0, 4, 2, 4, 3);
+  add_attention(cs, s++, 2, 6, 6, 0, 4, 1, 6, 0);
+  add_attention(cs, s++, 1, 8, 8, 0, 8, 2, 5, 2);
+  add_attention(cs, s++, 1, 5, 5, 0, 3, 3, 7, 1);
+  add_attention(cs, s++, 2, 1, 12, 7, 4, 2, 8, 0);
+  add_attention(cs, s++, 1, 3, 10, 4, 4, 1, 6, 3);
+  add_attention(cs, s++, 1, 1, 6, 5, 2, 2, 4, 2);
+  // More than one 64-row query block (the blocked implementation's boundary), with and without a
+  // window reaching across it, and a chunk of 66 queries after 4 cached keys.
+  add_attention(cs, s++, 1, 70, 70, 0, 2, 1, 4, 0);
+  add_attention(cs, s++, 1, 67, 67, 0, 2, 2, 3, 5);
+  add_attention(cs, s++, 1, 66, 70, 4, 2, 1, 4, 0);
+  // The CUDA kernel's layouts (head dims 32, 64, 128): sequences that are not multiples of the
+  // 64-row tiles, GQA 8:2 and plain 4:4, full causal and sliding window.
+  for (int64_t d : {32, 64, 128})
+    for (int64_t S : {100, 257})
+      for (auto [Hq, Hkv] : {std::pair<int64_t, int64_t>{8, 2}, {4, 4}})
+        for (int64_t window : {0, 64}) add_attention(cs, s++, 2, S, S, 0, Hq, Hkv, d, window);
+  // Tile-aligned S (no partial tiles), a window longer than several tiles, a single short
+  // sequence, and a window of 2 (a window of 1 makes dq and dk exactly zero).
+  add_attention(cs, s++, 1, 256, 256, 0, 8, 2, 128, 0);
+  add_attention(cs, s++, 1, 384, 384, 0, 8, 2, 128, 150);
+  add_attention(cs, s++, 2, 3, 3, 0, 4, 2, 64, 0);
+  add_attention(cs, s++, 1, 130, 130, 0, 2, 1, 32, 2);
+  // The CUDA backward's dK/dV blocks own 128 keys and its dQ blocks 128 query rows (64-row steps
+  // and 64-key tiles inside them): S just past one block (129), inside the second (200), past two
+  // with a partial 64-row step (300), and several blocks with a window shorter than a block; GQA
+  // 4:1, 3:1, 1:1.
+  for (int64_t d : {32, 64, 128}) {
+    add_attention(cs, s++, 1, 129, 129, 0, 4, 1, d, 0);
+    add_attention(cs, s++, 2, 200, 200, 0, 8, 2, d, 0);
+    add_attention(cs, s++, 1, 300, 300, 0, 8, 2, d, 100);
+    add_attention(cs, s++, 1, 200, 200, 0, 3, 3, d, 150);
+  }
+  add_attention(cs, s++, 1, 385, 385, 0, 6, 2, 128, 2);
+  add_attention(cs, s++, 1, 513, 513, 0, 4, 1, 128, 0);
+  // Decoding with q_start > 0 against a longer key cache (forward only, as in the model), and
+  // queries in the middle of the cache (keys beyond the last query are never visible).
+  for (int64_t d : {32, 64, 128})
+    for (int64_t S : {1, 5})
+      for (int64_t window : {0, 64}) add_attention(cs, s++, 2, S, 300, 300 - S, 8, 2, d, window);
+  add_attention(cs, s++, 1, 70, 400, 130, 8, 2, 128, 0);
+  add_router_select(cs, s++, 16, 17, true);
+  add_router_select(cs, s++, 7, 5, true);
+  add_router_select(cs, s++, 9, 2, false);
+  return cs;
+}
+
+}  // namespace
+
+const Cases& registry() {
+  static const Cases cases = make_cases();
+  return cases;
+}
+
+}  // namespace zaya::op_test

@@ -1,5 +1,5 @@
 // `zaya generate` and `zaya eval`: run a checkpoint (transformers layout or the original release
-// layout) on the CPU reference backend, or generate on the GPU (`--device cuda`).
+// layout) through a Decoder (engine/decoder.h): the CPU reference, or the GPU (`--device cuda`).
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
@@ -10,13 +10,10 @@
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "data/tokenizer.h"
-#include "model/generate.h"
 #include "ckpt/model_io.h"
+#include "data/tokenizer.h"
+#include "engine/decoder.h"
 #include "model/zaya.h"
-#if ZAYA_HAVE_CUDA
-#include "engine/cuda/infer_cuda.h"
-#endif
 
 namespace zaya::cli {
 
@@ -62,6 +59,12 @@ std::unique_ptr<Tokenizer> model_tokenizer(const std::string& flag, const std::s
   fail("{}: no tokenizer.json in the model directory; pass --tokenizer FILE or use --ids", dir);
 }
 
+void add_device_option(CLI::App& app, std::string& device) {
+  app.add_option("--device", device, "cpu (fp32 reference) or cuda (bf16 on GPU 0)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+}
+
 int run_generate(int argc, char** argv) {
   CLI::App app{"Generate text from a checkpoint", "zaya generate"};
   std::string model, prompt, ids_text, tokenizer;
@@ -82,13 +85,9 @@ int run_generate(int argc, char** argv) {
   app.add_option("--top-p", opt.top_p, "nucleus sampling mass");
   app.add_option("--seed", opt.seed, "sampling seed");
   app.add_flag("--print-ids", print_ids, "print token ids instead of text");
-  app.add_option("--device", device, "cpu (reference) or cuda (bf16 on GPU 0)")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
-  app.parse(argc, argv);
+  add_device_option(app, device);
+  if (!parse_or_help(app, argc, argv)) return 0;
   ZAYA_CHECK(!prompt.empty() || !ids_text.empty(), "give --prompt TEXT or --ids \"1 2 3\"");
-#if !ZAYA_HAVE_CUDA
-  ZAYA_CHECK(device == "cpu", "--device cuda: this zaya was built without CUDA");
-#endif
   opt.greedy = greedy;
   ZAYA_CHECK(opt.temperature > 0 || greedy, "--temperature must be positive, got {}",
              opt.temperature);
@@ -108,15 +107,8 @@ int run_generate(int argc, char** argv) {
   check_ids(ids, m.cfg.vocab_size, "prompt");
   if (!print_ids && !tok) tok = model_tokenizer(tokenizer, model, m.cfg);
   const int32_t stop = int32_t(m.cfg.eos_token_id);
-#if ZAYA_HAVE_CUDA
-  std::unique_ptr<cuda::CudaInference> inf;  // built first: a missing GPU fails before any output
-  if (device == "cuda") {
-    cuda::CudaInferOptions io;
-    io.max_context = int64_t(ids.size()) + max_new;
-    io.max_prefill_tokens = std::min<int64_t>(io.max_context, 8192);
-    inf = std::make_unique<cuda::CudaInference>(m, io);
-  }
-#endif
+  // Built first: a missing GPU fails before any output.
+  const auto dec = make_decoder(m, {.device = device, .max_context = int64_t(ids.size()) + max_new});
   if (!print_ids)
     std::fputs(prompt.empty() ? tok->decode(ids, true).c_str() : prompt.c_str(), stdout);
   std::vector<int32_t> pending;
@@ -133,13 +125,7 @@ int run_generate(int argc, char** argv) {
     }
     std::fflush(stdout);
   };
-  if (device == "cpu") {
-    generate(m, ids, max_new, opt, stop, on_token);
-  } else {
-#if ZAYA_HAVE_CUDA
-    cuda::generate_cuda(*inf, ids, max_new, opt, stop, on_token);
-#endif
-  }
+  generate(*dec, ids, max_new, opt, stop, on_token);
   std::printf("\n");
   return 0;
 }
@@ -148,13 +134,15 @@ int run_eval(int argc, char** argv) {
   CLI::App app{"Mean next-token cross-entropy of a checkpoint on some tokens", "zaya eval"};
   std::string model, ids_file, text_file, tokenizer;
   int64_t seq = 0;
+  std::string device = "cpu";
   app.add_option("--model", model, "checkpoint directory")->required();
   auto* a = app.add_option("--ids-file", ids_file, "whitespace-separated token ids");
   auto* b = app.add_option("--text-file", text_file, "text, tokenized with the model's tokenizer");
   a->excludes(b);
   app.add_option("--tokenizer", tokenizer, "tokenizer.json or 'bytes'");
   app.add_option("--seq", seq, "evaluate in windows of this many tokens (default: whole input)");
-  app.parse(argc, argv);
+  add_device_option(app, device);
+  if (!parse_or_help(app, argc, argv)) return 0;
   ZAYA_CHECK(!ids_file.empty() || !text_file.empty(), "give --ids-file F or --text-file F");
   ZayaModel m = load_model(model);
   std::vector<int32_t> ids;
@@ -171,19 +159,10 @@ int run_eval(int argc, char** argv) {
   check_ids(ids, m.cfg.vocab_size, src);
   ZAYA_CHECK(ids.size() >= 2, "{}: need at least 2 tokens to score next-token prediction", src);
   const int64_t n = int64_t(ids.size());
-  const int64_t w = seq > 1 ? seq : n;
-  double total = 0;
-  int64_t count = 0;
-  for (int64_t s = 0; s + 1 < n; s += w) {
-    const int64_t len = std::min(w, n - s);
-    if (len < 2) break;
-    std::vector<int32_t> win(ids.begin() + s, ids.begin() + s + len);
-    total += m.loss(win, 1, len) * double(len - 1);
-    count += len - 1;
-  }
-  const double loss = total / double(count);
-  std::printf("{\"loss\": %.8f, \"perplexity\": %.6f, \"tokens\": %lld, \"scored\": %lld}\n", loss,
-              std::exp(loss), (long long)n, (long long)count);
+  const auto dec = make_decoder(m, {.device = device, .max_context = seq > 1 ? std::min(seq, n) : n});
+  const EvalResult r = evaluate(*dec, ids, seq);
+  std::printf("{\"loss\": %.8f, \"perplexity\": %.6f, \"tokens\": %lld, \"scored\": %lld}\n",
+              r.loss, std::exp(r.loss), (long long)n, (long long)r.scored);
   return 0;
 }
 

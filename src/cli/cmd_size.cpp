@@ -297,13 +297,7 @@ int run_size(int argc, char** argv) {
   std::string hw_show;
   hwc->add_option("--hardware", hw_show, "built-in name or measured profile JSON");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  }
+  if (!zaya::cli::parse_or_help(app, argc, argv)) return 0;
 
   if (*check) return run_check(check_model, hw_name, check_train, explain, prompt, json_path);
 

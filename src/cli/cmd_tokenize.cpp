@@ -1,11 +1,12 @@
 // `zaya tokenize`: text to token ids and back with any tokenizer zaya can load ("bytes" or a
 // tokenizer.json), for checking a tokenizer by hand and in scripts.
 //   zaya tokenize --tokenizer T [TEXT...] [--input FILE|-] [--add-special] [--format
-//   ids|json|pieces] zaya tokenize --tokenizer T --decode [IDS...] [--input FILE|-]
-//   [--skip-special] both: [--output FILE] (written atomically) [--stats] (sizes and timings on
-//   stderr)
-// The input is one text (a file is not split into lines or documents: `zaya data prepare` does
-// that). Not here: batching of many documents, or writing datasets.
+//   ids|json|pieces]
+//   zaya tokenize --tokenizer T --decode [IDS...] [--input FILE|-] [--skip-special]
+//   both: [--output FILE] (written atomically) [--stats] (sizes and timings on stderr)
+// With no TEXT and no --input, the input is stdin unless it is a terminal; empty input is an
+// error. The input is one text (a file is not split into lines or documents: `zaya data prepare`
+// does that). Not here: batching of many documents, or writing datasets.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -15,6 +16,7 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "cli/command.h"
 #include "core/error.h"
@@ -29,20 +31,29 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// The text (or ids) to work on: the arguments, else --input FILE (- for stdin), else stdin when it
+// is not a terminal (piped or redirected). Empty input is an error, never a silent empty encoding.
 std::string read_input(const std::string& input, const std::vector<std::string>& args) {
-  if (input.empty()) {
-    std::string text;
-    for (size_t i = 0; i < args.size(); i++) text += (i ? " " : "") + args[i];
-    return text;
-  }
-  ZAYA_CHECK(args.empty(),
+  ZAYA_CHECK(input.empty() || args.empty(),
              "tokenize: give the input either as arguments or with --input, not both");
-  if (input == "-") {
+  std::string text;
+  std::string source = "the input";
+  if (!args.empty()) {
+    for (size_t i = 0; i < args.size(); i++) text += (i ? " " : "") + args[i];
+    source = "the arguments";
+  } else if (!input.empty() && input != "-") {
+    text = zaya::read_file(input);
+    source = "'" + input + "'";
+  } else {
+    ZAYA_CHECK(input == "-" || !isatty(fileno(stdin)),
+               "tokenize: no input: give TEXT arguments, --input FILE, or pipe text on stdin");
     std::ostringstream s;
     s << std::cin.rdbuf();
-    return s.str();
+    text = s.str();
+    source = "stdin";
   }
-  return zaya::read_file(input);
+  ZAYA_CHECK(!text.empty(), "tokenize: empty input ({}): nothing to encode or decode", source);
+  return text;
 }
 
 // Whitespace-separated decimal ids; errors say which one is wrong and where.
@@ -81,7 +92,9 @@ int run_tokenize(int argc, char** argv) {
   app.add_option("--tokenizer", spec, "\"bytes\" or a tokenizer.json (or its directory)")
       ->required();
   app.add_option("args", args, "the text to encode (words joined by spaces), or the ids to decode");
-  app.add_option("--input", input, "read the text (or ids) from this file; - for stdin");
+  app.add_option("--input", input,
+                 "read the text (or ids) from this file; - for stdin (the default when no "
+                 "arguments are given and stdin is not a terminal)");
   app.add_option("--output", output, "write here (atomically) instead of stdout");
   app.add_flag("--add-special", add_special, "apply the post-processor (e.g. a leading <bos>)");
   app.add_option("--format", format,

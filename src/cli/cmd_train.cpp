@@ -38,7 +38,7 @@ static int run_train(int argc, char** argv) {
       "--peak-tflops", peak_tflops,
       "bf16 peak TFLOP/s that MFU is quoted against on the GPU (default: measured H200)");
   app.add_flag("--quiet", quiet, "no per-step progress");
-  app.parse(int(rest.size()), rest.data());
+  if (!parse_or_help(app, int(rest.size()), rest.data())) return 0;
   ZAYA_CHECK(device.empty() || device == "cpu" || device == "cuda",
              "--device {}: expected cpu or cuda", device);
   ZAYA_CHECK(peak_tflops > 0, "--peak-tflops must be positive, got {}", peak_tflops);

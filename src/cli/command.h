@@ -5,6 +5,10 @@
 #include <string>
 #include <vector>
 
+namespace CLI {
+class App;
+}
+
 namespace zaya::cli {
 
 struct Command {
@@ -16,6 +20,11 @@ struct Command {
 
 bool register_command(Command c);
 const std::vector<Command>& commands();
+
+// app.parse(argc, argv), except that --help (or --help-all) prints the app's options, or the
+// selected subcommand's, to stdout and returns false: the command then returns 0. Other parse
+// errors propagate as CLI::ParseError (main prints them and exits 2).
+bool parse_or_help(CLI::App& app, int argc, char** argv);
 
 }  // namespace zaya::cli
 

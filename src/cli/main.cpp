@@ -22,6 +22,19 @@ const std::vector<Command>& commands() {
   return registry();
 }
 
+bool parse_or_help(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    app.exit(e);
+    return false;
+  } catch (const CLI::CallForAllHelp& e) {
+    app.exit(e);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace zaya::cli
 
 static void usage() {

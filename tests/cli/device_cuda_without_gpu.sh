@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `--device cuda` where no GPU can be used (the CI machine: a CUDA build without a device, or a
-# build without CUDA): generate, train and the GPU benchmarks stop before any output or work with
-# a message that says so, and exit non-zero. Skipped (passes) when a GPU is usable.
+# build without CUDA): generate, eval, train and the GPU benchmarks stop before any output or work
+# with a message that says so, and exit non-zero. Skipped (passes) when a GPU is usable.
 # usage: bash device_cuda_without_gpu.sh <zaya-binary> <source-dir>
 set -euo pipefail
 ZAYA=$1
@@ -25,6 +25,9 @@ expect_refusal() {  # NAME CMD...: non-zero exit, a reason on stderr, nothing on
 }
 expect_refusal generate "$ZAYA" generate --model "$SRC/tests/fixtures/parity/cfg_a" --ids "1 2 3" \
   -n 3 --device cuda
+echo "1 2 3 4 5 6" > "$T/ids"
+expect_refusal eval "$ZAYA" eval --model "$SRC/tests/fixtures/parity/cfg_a" --ids-file "$T/ids" \
+  --device cuda
 expect_refusal infer "$ZAYA" bench infer --preset tiny
 expect_refusal bench_train "$ZAYA" bench train --preset tiny --layers 1 --batch 1 --seq 16
 expect_refusal train "$ZAYA" train --device cuda --steps 1 --out "$T/run"

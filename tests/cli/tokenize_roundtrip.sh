@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `zaya tokenize` against the Hugging Face `tokenizers` fixture (tests/fixtures/tokenizer): encode
-# and decode of reference texts through arguments, files and stdin, the three output formats, and
-# errors that name the bad input and leave no output file behind.
+# and decode of reference texts through arguments, files and stdin (with --input - or piped alone),
+# the three output formats, and errors that name the bad input (empty input included) and leave no
+# output file behind.
 #   bash tests/cli/tokenize_roundtrip.sh ZAYA_BINARY SOURCE_DIR
 set -euo pipefail
 ZAYA="$1"
@@ -41,6 +42,34 @@ for i in 1 2 3 6 9 10; do
   "$ZAYA" tokenize --tokenizer "$TOK" --decode --input "$TMP/ids$i" --output "$TMP/out$i"
   check "decode $i" "$(cat "$TMP/decoded$i" | od -An -tx1)" "$(od -An -tx1 < "$TMP/out$i")"
 done
+for i in 1 2 3; do
+  check "encode piped stdin $i" "$(cat "$TMP/ids$i")" "$("$ZAYA" tokenize --tokenizer "$TOK" < "$TMP/text$i")"
+  "$ZAYA" tokenize --tokenizer "$TOK" --decode --output "$TMP/piped$i" < "$TMP/ids$i"
+  check "decode piped stdin $i" "$(od -An -tx1 < "$TMP/decoded$i")" "$(od -An -tx1 < "$TMP/piped$i")"
+done
+check "echo | tokenize" "$("$ZAYA" tokenize --tokenizer "$TOK" --input - <<< "Hello world")" \
+  "$(echo "Hello world" | "$ZAYA" tokenize --tokenizer "$TOK")"
+check "arguments before stdin" "$(cat "$TMP/ids1")" \
+  "$(echo "ignored" | "$ZAYA" tokenize --tokenizer "$TOK" Hello, 'world!')"
+# A terminal on stdin and no text: an error, not a wait or an empty encoding.
+check "terminal stdin" "refused" "$(python3 - "$ZAYA" "$TOK" <<'EOF'
+import os, pty, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "tokenize", "--tokenizer", sys.argv[2]])
+out = b""
+while True:
+    try:
+        d = os.read(fd, 4096)
+    except OSError:
+        break
+    if not d:
+        break
+    out += d
+code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print("refused" if code != 0 and b"no input" in out else f"exit {code}: {out!r}")
+EOF
+)"
 check "encode args" "$(cat "$TMP/ids1")" "$("$ZAYA" tokenize --tokenizer "$TOK" Hello, 'world!')"
 check "directory spec" "$(cat "$TMP/ids1")" \
   "$(mkdir -p "$TMP/dir" && cp "$TOK" "$TMP/dir/tokenizer.json" && "$ZAYA" tokenize --tokenizer "$TMP/dir" 'Hello, world!')"
@@ -82,6 +111,12 @@ check "no output after error" "absent" "$([[ -e "$TMP/bad" ]] && echo present ||
 expect_error "unknown id" "token id 999999" "$ZAYA" tokenize --tokenizer "$TOK" --decode 999999
 expect_error "missing tokenizer" "$TMP/nope.json" "$ZAYA" tokenize --tokenizer "$TMP/nope.json" hi
 expect_error "missing input" "$TMP/nope.txt" "$ZAYA" tokenize --tokenizer "$TOK" --input "$TMP/nope.txt"
+: > "$TMP/empty"
+expect_error "empty stdin" "empty input (stdin)" "$ZAYA" tokenize --tokenizer "$TOK" < "$TMP/empty"
+expect_error "empty --input -" "empty input (stdin)" "$ZAYA" tokenize --tokenizer "$TOK" --input - < "$TMP/empty"
+expect_error "empty file" "empty input ('$TMP/empty')" "$ZAYA" tokenize --tokenizer "$TOK" --input "$TMP/empty"
+expect_error "empty argument" "empty input (the arguments)" "$ZAYA" tokenize --tokenizer "$TOK" ''
+expect_error "empty decode" "empty input (stdin)" "$ZAYA" tokenize --tokenizer "$TOK" --decode < "$TMP/empty"
 printf '{"model": {"type": "Unigram"}}' > "$TMP/unigram.json"
 expect_error "unsupported model" "model.type" "$ZAYA" tokenize --tokenizer "$TMP/unigram.json" hi
 

@@ -24,7 +24,7 @@
 #include "backend/cuda/ops.h"
 #include "gpu_test_util.h"
 #include "io/safetensors.h"
-#include "model/generate.h"
+#include "engine/decoder.h"
 #include "ckpt/model_io.h"
 #include "model/zaya.h"
 
@@ -183,6 +183,37 @@ TEST_P(CudaInfer, GreedyGenerationAgreesWhereTheReferenceIsDecided) {
         << " with a clear margin";
     break;
   }
+}
+
+// The CUDA Decoder (make_decoder with device "cuda") is the engine behind engine/decoder.h: greedy
+// generation through it gives generate_cuda's tokens, and its loss (all-position prefill logits,
+// scored on the host) agrees with the CPU reference's within the bf16 tolerance and leaves the
+// cache empty; windowed evaluation runs on it.
+TEST_P(CudaInfer, DecoderGeneratesAndScoresAsTheEngine) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const std::string dir = parity_fixture(GetParam());
+  ZayaModel m = load_model(dir);
+  const auto prompt = parity_prompt(dir);
+  const int64_t S = int64_t(prompt.size()), n = 12;
+  SamplingOptions opt;
+  opt.greedy = true;
+  auto dec = make_decoder(m, {.device = "cuda", .max_context = S + n});
+  EXPECT_EQ(dec->device(), "cuda:0");
+  CudaInferOptions o;
+  o.max_context = S + n;
+  CudaInference inf(m, o);
+  EXPECT_EQ(generate(*dec, prompt, n, opt), generate_cuda(inf, prompt, n, opt));
+
+  const auto e = test_util::load_parity_expected(dir);
+  const std::vector<int32_t> ids(e.ids.begin(), e.ids.begin() + e.S);
+  auto scorer = make_decoder(m, {.device = "cuda", .max_context = e.S});
+  const double got = scorer->loss(ids), want = m.loss(ids, 1, e.S);
+  EXPECT_NEAR(got, want, 2e-2 * std::fabs(want) + 1e-2);
+  EXPECT_EQ(scorer->length(), 0);
+  const EvalResult w = evaluate(*scorer, ids, 5);
+  EXPECT_EQ(w.scored, evaluate(*make_decoder(m, {.max_context = e.S}), ids, 5).scored);
+  EXPECT_NEAR(w.loss, evaluate(*make_decoder(m, {.max_context = e.S}), ids, 5).loss,
+              2e-2 * std::fabs(want) + 1e-2);
 }
 
 // Greedy steps enqueued back to back (decode_greedy over n steps, one wait) give the tokens of the

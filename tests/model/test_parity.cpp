@@ -7,7 +7,7 @@
 #include <cmath>
 #include <set>
 
-#include "model/generate.h"
+#include "engine/decoder.h"
 #include "ckpt/model_io.h"
 #include "model/zaya.h"
 #include "parity_fixture.h"

@@ -13,7 +13,6 @@
 #include "backend/cuda/ops.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
-#include "core/rng.h"
 
 namespace zaya::cuda {
 
@@ -547,6 +546,12 @@ int64_t CudaInference::batch() const {
 int64_t CudaInference::length() const {
   return impl_->length;
 }
+int64_t CudaInference::max_context() const {
+  return impl_->opt.max_context;
+}
+int64_t CudaInference::max_logits_rows() const {
+  return impl_->logits_rows;
+}
 const char* decode_op_name(DecodeOp op) {
   switch (op) {
     case DecodeOp::Qkv: return "qkv";
@@ -743,42 +748,6 @@ double CudaInference::decode_bytes_per_step() const {
                        f4 * double(s.C * (s.c.cca_time0 + s.d * s.c.cca_time1)) +
                        bf * double(2 * s.KD) * double(s.length);
   return double(s.NL) * layer + bf * double(s.V * s.D) + bf * double(s.D);
-}
-
-std::vector<int32_t> generate_cuda(CudaInference& inf, const std::vector<int32_t>& prompt,
-                                   int64_t max_new, const SamplingOptions& opt, int32_t stop_id,
-                                   const std::function<void(int32_t)>& on_token) {
-  ZAYA_CHECK(!prompt.empty(), "generate: the prompt is empty (give at least one token)");
-  ZAYA_CHECK(max_new >= 0, "generate: max_new_tokens must be >= 0, got {}", max_new);
-  std::vector<int32_t> out;
-  if (max_new == 0) return out;
-  inf.reset(1);
-  const int64_t V = inf.cfg().vocab_size;
-  Rng rng(opt.seed);
-  Tensor logits = inf.prefill(prompt, int64_t(prompt.size()));
-  int32_t tok = sample_token(logits.f32(), V, opt, rng);
-  // Greedy tokens are decoded kGreedyAhead steps at a time on the device (decode_greedy enqueues
-  // them back to back and waits once) and handed out one by one; a stop token inside a group
-  // leaves the steps after it decoded but unused.
-  constexpr int64_t kGreedyAhead = 8;
-  std::vector<int32_t> ahead;  // decoded, not yet handed out, last first
-  for (int64_t i = 0;; i++) {
-    out.push_back(tok);
-    if (on_token) on_token(tok);
-    if (tok == stop_id || i + 1 == max_new) break;
-    if (opt.greedy || opt.temperature <= 0.0f) {
-      if (ahead.empty()) {
-        const auto got = inf.decode_greedy({tok}, std::min(kGreedyAhead, max_new - 1 - i));
-        ahead.assign(got.rbegin(), got.rend());
-      }
-      tok = ahead.back();
-      ahead.pop_back();
-    } else {
-      logits = inf.decode({tok});
-      tok = sample_token(logits.f32(), V, opt, rng);
-    }
-  }
-  return out;
 }
 
 }  // namespace zaya::cuda

@@ -17,7 +17,7 @@
 
 #include "backend/cuda/decode/decode_policy.h"
 #include "core/tensor.h"
-#include "model/generate.h"
+#include "model/sampling.h"
 #include "model/zaya.h"
 
 namespace zaya::cuda {
@@ -59,6 +59,9 @@ class CudaInference {
   void reset(int64_t batch);
   int64_t batch() const;
   int64_t length() const;  // tokens per sequence already in the cache
+  int64_t max_context() const;
+  // The most rows (B·S) whose logits one prefill(..., all_logits) returns.
+  int64_t max_logits_rows() const;
 
   // Runs S new tokens per sequence (ids host [B,S], B = batch()) through the model, appending them
   // to the cache. Returns fp32 logits on the host: of the last position [B,1,V], or of every
@@ -102,9 +105,9 @@ class CudaInference {
   std::unique_ptr<Impl> impl_;
 };
 
-// zaya::generate on the GPU: prefill the prompt, then decode with sampling on the host (or, when
-// opt.greedy, on the device, up to 8 steps enqueued at a time: a stop token leaves at most 7 steps
-// decoded past it, unused). Same sampling rules and seed semantics as zaya::generate.
+// zaya::generate (engine/decoder.h) over this engine, batch 1: prefill the prompt, then decode with
+// sampling on the host (or, when opt.greedy, on the device, up to 8 steps enqueued at a time: a
+// stop token leaves at most 7 steps decoded past it, unused). Defined in cuda_decoder_cuda.cpp.
 std::vector<int32_t> generate_cuda(CudaInference& inf, const std::vector<int32_t>& prompt,
                                    int64_t max_new, const SamplingOptions& opt,
                                    int32_t stop_id = -1,

@@ -1,8 +1,9 @@
-#include "model/generate.h"
+#include "model/sampling.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <vector>
 
 #include "core/error.h"
 
@@ -52,27 +53,6 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingOptions& opt,
     if (u < 0) return idx[i];
   }
   return idx[keep - 1];
-}
-
-std::vector<int32_t> generate(const ZayaModel& model, const std::vector<int32_t>& prompt,
-                              int64_t max_new, const SamplingOptions& opt, int32_t stop_id,
-                              const std::function<void(int32_t)>& on_token) {
-  ZAYA_CHECK(!prompt.empty(), "generate: the prompt is empty (give at least one token)");
-  ZAYA_CHECK(max_new >= 0, "generate: max_new_tokens must be >= 0, got {}", max_new);
-  const int64_t V = model.cfg.vocab_size;
-  InferenceCache cache = model.new_cache(1, int64_t(prompt.size()) + max_new);
-  Rng rng(opt.seed);
-  std::vector<int32_t> out;
-  if (max_new == 0) return out;
-  Tensor logits = model.forward(prompt, 1, int64_t(prompt.size()), false, &cache);
-  for (int64_t i = 0; i < max_new; i++) {
-    const int32_t tok = sample_token(logits.f32(), V, opt, rng);
-    out.push_back(tok);
-    if (on_token) on_token(tok);
-    if (tok == stop_id || i + 1 == max_new) break;
-    logits = model.forward({tok}, 1, 1, false, &cache);
-  }
-  return out;
 }
 
 }  // namespace zaya

@@ -2,6 +2,9 @@
 // corpus (configs/tiny.toml's settings are the defaults) and leaves a model that `zaya generate`
 // can run. Any config key can be overridden: --optim.lr=3e-4, --train.steps=200, ...
 // `--device cuda` (or --train.device=cuda) trains on the GPU when the binary has the CUDA backend.
+// Under a launcher (`mpirun -np N zaya train ...`, `srun zaya train ...`) every rank runs this;
+// rank 0 alone prints the summary, and an error on any rank names the rank and host and ends the
+// whole job (docs/TRAINING.md, "Several processes").
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <filesystem>
@@ -9,11 +12,12 @@
 #include "cli/command.h"
 #include "core/log.h"
 #include "core/source_dir.h"
+#include "dist/launch.h"
 #include "train/trainer.h"
 
 namespace zaya::cli {
 
-static int run_train(int argc, char** argv) {
+static int run_train_rank(int argc, char** argv) {
   // Split "--section.key=value" overrides from the ordinary flags.
   std::vector<std::string> overrides;
   std::vector<char*> rest;
@@ -58,6 +62,7 @@ static int run_train(int argc, char** argv) {
   o.quiet = quiet;
   o.peak_tflops = peak_tflops;
   TrainResult r = train(o);
+  if (detect_launch().rank != 0) return 0;
   fmt::print(
       "{{\"steps\": {}, \"tokens\": {}, \"first_loss\": {:.6f}, \"last_loss\": {:.6f}, "
       "\"eval_loss\": {:.6f}, \"unigram_entropy\": {:.6f}, \"seconds\": {:.1f}, \"skipped_steps\": "
@@ -66,6 +71,33 @@ static int run_train(int argc, char** argv) {
       r.steps, r.tokens, r.first_loss, r.last_loss, r.eval_loss, r.unigram_entropy, r.seconds,
       r.skipped_steps, r.final_checkpoint, r.model_dir);
   return 0;
+}
+
+// Errors of a launched job: every rank's message names it; an error only some ranks raised ends
+// the job through MPI_Abort, so no rank is left waiting in a collective.
+static int run_train(int argc, char** argv) {
+  LaunchInfo li;
+  try {
+    li = detect_launch();
+  } catch (const Error& e) {
+    fmt::print(stderr, "zaya train: error: {}\n", e.what());
+    return 1;
+  }
+  if (!li.launched() || li.world == 1) return run_train_rank(argc, argv);
+  const std::string who = fmt::format("rank {} of {} on {}", li.rank, li.world, local_host_name());
+  try {
+    return run_train_rank(argc, argv);
+  } catch (const JobWideError& e) {
+    fmt::print(stderr, "zaya train: {}: error: {}\n", who, e.what());
+    return 1;
+  } catch (const CLI::ParseError& e) {
+    fmt::print(stderr, "zaya train: {}: {}\n", who, e.what());
+    return 2;  // every rank parses the same arguments, before any collective
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "zaya train: {}: error: {}\nzaya train: {}: ending the whole job\n", who,
+               e.what(), who);
+    abort_all_ranks(1);
+  }
 }
 
 ZAYA_COMMAND("train", "train a model (default: tiny preset on the built-in Brown corpus)",

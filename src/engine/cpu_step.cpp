@@ -24,8 +24,9 @@ int64_t round_up(int64_t n, int64_t m) {
 
 class CpuStep final : public TrainStep {
  public:
-  CpuStep(ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing)
-      : model_(model) {
+  CpuStep(ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing,
+          const ParamMask& owned_state)
+      : model_(model), owned_state_(owned_state) {
     auto slots = model.tensor_slots();
     int64_t total = 0;
     for (auto& [name, t] : slots) {
@@ -34,6 +35,7 @@ class CpuStep final : public TrainStep {
       s.shape = t->shape();
       s.numel = t->numel();
       s.offset = total;
+      s.has_grad = !is_balancing_bias(name);
       layout_.push_back(s);
       total += round_up(s.numel, kAlignFloats);
     }
@@ -49,7 +51,10 @@ class CpuStep final : public TrainStep {
     }
     for (size_t i = 0; i < slots.size(); i++)
       params_.push_back({layout_[i].name, *slots[i].second, grads_.tensors[i].second});
-    opt_ = std::make_unique<Optimizer>(params_, optim);
+    ZAYA_CHECK(owned_state_.empty() || owned_state_.size() == params_.size(),
+               "train step: the state ownership mask has {} entries for {} parameters",
+               owned_state_.size(), params_.size());
+    opt_ = std::make_unique<Optimizer>(owned_state_.empty() ? params_ : subset(owned_state_), optim);
     balance_ = std::make_unique<BalancingBiasUpdater>(
         BalancingBiasUpdater::from_params(params_, balancing));
   }
@@ -72,13 +77,19 @@ class CpuStep final : public TrainStep {
 
   void optimizer_step(double lr, float grad_scale, const ParamMask& owned) override {
     // The CPU optimizer reads the gradients as they are: apply the clip factor to them first.
-    if (grad_scale != 1.0f) scale_grads(owned.empty() ? params_ : subset(owned), grad_scale);
-    if (owned.empty())
+    const ParamMask& scaled = owned.empty() ? owned_state_ : owned;
+    if (grad_scale != 1.0f) scale_grads(scaled.empty() ? params_ : subset(scaled), grad_scale);
+    if (owned.empty() || !owned_state_.empty()) {
+      ZAYA_CHECK(owned.empty() || owned == owned_state_,
+                 "train step: optimizer_step's mask differs from the parameters whose state this "
+                 "step keeps");
       opt_->step(lr);
-    else
+    } else {
       opt_->step(lr, owned);
+    }
   }
   int64_t optimizer_steps() const override { return opt_->steps(); }
+  int64_t muon_matrices_last_step() const override { return opt_->muon_matrices_last_step(); }
 
   void update_balancing(const std::vector<std::vector<int64_t>>& counts) override {
     balance_->update(counts);
@@ -138,6 +149,7 @@ class CpuStep final : public TrainStep {
   }
 
   ZayaModel& model_;
+  ParamMask owned_state_;
   std::vector<ParamSlot> layout_;
   Tensor master_, grad_;
   ModelGrads grads_;
@@ -149,8 +161,9 @@ class CpuStep final : public TrainStep {
 }  // namespace
 
 std::unique_ptr<TrainStep> make_cpu_step(ZayaModel& model, const OptimizerSettings& optim,
-                                         const BalancingSettings& balancing) {
-  return std::make_unique<CpuStep>(model, optim, balancing);
+                                         const BalancingSettings& balancing,
+                                         const ParamMask& owned_state) {
+  return std::make_unique<CpuStep>(model, optim, balancing, owned_state);
 }
 
 }  // namespace zaya

@@ -7,7 +7,10 @@
 namespace zaya {
 
 // Trains `model`'s tensors in place (re-homed into the step's flat master buffer as owned fp32).
+// With a non-empty `owned_state` (one entry per tensor slot) the optimizer keeps state for, and
+// updates, only those parameters (a ZeRO-1 rank); its named state is theirs only.
 std::unique_ptr<TrainStep> make_cpu_step(ZayaModel& model, const OptimizerSettings& optim,
-                                         const BalancingSettings& balancing);
+                                         const BalancingSettings& balancing,
+                                         const ParamMask& owned_state = {});
 
 }  // namespace zaya

@@ -2,6 +2,9 @@
 // without the CUDA backend (the CUDA build defines it in engine/cuda/cuda_step_cuda.cpp).
 #include "engine/train_step.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/error.h"
 #include "engine/cpu_step.h"
 #include "engine/cuda/cuda_step.h"
@@ -19,6 +22,24 @@ std::unique_ptr<TrainStep> make_cuda_step(ZayaModel&, const OptimizerSettings&,
                                           const BalancingSettings&, const TrainStepOptions& o) {
   check_cuda_step_available(o.device_index);
   return nullptr;  // not reached
+}
+
+void copy_step_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+
+int visible_cuda_devices() {
+  return 0;
+}
+
+void* alloc_pinned_host(size_t bytes) {
+  void* p = std::aligned_alloc(4096, (std::max<size_t>(bytes, 1) + 4095) / 4096 * 4096);
+  ZAYA_CHECK(p != nullptr, "cannot allocate {} bytes of host staging memory", bytes);
+  return p;
+}
+
+void free_pinned_host(void* p) {
+  std::free(p);
 }
 #endif
 
@@ -47,7 +68,7 @@ std::unique_ptr<TrainStep> make_train_step(ZayaModel& model, const OptimizerSett
                                            const TrainStepOptions& options) {
   check_train_device(options);
   if (options.device == "cuda") return make_cuda_step(model, optim, balancing, options);
-  return make_cpu_step(model, optim, balancing);
+  return make_cpu_step(model, optim, balancing, options.owned_state);
 }
 
 }  // namespace zaya

@@ -73,6 +73,10 @@ struct TrainStepOptions {
   int64_t max_seq = 0;         // longest sequence (CUDA)
   bool recompute = false;      // activation recomputation in backward (CUDA)
   bool ns_bf16 = true;         // Muon's Newton–Schulz GEMMs in bf16, else fp32 (CUDA)
+  // ZeRO-1: the parameters whose optimizer state this step keeps (empty: all). The CPU step
+  // allocates moments and momentum only for these, and its optimizer_step updates exactly them;
+  // the CUDA step keeps state for all and updates the ones in optimizer_step's mask.
+  ParamMask owned_state;
 };
 
 class TrainStep {
@@ -95,6 +99,9 @@ class TrainStep {
   // gradients read as g·grad_scale (the clip factor, or 1).
   virtual void optimizer_step(double lr, float grad_scale, const ParamMask& owned = {}) = 0;
   virtual int64_t optimizer_steps() const = 0;
+  // Matrices Newton–Schulz-orthogonalised by the last optimizer_step (a 3-D expert tensor counts
+  // its E matrices); -1 where the step does not count them.
+  virtual int64_t muon_matrices_last_step() const { return -1; }
   // The aux-loss-free balancing update from this step's routed counts (summed over ranks).
   virtual void update_balancing(const std::vector<std::vector<int64_t>>& counts) = 0;
   virtual int64_t balancing_steps() const = 0;
@@ -136,6 +143,15 @@ std::pair<NamedTensors, NamedTensors> split_step_state(const NamedTensors& state
 std::unique_ptr<TrainStep> make_train_step(ZayaModel& model, const OptimizerSettings& optim,
                                            const BalancingSettings& balancing,
                                            const TrainStepOptions& options);
+
+// Byte copies between host memory and a step's flat buffers, in any direction (cudaMemcpy with
+// cudaMemcpyDefault in a CUDA build; memcpy otherwise), and page-locked host staging buffers (the
+// data-parallel step's host-staged MPI path for GPU ranks). Synchronous.
+void copy_step_bytes(void* dst, const void* src, size_t bytes);
+// CUDA devices this process sees (0 in a build without CUDA or on a machine without a GPU).
+int visible_cuda_devices();
+void* alloc_pinned_host(size_t bytes);
+void free_pinned_host(void* p);
 
 // Throws zaya::Error unless options.device can train here (for "cuda": the build has the CUDA
 // backend and the machine has the device). The loop calls it first, before any data or model work.

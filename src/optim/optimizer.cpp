@@ -134,6 +134,7 @@ void Optimizer::step(double lr, const std::vector<bool>& owned) {
              n_params_);
   const int64_t t = steps_ + 1;
   std::vector<float> scratch;
+  int64_t orthogonalised = 0;
   for (auto& e : entries_) {
     if (!owned.empty() && !owned[e.param_index]) continue;
     const double plr = lr * e.assignment.lr_mult, wd = e.assignment.weight_decay;
@@ -151,9 +152,11 @@ void Optimizer::step(double lr, const std::vector<bool>& owned) {
       for (int64_t k = 0; k < mats; k++)
         muon_update(w + k * sz, g + k * sz, buf + k * sz, rows, cols, plr, wd, settings_.muon,
                     scratch.data());
+      orthogonalised += mats;
     }
   }
   steps_ = t;
+  muon_matrices_last_ = orthogonalised;
 }
 
 std::string Optimizer::describe() const {

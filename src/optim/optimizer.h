@@ -73,6 +73,8 @@ class Optimizer {
   // step(), so every rank's bias corrections agree.
   void step(double lr, const std::vector<bool>& owned);
   int64_t steps() const { return steps_; }
+  // Matrices Newton–Schulz-orthogonalised by the last step (E per 3-D expert tensor).
+  int64_t muon_matrices_last_step() const { return muon_matrices_last_; }
 
   const std::vector<Entry>& entries() const { return entries_; }
   const OptimizerSettings& settings() const { return settings_; }
@@ -92,6 +94,7 @@ class Optimizer {
   std::vector<Entry> entries_;
   size_t n_params_ = 0;
   int64_t steps_ = 0;
+  int64_t muon_matrices_last_ = 0;
 };
 
 }  // namespace zaya

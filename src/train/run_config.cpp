@@ -271,6 +271,11 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
     t.get("device", &c.train.device);
     t.get("log_every", &c.train.log_every);
   });
+  r.table("parallel", [&](Reader& q) {
+    q.get("dp", &c.parallel.dp);
+    q.get("backend", &c.parallel.backend);
+    q.get("bucket_mb", &c.parallel.bucket_mb);
+  });
   r.list("phase", [&](Reader& p, size_t) {
     PhaseSection ph;
     p.get("name", &ph.name);
@@ -343,6 +348,9 @@ toml::table to_table(const RunConfig& c) {
                                    {"seq_len", c.train.seq_len},
                                    {"device", c.train.device},
                                    {"log_every", c.train.log_every}});
+  root.insert("parallel", toml::table{{"dp", c.parallel.dp},
+                                      {"backend", c.parallel.backend},
+                                      {"bucket_mb", c.parallel.bucket_mb}});
   toml::array phases;
   for (const auto& p : c.phases) {
     toml::table t{{"name", p.name},
@@ -681,6 +689,15 @@ void RunConfig::validate() const {
         "an integer >= 0 (0: only at the end)");
   check(checkpoint.keep_last >= 1, "checkpoint.keep_last", checkpoint.keep_last, "an integer >= 1");
   check(!checkpoint.dir.empty(), "checkpoint.dir", "\"\"", "a directory path");
+  // Parallel.
+  check(parallel.dp >= 0, "parallel.dp", parallel.dp, "an integer >= 0 (0: the world size)");
+  check(parallel.backend == "auto" || parallel.backend == "nccl" || parallel.backend == "mpi",
+        "parallel.backend", fmt::format("\"{}\"", parallel.backend),
+        "\"auto\", \"nccl\" or \"mpi\"");
+  check(train.device == "cuda" || parallel.backend != "nccl", "parallel.backend", "\"nccl\"",
+        "\"mpi\" or \"auto\" with train.device = \"cpu\" (NCCL needs GPUs)");
+  check(std::isfinite(parallel.bucket_mb) && parallel.bucket_mb > 0 && parallel.bucket_mb <= 4096,
+        "parallel.bucket_mb", parallel.bucket_mb, "a number in (0, 4096]");
   // Phases.
   std::set<std::string> names;
   int by_tokens = 0, by_steps = 0;
@@ -724,6 +741,33 @@ void RunConfig::validate() const {
   }
   if (by_tokens > 0 && by_steps > 0)
     fail("{}: phases mix token and step budgets; give every phase's budget in the same unit", f);
+}
+
+RunConfig::ResolvedParallel RunConfig::resolve_parallel(int64_t world) const {
+  ZAYA_CHECK(world >= 1, "resolve_parallel: world size {} must be >= 1", world);
+  ResolvedParallel r;
+  r.dp = parallel.dp == 0 ? world : parallel.dp;
+  if (world % r.dp != 0)
+    fail("{}: parallel.dp = {} does not divide the world size {} (the job has {} ranks)", source,
+         r.dp, world, world);
+  if (r.dp != world)
+    fail(
+        "{}: parallel.dp = {} with {} ranks: the other factor ({}) would be tensor, pipeline or "
+        "expert parallelism, which zaya does not have; set parallel.dp = {} or leave it 0",
+        source, r.dp, world, world / r.dp, world);
+  r.backend = parallel.backend == "auto" ? (train.device == "cuda" ? "nccl" : "mpi")
+                                         : parallel.backend;
+  r.bucket_elems = std::max<int64_t>(1, int64_t(parallel.bucket_mb * double(1 << 20) / 4.0));
+  const int64_t quantum = train.micro_batch * r.dp;
+  for (size_t i = 0; i < phases.size(); i++) {
+    const auto& p = phases[i];
+    if (p.batch_size && *p.batch_size % quantum != 0)
+      fail(
+          "{}: phase.{}.batch_size = {} (global sequences per step) is not divisible by "
+          "train.micro_batch × parallel.dp = {} × {} = {}",
+          source, i, *p.batch_size, train.micro_batch, r.dp, quantum);
+  }
+  return r;
 }
 
 ZayaConfig RunConfig::resolve_model() const {

@@ -70,6 +70,13 @@ struct TrainSection {
   int64_t log_every = 10;
 };
 
+// [parallel]: data parallelism across the ranks of a launched job (mpirun, srun).
+struct ParallelSection {
+  int64_t dp = 0;                // data-parallel ranks; 0: the world size
+  std::string backend = "auto";  // "auto" (nccl on cuda, mpi on cpu), "nccl" or "mpi"
+  double bucket_mb = 25.0;       // MiB of fp32 gradients per rank per reduce-scatter bucket
+};
+
 struct PhaseSection {
   std::string name;
   int64_t tokens = 0;  // budget in tokens, or
@@ -103,6 +110,7 @@ struct RunConfig {
   EvalSection eval;
   CheckpointSection checkpoint;
   TrainSection train;
+  ParallelSection parallel;
   std::vector<PhaseSection> phases;   // [[phase]]
   std::string source = "<defaults>";  // the file it came from, for messages
 
@@ -118,6 +126,15 @@ struct RunConfig {
 
   // Throws zaya::Error naming the field; called by load/from_toml/defaults.
   void validate() const;
+  // The [parallel] settings against a job of `world` ranks: returns the data-parallel size and
+  // the resolved backend; throws zaya::Error (naming the field) when dp does not divide the world
+  // size or any phase's global batch is not a multiple of micro_batch × dp.
+  struct ResolvedParallel {
+    int64_t dp = 1;
+    std::string backend = "mpi";
+    int64_t bucket_elems = 1;
+  };
+  ResolvedParallel resolve_parallel(int64_t world) const;
 
   ZayaConfig resolve_model() const;            // the preset, or config.json from disk
   ScheduleSettings resolved_schedule() const;  // total_steps 0 → train.steps

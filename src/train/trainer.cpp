@@ -18,8 +18,11 @@
 #include "data/loader.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "dist/comm.h"
+#include "dist/launch.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/model_io.h"
+#include "engine/data_parallel_step.h"
 #include "engine/train_step.h"
 #include "io/atomic.h"
 #include "model/zaya.h"
@@ -91,6 +94,52 @@ int64_t max_seq_len(const RunConfig& rc) {
   return s;
 }
 
+// The job's ranks: one process (no communicator), or a launched job with an MPI communicator for
+// host-side reductions and the one that carries gradients and weights (the same, or NCCL).
+struct Job {
+  LaunchInfo launch;
+  int rank = 0, world = 1;
+  std::unique_ptr<Communicator> host, grads;  // null in a one-process run
+  bool lead() const { return rank == 0; }
+  bool parallel() const { return world > 1; }
+  // Runs fn on every rank and agrees on the outcome: when any rank failed, every rank throws a
+  // JobWideError (its own message, or which rank failed), so nobody is left in a collective.
+  template <typename Fn>
+  void agree(const char* what, Fn&& fn) {
+    std::string err;
+    try {
+      fn();
+    } catch (const Error& e) {
+      if (!parallel()) throw;
+      err = e.what();
+    }
+    if (!parallel()) return;
+    double bad[2] = {err.empty() ? 0.0 : 1.0, err.empty() ? double(world) : double(rank)};
+    host->host_all_reduce(&bad[0], 1, RedOp::Max);
+    host->host_all_reduce(&bad[1], 1, RedOp::Min);
+    if (bad[0] == 0) return;
+    if (err.empty())
+      err = fmt::format("stopping: rank {} failed during {} (its message says why)", int(bad[1]),
+                        what);
+    throw JobWideError(err);
+  }
+};
+
+// Fault injection for the job-wide stop test (tests/cli/train_dp_mpi.sh): ZAYA_TEST_FAIL_AT =
+// "RANK:STEP" makes that rank fail when it begins that step.
+void injected_failure(const Job& job, int64_t step) {
+  const char* v = std::getenv("ZAYA_TEST_FAIL_AT");
+  if (!v || !*v) return;
+  int r = -1;
+  long long s = -1;
+  if (std::sscanf(v, "%d:%lld", &r, &s) == 2 && r == job.rank && s == step)
+    fail("injected failure (ZAYA_TEST_FAIL_AT={}) at step {}", v, step);
+}
+
+std::string fmt_mib(double bytes) {
+  return fmt::format("{:.2f} MiB", bytes / double(1 << 20));
+}
+
 struct State {
   int64_t step = 0, tokens = 0, phase = -1, skipped = 0, nonfinite_streak = 0;
   json cursor;  // of the current phase's loader
@@ -101,34 +150,77 @@ struct State {
 TrainResult train(const TrainOptions& opts) {
   const RunConfig& rc = opts.config;
   const auto t_start = std::chrono::steady_clock::now();
+  Job job;
+  job.launch = detect_launch();
+  if (job.launch.launched()) {
+    ZAYA_CHECK(multi_process_available() || job.launch.world == 1,
+               "launched as rank {} of {} ({}), but this zaya was built without MPI",
+               job.launch.rank, job.launch.world, job.launch.launcher);
+    if (multi_process_available()) {
+      job.host = make_world_communicator("mpi");
+      job.rank = job.host->rank();
+      job.world = job.host->size();
+      if (!job.parallel()) job.host.reset();
+    }
+  }
+  RunConfig::ResolvedParallel par;
   TrainStepOptions so;
   so.device = rc.train.device;
+  so.device_index = job.launch.local_rank;  // GPU = local rank
   so.max_seq = max_seq_len(rc) + 1;  // evaluation scores S+1 tokens per row
   so.max_tokens = rc.train.micro_batch * so.max_seq;
-  check_train_device(so);
-  fs::create_directories(opts.out_dir);
-  {  // fail early, before any work, when the output directory is not writable
-    const std::string probe = opts.out_dir + "/.write-test";
-    write_file_atomic(probe, "ok\n");
-    fs::remove(probe);
-  }
+  job.agree("the start-up checks", [&] {
+    par = rc.resolve_parallel(job.world);
+    // GPU = local rank; over MPI several ranks may share a GPU (local rank modulo the devices).
+    const int gpus = so.device == "cuda" ? visible_cuda_devices() : 0;
+    if (job.parallel() && par.backend == "mpi" && gpus > 0) so.device_index %= gpus;
+    if (job.parallel() && so.device == "cuda")
+      ZAYA_CHECK(so.device_index < gpus,
+                 "local rank {} has no GPU of its own: this node shows {} GPU(s) (one rank per "
+                 "GPU with NCCL; parallel.backend = \"mpi\" lets ranks share one)",
+                 job.launch.local_rank, gpus);
+    check_train_device(so);
+    if (job.lead()) {
+      fs::create_directories(opts.out_dir);
+      // fail early, before any work, when the output directory is not writable
+      const std::string probe = opts.out_dir + "/.write-test";
+      write_file_atomic(probe, "ok\n");
+      fs::remove(probe);
+    }
+  });
+  const int64_t dp = par.dp;
+  if (job.parallel() && par.backend == "nccl")
+    job.agree("the NCCL bootstrap", [&] { job.grads = make_world_communicator("nccl"); });
   const std::string ckpt_root = opts.out_dir + "/" + rc.checkpoint.dir;
-  ZayaConfig mcfg = rc.resolve_model();
-  auto tok = Tokenizer::load(rc.data.tokenizer);
-  ZAYA_CHECK(tok->vocab_size() <= mcfg.vocab_size,
-             "data.tokenizer '{}' has {} ids but the model's vocab_size is {}", rc.data.tokenizer,
-             tok->vocab_size(), mcfg.vocab_size);
+  ZayaConfig mcfg;
+  std::unique_ptr<Tokenizer> tok;
+  std::string builtin;
   const bool any_builtin =
       rc.data.blend.empty() &&
       (rc.phases.empty() ||
        std::any_of(rc.phases.begin(), rc.phases.end(), [](auto& p) { return p.blend.empty(); }));
-  const std::string builtin = any_builtin ? builtin_corpus(rc, opts.out_dir, *tok) : "";
+  // The lead rank prepares the built-in corpus; the others find it once everyone agrees.
+  job.agree("the data preparation", [&] {
+    mcfg = rc.resolve_model();
+    tok = Tokenizer::load(rc.data.tokenizer);
+    ZAYA_CHECK(tok->vocab_size() <= mcfg.vocab_size,
+               "data.tokenizer '{}' has {} ids but the model's vocab_size is {}",
+               rc.data.tokenizer, tok->vocab_size(), mcfg.vocab_size);
+    if (any_builtin && job.lead()) builtin = builtin_corpus(rc, opts.out_dir, *tok);
+  });
+  if (any_builtin && !job.lead())
+    job.agree("the data preparation", [&] { builtin = builtin_corpus(rc, opts.out_dir, *tok); });
 
   // Model, optimizer and balancing state: fresh, or from a checkpoint.
   State st;
-  const std::string resume_from = resolve_resume(ckpt_root, opts.resume);
+  std::string resume_from;
   ZayaModel model;
   LoadedCheckpoint ck;
+  std::unique_ptr<TrainStep> step;
+  DataParallelStep* dstep = nullptr;
+  double base_theta = 0;
+  job.agree("the model set-up", [&] {
+  resume_from = resolve_resume(ckpt_root, opts.resume);
   if (!resume_from.empty()) {
     ck = load_checkpoint(resume_from);
     model = std::move(ck.model);
@@ -137,19 +229,28 @@ TrainResult train(const TrainOptions& opts) {
     st.phase = ck.trainer.phase;
     st.skipped = ck.trainer.skipped_steps;
     st.cursor = ck.trainer.data_cursor;
-    ZAYA_INFO("resuming from {} (step {}, {} tokens)", resume_from, st.step, st.tokens);
+    if (job.lead())
+      ZAYA_INFO("resuming from {} (step {}, {} tokens)", resume_from, st.step, st.tokens);
   } else {
     model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
   }
-  const double base_theta = model.cfg.rope_hybrid.theta;
+  base_theta = model.cfg.rope_hybrid.theta;
   // The step starts with the first phase's RoPE settings (the GPU model takes them at
   // construction).
-  model.cfg.rope_hybrid.theta = rc.phase_at(st.step, st.tokens, 1, base_theta).rope_theta;
-  std::unique_ptr<TrainStep> step =
-      make_train_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so);
+  model.cfg.rope_hybrid.theta = rc.phase_at(st.step, st.tokens, dp, base_theta).rope_theta;
+  if (job.parallel()) {
+    Communicator& gc = job.grads ? *job.grads : *job.host;
+    auto d = make_data_parallel_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so,
+                                     gc, *job.host, par.bucket_elems);
+    dstep = d.get();
+    step = std::move(d);
+  } else {
+    step = make_train_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so);
+  }
   if (!resume_from.empty())
     step->load_state(ck.state, ck.trainer.optimizer_steps, ck.trainer.balancing_steps);
   ck.state.clear();
+  });
 
   const ScheduleSettings sched = rc.resolved_schedule();
   const int64_t total_steps = rc.train.steps;
@@ -162,7 +263,9 @@ TrainResult train(const TrainOptions& opts) {
     DataLoaderOptions lo;
     lo.sources = sources_for(ph.blend.empty() ? rc.data.blend : ph.blend, builtin);
     lo.seq_len = ph.seq_len;
-    lo.batch_size = mb;
+    lo.batch_size = mb * dp;  // global rows per micro-step; this rank reads its mb of them
+    lo.rank = job.rank;
+    lo.world = int(dp);
     lo.seed = uint64_t(rc.train.seed);
     lo.split = Split::Train;
     lo.heldout_fraction = kHeldoutFraction;
@@ -170,12 +273,15 @@ TrainResult train(const TrainOptions& opts) {
     loader = std::make_unique<DataLoader>(lo);
     lo.split = Split::Heldout;
     lo.shuffle = false;
+    lo.batch_size = mb;  // evaluation runs on the lead rank alone
+    lo.rank = 0;
+    lo.world = 1;
     heldout = std::make_unique<DataLoader>(lo);
   };
 
   // Metrics: keep the lines of steps already done (a resumed run continues the file).
   const std::string metrics_path = opts.out_dir + "/metrics.jsonl";
-  {
+  if (job.lead()) {
     std::string kept;
     if (fs::exists(metrics_path)) {
       std::ifstream in(metrics_path);
@@ -190,7 +296,8 @@ TrainResult train(const TrainOptions& opts) {
     }
     write_file_atomic(metrics_path, kept);
   }
-  std::ofstream metrics(metrics_path, std::ios::app);
+  std::ofstream metrics;
+  if (job.lead()) metrics.open(metrics_path, std::ios::app);
 
   auto evaluate = [&]() -> double {
     if (rc.eval.batches <= 0) return NAN;
@@ -207,6 +314,8 @@ TrainResult train(const TrainOptions& opts) {
 
   auto save = [&](bool final_one) -> std::string {
     step->export_weights(model);
+    NamedTensors state = step->state();  // collective: the lead rank gathers every owner's part
+    if (!job.lead()) return checkpoint_dir_name(st.step);
     TrainerState ts;
     ts.step = st.step;
     ts.tokens = st.tokens;
@@ -217,7 +326,7 @@ TrainResult train(const TrainOptions& opts) {
     ts.data_cursor = loader ? loader->cursor().to_json() : json();
     ts.config_toml = rc.to_toml();
     const std::string dir =
-        save_checkpoint(ckpt_root, model, whole_tensors(step->state()), ts, rc.checkpoint.keep_last);
+        save_checkpoint(ckpt_root, model, whole_tensors(state), ts, rc.checkpoint.keep_last);
     if (!opts.quiet || final_one) ZAYA_INFO("checkpoint {}", dir);
     return dir;
   };
@@ -233,12 +342,46 @@ TrainResult train(const TrainOptions& opts) {
   };
 
   TrainResult res;
+  std::vector<std::string> layout_rows;
+  if (job.parallel())
+    layout_rows = job.host->host_all_gather(
+        fmt::format("host {} local rank {} device {}", job.host->host_name(),
+                    job.launch.local_rank, step->name()));
+  if (job.lead()) {
   fmt::print(stderr, "zaya train: resolved config\n{}\n", rc.to_toml());
   fmt::print(stderr, "model: {} layers, D={}, {} experts; {:.2f}M parameters ({:.2f}M active)\n",
              model.cfg.num_hidden_layers, model.cfg.hidden_size, model.cfg.num_experts,
              double(model.cfg.params_total(true)) / 1e6,
              double(model.cfg.params_active(true)) / 1e6);
-  if (step->reports_mfu())
+  if (job.parallel()) {
+    fmt::print(stderr, "parallel: {} ranks ({}), dp = {}, backend {}, buckets of {} per rank\n",
+               job.world, job.launch.launcher, dp, par.backend,
+               fmt_mib(double(par.bucket_elems) * 4.0));
+    for (int r = 0; r < job.world; r++)
+      fmt::print(stderr, "  rank {:>3}: {}\n", r, layout_rows[size_t(r)]);
+    fmt::print(stderr, "ZeRO-1 ownership ({} buckets of a {}-element segment):\n{}",
+               dstep->plan().buckets(), dstep->plan().seg, dstep->plan().describe(dstep->items()));
+    const DataParallelMemory m = dstep->memory();
+    const sizing::MemoryPlan pred = sizing::memory_plan(
+        model.cfg, int(dp), mb * max_seq_len(rc), sizing::OptimizerKind::Muon, 4);
+    fmt::print(stderr,
+               "memory per rank (rank 0): fp32 masters {}, fp32 gradients {}, owned optimizer "
+               "state {}, reduce buffers {}, host staging {}{}\n",
+               fmt_mib(double(m.masters)), fmt_mib(double(m.grads)),
+               fmt_mib(double(m.optimizer_state)), fmt_mib(double(m.comm_buffers)),
+               fmt_mib(double(m.staging)),
+               step->device_bytes() > 0
+                   ? fmt::format(", device in use {}", fmt_mib(double(step->device_bytes())))
+                   : std::string());
+    fmt::print(stderr,
+               "  `zaya size` ZeRO-1 prediction for {} ranks: weights {}, gradients {}, masters "
+               "{}, optimizer state {}, activations {} ({} with recomputation)\n",
+               dp, fmt_mib(pred.weights), fmt_mib(pred.grads), fmt_mib(pred.master),
+               fmt_mib(pred.optimizer), fmt_mib(pred.activations),
+               fmt_mib(pred.activations_recompute));
+  }
+  }
+  if (job.lead() && step->reports_mfu())
     fmt::print(stderr, "device: {}, {:.1f} GiB in use; MFU against {:.0f} TFLOP/s\n",
                step->name(), double(step->device_bytes()) / double(1 << 30), opts.peak_tflops);
   const int64_t start_step = st.step;
@@ -246,12 +389,13 @@ TrainResult train(const TrainOptions& opts) {
   int64_t tokens_at_loop = st.tokens;
   bool first = true;
   while (st.step < total_steps) {
-    phase = rc.phase_at(st.step, st.tokens, 1, base_theta);
+    injected_failure(job, st.step + 1);
+    phase = rc.phase_at(st.step, st.tokens, dp, base_theta);
     if (int64_t(phase.index) != loader_phase) {
       make_loaders(phase);
       if (int64_t(phase.index) == st.phase && !st.cursor.is_null())
         loader->restore(DataCursor::from_json(st.cursor));
-      if (loader_phase >= 0 || st.phase != int64_t(phase.index))
+      if (job.lead() && (loader_phase >= 0 || st.phase != int64_t(phase.index)))
         ZAYA_INFO("phase {} '{}': seq_len {}, rope theta {}, {} sequences per step", phase.index,
                   phase.name, phase.seq_len, phase.rope_theta, phase.batch_size);
       loader_phase = int64_t(phase.index);
@@ -281,7 +425,10 @@ TrainResult train(const TrainOptions& opts) {
           ids[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t)];
           tgt[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t + 1)];
         }
-      StepStats ss = step->forward_backward(ids.data(), tgt.data(), mb, S, 1.0f / float(micro));
+      // The gradient is the mean over the global batch: micro × dp micro-batches, summed over
+      // the ranks by the data-parallel step.
+      StepStats ss =
+          step->forward_backward(ids.data(), tgt.data(), mb, S, 1.0f / float(micro * dp));
       loss += ss.loss / double(micro);
       ntok += ss.tokens;
       if (counts.empty())
@@ -290,13 +437,26 @@ TrainResult train(const TrainOptions& opts) {
         for (size_t l = 0; l < counts.size(); l++)
           for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] += ss.routed[l][e];
     }
-    st.tokens += mb * micro * S;
+    if (job.parallel()) {
+      // Loss, counted tokens and routed counts of the whole global batch, on every rank alike.
+      std::vector<double> sums = {loss, double(ntok)};
+      for (auto& l : counts)
+        for (auto c : l) sums.push_back(double(c));
+      job.host->host_all_reduce(sums.data(), sums.size(), RedOp::Sum);
+      loss = sums[0] / double(dp);
+      ntok = int64_t(sums[1]);
+      size_t k = 2;
+      for (auto& l : counts)
+        for (auto& c : l) c = int64_t(sums[k++]);
+    }
+    st.tokens += mb * dp * micro * S;
     const double gnorm = std::sqrt(step->grad_sq_norm());
     const double lr = schedule_lr(sched, rc.optim.lr, rc.optim.min_lr, st.step);
     st.step++;
     if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
       st.skipped++;
-      ZAYA_WARN("step {}: non-finite loss {} or grad norm {}: update skipped", st.step, loss,
+      if (job.lead())
+        ZAYA_WARN("step {}: non-finite loss {} or grad norm {}: update skipped", st.step, loss,
                 gnorm);
       if (++st.nonfinite_streak >= kMaxNonFinite)
         fail("stopping: {} consecutive steps with non-finite loss or gradients (last at step {})",
@@ -309,7 +469,7 @@ TrainResult train(const TrainOptions& opts) {
     // This step's own throughput (no evaluation or checkpoint in it), for MFU on the GPU path.
     const double step_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
-    const double step_tps = double(mb * micro * S) / std::max(step_s, 1e-9);
+    const double step_tps = double(mb * dp * micro * S) / std::max(step_s, 1e-9);
     const double mfu =
         step_tps * sizing::train_flops_per_token(model.cfg, S) / (opts.peak_tflops * 1e12);
     if (st.step == start_step + 1) res.first_loss = loss;
@@ -338,15 +498,17 @@ TrainResult train(const TrainOptions& opts) {
     }
     const bool do_eval =
         rc.eval.every > 0 && (st.step % rc.eval.every == 0 || st.step == total_steps);
-    if (do_eval) {
+    if (do_eval && job.lead()) {
       res.eval_loss = evaluate();
       mj["eval_loss"] = res.eval_loss;
     }
-    metrics << mj.dump() << "\n";
-    metrics.flush();
-    ZAYA_CHECK(metrics.good(), "appending step {} to {} failed (disk full?)", st.step,
-               metrics_path);
-    if (!opts.quiet && (st.step % std::max<int64_t>(1, rc.train.log_every) == 0 || do_eval ||
+    if (job.lead()) {
+      metrics << mj.dump() << "\n";
+      metrics.flush();
+      ZAYA_CHECK(metrics.good(), "appending step {} to {} failed (disk full?)", st.step,
+                 metrics_path);
+    }
+    if (job.lead() && !opts.quiet && (st.step % std::max<int64_t>(1, rc.train.log_every) == 0 || do_eval ||
                         st.step == start_step + 1))
       fmt::print(
           stderr,
@@ -363,13 +525,18 @@ TrainResult train(const TrainOptions& opts) {
   res.tokens = st.tokens;
   res.skipped_steps = st.skipped;
   if (!loader) {  // nothing left to run (resumed at the end): still make loaders for the cursor
-    phase = rc.phase_at(st.step > 0 ? st.step - 1 : 0, st.tokens, 1, base_theta);
+    phase = rc.phase_at(st.step > 0 ? st.step - 1 : 0, st.tokens, dp, base_theta);
     make_loaders(phase);
     if (!st.cursor.is_null()) loader->restore(DataCursor::from_json(st.cursor));
   }
   res.final_checkpoint = save_checkpoint_or_fail(true);
   // The trained model, ready for `zaya generate --model`.
   res.model_dir = opts.out_dir + "/model";
+  if (!job.lead()) {
+    res.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    return res;
+  }
   save_model(model, res.model_dir, DType::F32);
   if (tok->name() == "bytes")
     write_file_atomic(res.model_dir + "/tokenizer.txt", "bytes\n");

@@ -6,7 +6,9 @@
 //
 // One process, on the CPU reference backend or (train.device = "cuda") on one GPU, through one
 // TrainStep (engine/train_step.h): the same loop, data, schedule, balancing update and checkpoint
-// files (ckpt/checkpoint.h) whatever the device.
+// files (ckpt/checkpoint.h) whatever the device. Under a launcher (mpirun, srun) every rank runs
+// train(): data parallel with ZeRO-1 (engine/data_parallel_step.h), rank 0 the only writer
+// (docs/TRAINING.md, "Several processes").
 #pragma once
 #include <string>
 #include <vector>

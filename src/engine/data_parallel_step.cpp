@@ -1,0 +1,298 @@
+// DataParallelStep (data_parallel_step.h): ZeRO-1 around an inner TrainStep.
+#include "engine/data_parallel_step.h"
+
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "optim/param_rules.h"
+
+namespace zaya {
+
+std::vector<Zero1Item> zero1_items(ZayaModel& model, const OptimizerSettings& optim) {
+  const auto rules = optim.effective_rules();
+  std::vector<Zero1Item> items;
+  for (auto& [name, t] : model.tensor_slots()) {
+    Zero1Item it;
+    it.name = name;
+    it.shape = t->shape();
+    it.numel = t->numel();
+    it.muon_ns_steps = optim.muon.ns_steps;
+    if (is_balancing_bias(name)) {
+      it.kind = OwnedKind::NoGrad;
+    } else {
+      switch (assign_param(name, t->shape(), rules, optim.weight_decay).optimizer) {
+        case OptimizerKind::Muon: it.kind = OwnedKind::Muon; break;
+        case OptimizerKind::AdamW: it.kind = OwnedKind::AdamW; break;
+        case OptimizerKind::None: it.kind = OwnedKind::None; break;
+      }
+    }
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
+namespace {
+
+class DpStep final : public DataParallelStep {
+ public:
+  DpStep(std::unique_ptr<TrainStep> inner, std::vector<Zero1Item> items, Zero1Plan plan,
+         Communicator& comm, Communicator& host, bool state_sharded)
+      : inner_(std::move(inner)),
+        items_(std::move(items)),
+        plan_(std::move(plan)),
+        comm_(comm),
+        host_(host),
+        rank_(comm.rank()),
+        state_sharded_(state_sharded) {
+    const auto& lay = inner_->layout();
+    ZAYA_CHECK(lay.size() == items_.size(), "data parallel: the step has {} tensors, not {}",
+               lay.size(), items_.size());
+    std::vector<int64_t> offsets;
+    for (size_t i = 0; i < lay.size(); i++) {
+      ZAYA_CHECK(lay[i].name == items_[i].name && lay[i].numel == items_[i].numel,
+                 "data parallel: tensor {} of the step is '{}' ({} elements), expected '{}' ({})",
+                 i, lay[i].name, lay[i].numel, items_[i].name, items_[i].numel);
+      ZAYA_CHECK(lay[i].has_grad == (items_[i].kind != OwnedKind::NoGrad),
+                 "data parallel: '{}' has_grad disagrees with its optimizer assignment",
+                 lay[i].name);
+      offsets.push_back(lay[i].offset);
+    }
+    for (int r = 0; r < plan_.world; r++)
+      pieces_.push_back(segment_pieces(plan_, items_, offsets, r));
+    mask_ = plan_.mask(rank_);
+    const FlatBuffer g = inner_->grads();
+    flat_floats_ = g.numel;
+    const bool step_on_device = g.device == Device::CUDA;
+    ZAYA_CHECK(step_on_device || !comm_.buffer_on_device(),
+               "data parallel: the {} communicator works on GPU buffers but the step is on the CPU",
+               comm_.backend());
+    device_work_ = step_on_device && comm_.buffer_on_device();
+    mirror_ = step_on_device && !comm_.buffer_on_device();
+    const size_t packed_bytes = size_t(plan_.world) * size_t(plan_.seg) * sizeof(float);
+    const size_t seg_bytes = size_t(plan_.seg) * sizeof(float);
+    packed_ = static_cast<float*>(comm_.alloc(packed_bytes));
+    seg_ = static_cast<float*>(comm_.alloc(seg_bytes));
+    std::vector<float> zeros(size_t(plan_.world) * size_t(plan_.seg), 0.0f);
+    comm_.copy_to_buffer(packed_, zeros.data(), packed_bytes);  // padding stays finite
+    comm_.copy_to_buffer(seg_, zeros.data(), seg_bytes);
+    if (mirror_) {
+      host_g_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
+      host_m_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
+    }
+  }
+  ~DpStep() override {
+    comm_.free(packed_);
+    comm_.free(seg_);
+    free_pinned_host(host_g_);
+    free_pinned_host(host_m_);
+  }
+
+  const Zero1Plan& plan() const override { return plan_; }
+  const std::vector<Zero1Item>& items() const override { return items_; }
+  int64_t reduce_scatters() const override { return reduce_scatters_; }
+  DataParallelMemory memory() const override {
+    DataParallelMemory m;
+    m.masters = m.grads = flat_floats_ * int64_t(sizeof(float));
+    m.optimizer_state = plan_.state_floats[size_t(rank_)] * int64_t(sizeof(float));
+    m.comm_buffers = int64_t(plan_.world + 1) * plan_.seg * int64_t(sizeof(float));
+    m.staging = mirror_ ? 2 * m.masters : 0;
+    return m;
+  }
+
+  std::string name() const override {
+    return fmt::format("{} (rank {} of {}, ZeRO-1 over {}{})", inner_->name(), rank_, plan_.world,
+                       comm_.backend(), mirror_ ? ", host-staged" : "");
+  }
+  size_t device_bytes() const override { return inner_->device_bytes(); }
+  bool reports_mfu() const override { return inner_->reports_mfu(); }
+  const std::vector<ParamSlot>& layout() const override { return inner_->layout(); }
+
+  void zero_grads() override {
+    reduced_ = false;
+    inner_->zero_grads();
+  }
+  StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
+                             float loss_scale) override {
+    reduced_ = false;
+    return inner_->forward_backward(ids, targets, B, S, loss_scale);
+  }
+
+  double grad_sq_norm(const ParamMask& owned) override {
+    ZAYA_CHECK(owned.empty(), "data parallel: grad_sq_norm takes no mask (ownership is the plan's)");
+    reduce_grads();
+    double sq = inner_->grad_sq_norm(mask_);
+    host_.host_all_reduce(&sq, 1, RedOp::Sum);
+    return sq;
+  }
+
+  void optimizer_step(double lr, float grad_scale, const ParamMask& owned) override {
+    ZAYA_CHECK(owned.empty(), "data parallel: optimizer_step takes no mask (ownership is the plan's)");
+    reduce_grads();
+    inner_->optimizer_step(lr, grad_scale, mask_);
+    gather_weights();
+  }
+  int64_t optimizer_steps() const override { return inner_->optimizer_steps(); }
+  int64_t muon_matrices_last_step() const override { return inner_->muon_matrices_last_step(); }
+  void update_balancing(const std::vector<std::vector<int64_t>>& counts) override {
+    inner_->update_balancing(counts);
+  }
+  int64_t balancing_steps() const override { return inner_->balancing_steps(); }
+
+  FlatBuffer grads() override { return inner_->grads(); }
+  FlatBuffer masters() override { return inner_->masters(); }
+  void weights_changed() override { inner_->weights_changed(); }
+  void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) override {
+    inner_->eval_loss(rows, B, S1, acc);
+  }
+  void set_rope(const RopeSettings& h, const RopeSettings& s) override { inner_->set_rope(h, s); }
+  void export_weights(ZayaModel& host) override { inner_->export_weights(host); }
+
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    auto [opt, bal] = split_step_state(inner_->state());
+    std::map<std::string, Tensor> mine(opt.begin(), opt.end());
+    NamedTensors out;
+    for (size_t i = 0; i < items_.size(); i++) {
+      const int owner = plan_.owner[i];
+      for (const std::string& nm : state_names(items_[i])) {
+        if (rank_ == owner) {
+          auto it = mine.find(nm);
+          ZAYA_CHECK(it != mine.end(), "data parallel: rank {} owns '{}' but has no '{}'", rank_,
+                     items_[i].name, nm);
+          Tensor t = it->second.to(DType::F32);
+          if (rank_ == 0)
+            out.emplace_back(nm, t);
+          else
+            host_.send(t.f32(), size_t(t.numel()), DType::F32, 0);
+        } else if (rank_ == 0) {
+          Tensor t = Tensor::zeros(items_[i].shape);
+          host_.recv(t.f32(), size_t(t.numel()), DType::F32, owner);
+          out.emplace_back(nm, t);
+        }
+      }
+    }
+    if (rank_ != 0) return {};
+    return join_step_state(std::move(out), bal);
+  }
+
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
+                  int64_t balancing_steps) override {
+    if (!state_sharded_) return inner_->load_state(state, opt_steps, balancing_steps);
+    std::set<std::string> keep;
+    for (size_t i = 0; i < items_.size(); i++)
+      if (plan_.owner[i] == rank_)
+        for (const std::string& nm : state_names(items_[i])) keep.insert(nm);
+    NamedTensors mine;
+    for (const auto& kv : state)
+      if (kv.first.rfind("balance.", 0) == 0 || keep.count(kv.first)) mine.push_back(kv);
+    inner_->load_state(mine, opt_steps, balancing_steps);
+  }
+
+ private:
+  static std::vector<std::string> state_names(const Zero1Item& it) {
+    if (it.kind == OwnedKind::Muon) return {"optim.muon.momentum." + it.name};
+    if (it.kind == OwnedKind::AdamW)
+      return {"optim.adamw.exp_avg." + it.name, "optim.adamw.exp_avg_sq." + it.name};
+    return {};
+  }
+
+  // Copies within the working memory: host memcpy, or device copies on the NCCL path.
+  void move(float* dst, const float* src, int64_t n) const {
+    if (device_work_)
+      copy_step_bytes(dst, src, size_t(n) * sizeof(float));
+    else if (n)
+      std::memcpy(dst, src, size_t(n) * sizeof(float));
+  }
+
+  void reduce_grads() {
+    if (reduced_) return;
+    const FlatBuffer g = inner_->grads();
+    float* work = g.data;
+    if (mirror_) {
+      copy_step_bytes(host_g_, g.data, size_t(g.numel) * sizeof(float));
+      work = host_g_;
+    }
+    for (int r = 0; r < plan_.world; r++)
+      for (const SegmentPiece& p : pieces_[size_t(r)])
+        for_each_packed_run(plan_, r, p, [&](int64_t po, int64_t fo, int64_t n) {
+          move(packed_ + po, work + fo, n);
+        });
+    for (int64_t k = 0; k < plan_.buckets(); k++) {
+      comm_.reduce_scatter(packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
+                           seg_ + k * plan_.bucket_elems, size_t(plan_.chunk(k)), DType::F32,
+                           RedOp::Sum);
+      reduce_scatters_++;
+    }
+    comm_.synchronize();
+    for (const SegmentPiece& p : pieces_[size_t(rank_)]) {
+      move(work + p.flat_offset, seg_ + p.seg_offset, p.len);
+      if (mirror_)
+        copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset, size_t(p.len) * sizeof(float));
+    }
+    reduced_ = true;
+  }
+
+  void gather_weights() {
+    const FlatBuffer m = inner_->masters();
+    float* work = m.data;
+    if (mirror_) {
+      copy_step_bytes(host_m_, m.data, size_t(m.numel) * sizeof(float));
+      work = host_m_;
+    }
+    for (const SegmentPiece& p : pieces_[size_t(rank_)])
+      move(seg_ + p.seg_offset, work + p.flat_offset, p.len);
+    for (int64_t k = 0; k < plan_.buckets(); k++)
+      comm_.all_gather(seg_ + k * plan_.bucket_elems,
+                       packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
+                       size_t(plan_.chunk(k)), DType::F32);
+    comm_.synchronize();
+    for (int r = 0; r < plan_.world; r++) {
+      if (r == rank_) continue;
+      for (const SegmentPiece& p : pieces_[size_t(r)])
+        for_each_packed_run(plan_, r, p, [&](int64_t po, int64_t fo, int64_t n) {
+          move(work + fo, packed_ + po, n);
+        });
+    }
+    if (mirror_) copy_step_bytes(m.data, host_m_, size_t(m.numel) * sizeof(float));
+    inner_->weights_changed();
+  }
+
+  std::unique_ptr<TrainStep> inner_;
+  std::vector<Zero1Item> items_;
+  Zero1Plan plan_;
+  Communicator& comm_;
+  Communicator& host_;
+  int rank_ = 0;
+  bool state_sharded_ = false;
+  std::vector<std::vector<SegmentPiece>> pieces_;
+  ParamMask mask_;
+  int64_t flat_floats_ = 0;
+  bool device_work_ = false, mirror_ = false, reduced_ = false;
+  float *packed_ = nullptr, *seg_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;
+  int64_t reduce_scatters_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
+                                                          const OptimizerSettings& optim,
+                                                          const BalancingSettings& balancing,
+                                                          TrainStepOptions options,
+                                                          Communicator& comm, Communicator& host,
+                                                          int64_t bucket_elems) {
+  ZAYA_CHECK(comm.size() == host.size() && comm.rank() == host.rank(),
+             "data parallel: the {} communicator (rank {} of {}) and the host one (rank {} of {}) "
+             "differ",
+             comm.backend(), comm.rank(), comm.size(), host.rank(), host.size());
+  ZAYA_CHECK(!host.buffer_on_device(), "data parallel: the host communicator must be MPI");
+  std::vector<Zero1Item> items = zero1_items(model, optim);
+  Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems);
+  options.owned_state = plan.mask(comm.rank());
+  const bool sharded = options.device == "cpu";
+  auto inner = make_train_step(model, optim, balancing, options);
+  return std::make_unique<DpStep>(std::move(inner), std::move(items), std::move(plan), comm, host,
+                                  sharded);
+}
+
+}  // namespace zaya

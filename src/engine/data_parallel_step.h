@@ -1,0 +1,60 @@
+// DataParallelStep: data parallelism with ZeRO-1 over any TrainStep and a Communicator. Every rank
+// holds a full model replica and runs the same loop on its own micro-batches; the step adds the
+// collectives between the inner step's stages (train_step.h):
+//   1. after the last forward_backward (the first grad_sq_norm or optimizer_step of the step), the
+//      fp32 gradients are packed into buckets (dist/zero1.h's layout) and reduce-scattered, so
+//      each rank holds the fully reduced gradients of the tensors it owns;
+//   2. grad_sq_norm returns the global Σg² (each rank's owned part, all-reduced), so clipping and
+//      the NaN/Inf decision are the same on every rank;
+//   3. optimizer_step updates the owned tensors only (the CPU step keeps optimizer state only for
+//      them) and all-gathers the updated masters, then weights_changed() refreshes device copies.
+// Ownership is by whole tensor (dist/zero1.h): each Muon matrix is orthogonalised exactly once per
+// step, by its owner, from its fully reduced gradient. The loss scale of forward_backward must
+// already include 1/ranks (the caller averages over the global batch); the gradients are summed.
+// The routed counts given to update_balancing must be summed over ranks by the caller.
+//
+// Buffers: CPU steps reduce their host buffers directly over MPI. GPU steps use NCCL on device
+// buffers, or (an MPI communicator) host-staged MPI through page-locked mirrors of the flat
+// buffers, which also lets several ranks share one GPU.
+// state() is collective: rank 0 receives every owner's optimizer state (whole tensors, for the
+// single-writer checkpoint); the other ranks get an empty list. load_state keeps each rank's own.
+// Deliberately not here: overlap of the reduce-scatter with the backward (buckets are reduced
+// after it), splitting a 3-D expert tensor between owners, and element-sharded AdamW tensors.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "dist/comm.h"
+#include "dist/zero1.h"
+#include "engine/train_step.h"
+
+namespace zaya {
+
+// Per-rank memory of a data-parallel step, in bytes (host or device, where the step keeps it).
+struct DataParallelMemory {
+  int64_t masters = 0, grads = 0, optimizer_state = 0, comm_buffers = 0, staging = 0;
+};
+
+class DataParallelStep : public TrainStep {
+ public:
+  virtual const Zero1Plan& plan() const = 0;
+  virtual const std::vector<Zero1Item>& items() const = 0;
+  virtual DataParallelMemory memory() const = 0;
+  // Collective reductions the step performed (reduce-scatter buckets, all-gather buckets).
+  virtual int64_t reduce_scatters() const = 0;
+};
+
+// `comm` carries the gradients and weights (MPI: host buffers; NCCL: the rank's GPU); `host`
+// is an MPI communicator over the same ranks for host-side reductions and the state gather (it
+// may be `comm` itself when that is MPI). bucket_elems: fp32 elements per rank per bucket.
+std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
+                                                          const OptimizerSettings& optim,
+                                                          const BalancingSettings& balancing,
+                                                          TrainStepOptions options,
+                                                          Communicator& comm, Communicator& host,
+                                                          int64_t bucket_elems);
+
+// The ZeRO-1 items (name, shape, optimizer) of a model under these optimizer settings.
+std::vector<Zero1Item> zero1_items(ZayaModel& model, const OptimizerSettings& optim);
+
+}  // namespace zaya

@@ -1,0 +1,182 @@
+// ZeRO-1 data parallelism against one process, under `mpirun -np N zaya_tests
+// --gtest_filter='DataParallelMpi.*'` (tests/cli/train_dp_mpi.sh runs N = 2, 3, 4; a plain run
+// skips these). Every rank builds the same tiny model twice: a DataParallelStep over the world
+// communicator and a one-process reference step. Each step, rank r's gradients are values k/64
+// (|k| <= 64) whose sum over any N <= 4 ranks is exact in fp32, whatever order the reduce-scatter
+// adds them in, and the reference gets that sum: so the distributed update must equal the
+// one-process update bit for bit. That rules out a Muon matrix whose gradient straddles two
+// ranks' contiguous shards being orthogonalised from a partly reduced gradient (the test checks
+// that such matrices exist under contiguous sharding and that buckets split tensors), and a
+// matrix orthogonalised twice or never (counted every step).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+#include "dist/comm.h"
+#include "dist/launch.h"
+#include "engine/data_parallel_step.h"
+#include "engine/train_step.h"
+#include "optim/param_rules.h"
+
+namespace zaya {
+namespace {
+
+float grad_value(int rank, int step, size_t slot, int64_t e) {
+  const uint64_t h = (uint64_t(rank) * 1000003u + uint64_t(step) * 7919u + slot * 104729u +
+                      uint64_t(e) * 2654435761u) %
+                     129u;
+  return float(int(h) - 64) / 64.0f;
+}
+
+uint64_t fnv1a(const void* p, size_t n, uint64_t h = 1469598103934665603ull) {
+  auto* b = static_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+int64_t optim_state_bytes(const NamedTensors& st) {
+  int64_t b = 0;
+  for (auto& [n, t] : st)
+    if (n.rfind("optim.", 0) == 0) b += t.numel() * 4;
+  return b;
+}
+
+TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
+  if (detect_launch().world < 2) GTEST_SKIP() << "run under mpirun -np N (N >= 2)";
+  auto comm = make_world_communicator("mpi");
+  const int N = comm->size(), R = comm->rank();
+  ZayaConfig cfg = ZayaConfig::preset("tiny");
+  OptimizerSettings os;
+  BalancingSettings bs;
+  ZayaModel mdp = ZayaModel::init(cfg, 7), mref = ZayaModel::init(cfg, 7);
+  TrainStepOptions so;
+  const int64_t bucket = 3000;  // small: many buckets, tensors split across bucket ends
+  auto dp = make_data_parallel_step(mdp, os, bs, so, *comm, *comm, bucket);
+  auto ref = make_train_step(mref, os, bs, so);
+  const auto& lay = ref->layout();
+  const Zero1Plan& plan = dp->plan();
+  EXPECT_GT(plan.buckets(), 1);
+
+  // Under contiguous sharding of the flat buffer some Muon matrix would straddle two shards.
+  const int64_t total = ref->grads().numel, shard = (total + N - 1) / N;
+  int straddling = 0;
+  for (size_t i = 0; i < lay.size(); i++)
+    if (dp->items()[i].kind == OwnedKind::Muon &&
+        lay[i].offset / shard != (lay[i].offset + lay[i].numel - 1) / shard)
+      straddling++;
+  EXPECT_GT(straddling, 0) << "no Muon tensor straddles a contiguous shard boundary";
+
+  // Optimizer state per rank: only what the rank owns, ≈ total / N.
+  const int64_t total_state = optim_state_bytes(ref->state());
+  double mine = double(dp->memory().optimizer_state), sum = mine, mx = mine;
+  comm->host_all_reduce(&sum, 1, RedOp::Sum);
+  comm->host_all_reduce(&mx, 1, RedOp::Max);
+  EXPECT_EQ(int64_t(sum), total_state);
+  // Whole-tensor ownership: a tiny expert tensor is ~40% of a 4-rank share, so LPT lands within 20%.
+  EXPECT_LE(mx, 1.20 * double(total_state) / N) << "optimizer state per rank far above total/N";
+  if (R == 0)
+    std::printf("ZeRO-1 over %d ranks: optimizer state %lld bytes in all, at most %.0f per rank "
+                "(total/N = %.0f, %+.2f%%)\n",
+                N, (long long)total_state, mx, double(total_state) / N,
+                100.0 * (mx * N / double(total_state) - 1));
+
+  int64_t muon_total = 0;
+  for (int r = 0; r < N; r++) muon_total += plan.muon_matrices[size_t(r)];
+  std::vector<std::vector<int64_t>> counts;
+  for (auto& s : lay)
+    if (is_balancing_bias(s.name)) counts.push_back(std::vector<int64_t>(size_t(cfg.num_experts + 1)));
+
+  for (int step = 0; step < 4; step++) {
+    dp->zero_grads();
+    ref->zero_grads();
+    FlatBuffer g = dp->grads(), gr = ref->grads();
+    for (size_t i = 0; i < lay.size(); i++) {
+      if (!lay[i].has_grad) continue;
+      for (int64_t e = 0; e < lay[i].numel; e++) {
+        g.data[lay[i].offset + e] = grad_value(R, step, i, e);
+        float s = 0;
+        for (int r = 0; r < N; r++) s += grad_value(r, step, i, e);
+        gr.data[lay[i].offset + e] = s;
+      }
+    }
+    const double sq = dp->grad_sq_norm(), sqr = ref->grad_sq_norm();
+    EXPECT_NEAR(sq, sqr, 1e-12 * sqr);
+    dp->optimizer_step(1e-2, 1.0f);
+    ref->optimizer_step(1e-2, 1.0f);
+    // Every Muon matrix orthogonalised exactly once: each rank its own, the sum all of them.
+    double ns = double(dp->muon_matrices_last_step());
+    EXPECT_EQ(int64_t(ns), plan.muon_matrices[size_t(R)]);
+    comm->host_all_reduce(&ns, 1, RedOp::Sum);
+    EXPECT_EQ(int64_t(ns), muon_total);
+    EXPECT_EQ(int64_t(ns), ref->muon_matrices_last_step());
+    for (size_t l = 0; l < counts.size(); l++)
+      for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] = int64_t((l * 7 + e * 13 + step) % 11);
+    dp->update_balancing(counts);
+    ref->update_balancing(counts);
+    // Balancing biases identical on every rank (hash gathered from all).
+    uint64_t h = 1469598103934665603ull;
+    FlatBuffer m = dp->masters();
+    for (auto& s : lay)
+      if (!s.has_grad) h = fnv1a(m.data + s.offset, size_t(s.numel) * 4, h);
+    auto all = comm->host_all_gather(std::to_string(h));
+    for (auto& x : all) EXPECT_EQ(x, all[0]) << "balancing biases differ between ranks at step " << step;
+    // Weights bit for bit equal to the one-process update.
+    FlatBuffer mr = ref->masters();
+    int64_t differ = 0;
+    for (auto& s : lay)
+      differ += std::memcmp(m.data + s.offset, mr.data + s.offset, size_t(s.numel) * 4) != 0;
+    EXPECT_EQ(differ, 0) << "rank " << R << ": " << differ << " tensors differ at step " << step;
+  }
+  // The gathered checkpoint state (rank 0) is the one-process state, bit for bit.
+  NamedTensors st = dp->state();
+  if (R == 0) {
+    NamedTensors want = ref->state();
+    ASSERT_EQ(st.size(), want.size());
+    for (size_t i = 0; i < st.size(); i++) {
+      EXPECT_EQ(st[i].first, want[i].first);
+      EXPECT_EQ(std::memcmp(st[i].second.f32(), want[i].second.f32(),
+                            size_t(want[i].second.numel()) * 4),
+                0)
+          << st[i].first;
+    }
+  } else {
+    EXPECT_TRUE(st.empty());
+  }
+}
+
+// The LPT plan on its own: every tensor with a gradient has one owner, none twice; the packed
+// layout is a bijection onto world × seg.
+TEST(DataParallelMpi, PlanCoversEveryTensorOnce) {
+  ZayaModel m = ZayaModel::init(ZayaConfig::preset("tiny"), 1);
+  auto items = zero1_items(m, OptimizerSettings{});
+  for (int world : {1, 2, 3, 4, 7}) {
+    Zero1Plan p = plan_zero1(items, world, 1000);
+    std::vector<int64_t> offsets;
+    int64_t off = 0;
+    for (auto& it : items) {
+      offsets.push_back(off);
+      off += it.numel;
+    }
+    std::vector<int> hit(size_t(world) * size_t(p.seg), 0);
+    for (int r = 0; r < world; r++)
+      for (auto& piece : segment_pieces(p, items, offsets, r))
+        for_each_packed_run(p, r, piece, [&](int64_t po, int64_t, int64_t n) {
+          for (int64_t k = 0; k < n; k++) hit[size_t(po + k)]++;
+        });
+    int64_t covered = 0;
+    for (int x : hit) {
+      EXPECT_LE(x, 1);
+      covered += x;
+    }
+    int64_t want = 0;
+    for (size_t i = 0; i < items.size(); i++) {
+      EXPECT_EQ(p.owner[i] < 0, items[i].kind == OwnedKind::NoGrad) << items[i].name;
+      if (p.owner[i] >= 0) want += items[i].numel;
+    }
+    EXPECT_EQ(covered, want) << world;
+  }
+}
+
+}  // namespace
+}  // namespace zaya

@@ -208,8 +208,12 @@ TrainResult train(const TrainOptions& opts) {
                rc.data.tokenizer, tok->vocab_size(), mcfg.vocab_size);
     if (any_builtin && job.lead()) builtin = builtin_corpus(rc, opts.out_dir, *tok);
   });
-  if (any_builtin && !job.lead())
-    job.agree("the data preparation", [&] { builtin = builtin_corpus(rc, opts.out_dir, *tok); });
+  // Every rank takes part in the second agreement (the lead with nothing left to do), so the
+  // collectives of all ranks pair up.
+  if (any_builtin)
+    job.agree("the data preparation", [&] {
+      if (!job.lead()) builtin = builtin_corpus(rc, opts.out_dir, *tok);
+    });
 
   // Model, optimizer and balancing state: fresh, or from a checkpoint.
   State st;

@@ -122,6 +122,13 @@ if [ -x "$tests_bin" ]; then
   done
 fi
 
+# The built-in default run (the Brown corpus, prepared by the lead rank while the others wait)
+# on 2 ranks: every rank's collectives pair up.
+timeout 120 mpirun -np 2 --oversubscribe "$zaya" train --steps 2 --out "$T/builtin" --quiet \
+  > "$T/builtin.log" 2>&1 || { tail -20 "$T/builtin.log"; fail "the built-in default run on 2 ranks"; }
+grep -q '"step": *2' "$T/builtin/metrics.jsonl" ||
+  { cat "$T/builtin/metrics.jsonl"; fail "the built-in run on 2 ranks did not reach step 2"; }
+
 # Bad input: every rank names itself and the reason; the job ends non-zero and promptly.
 out="$(mpi 3 "$zaya" train --config "$T/run.toml" --out "$T/bad1" --parallel.dp=2 2>&1)"
 [ $? -ne 0 ] || fail "dp = 2 on 3 ranks accepted"

@@ -12,6 +12,7 @@
 #include "bench/bench_common.h"
 #include "bench/gemm_bench.h"
 #include "core/error.h"
+#include "core/json.h"
 
 namespace zaya::bench {
 
@@ -297,12 +298,7 @@ std::string gemm_algo_key(const std::string& dtype, const GemmShape& s) {
 std::map<std::string, std::string> load_gemm_algos(const std::string& path) {
   std::ifstream in(path);
   ZAYA_CHECK(in.good(), "--algos-from: cannot read '{}'", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    fail("--algos-from: '{}' is not JSON ({})", path, e.what());
-  }
+  const nlohmann::json j = read_json_file(path, "is not JSON");
   ZAYA_CHECK(j.is_object() && j.value("schema", "") == "zaya.bench.gemm/1" &&
                  j.contains("results") && j["results"].is_array(),
              "--algos-from: '{}' is not a `zaya bench gemm --json` file (schema "

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "core/plot.h"
 
 namespace zaya::bench {
@@ -67,11 +68,7 @@ void merge_profile_file(const std::string& path, const nlohmann::json& update) {
     std::ifstream f(path);
     std::stringstream ss;
     ss << f.rdbuf();
-    try {
-      profile = nlohmann::json::parse(ss.str());
-    } catch (const nlohmann::json::exception& e) {
-      fail("--profile: '{}' exists but is not JSON ({})", path, e.what());
-    }
+    profile = parse_json(ss.str(), "--profile: '" + path + "'", nullptr, "exists but is not JSON");
     ZAYA_CHECK(profile.is_object() && profile.value("schema", "") == kHardwareSchema,
                "--profile: '{}' exists but is not a {} profile", path, kHardwareSchema);
   }

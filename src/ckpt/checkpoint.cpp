@@ -6,6 +6,7 @@
 
 #include "ckpt/model_io.h"
 #include "core/error.h"
+#include "core/json.h"
 #include "core/log.h"
 #include "io/atomic.h"
 #include "io/manifest.h"
@@ -21,10 +22,16 @@ namespace {
 // The step-* directories under root, oldest first (the names sort by step).
 std::vector<std::string> step_dirs(const std::string& root) {
   std::vector<std::string> dirs;
-  if (!fs::is_directory(root)) return dirs;
-  for (auto& e : fs::directory_iterator(root))
-    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0)
-      dirs.push_back(e.path().string());
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return dirs;
+  fs::directory_iterator it(root, ec), end;
+  if (ec) fail("cannot list checkpoint directory {}: {}", root, ec.message());
+  for (; it != end; it.increment(ec)) {
+    if (ec) fail("cannot list checkpoint directory {}: {}", root, ec.message());
+    if (it->is_directory(ec) && it->path().filename().string().rfind("step-", 0) == 0)
+      dirs.push_back(it->path().string());
+  }
+  if (ec) fail("cannot list checkpoint directory {}: {}", root, ec.message());
   std::sort(dirs.begin(), dirs.end());
   return dirs;
 }
@@ -44,13 +51,24 @@ json TrainerState::to_json() const {
 
 TrainerState TrainerState::from_json(const json& j, const std::string& where) {
   TrainerState t;
+  ZAYA_CHECK(j.is_object(), "{}: expected a JSON object, found {}", where, json_show(j));
+  // Integers are checked before conversion (nlohmann casts any number; 1e300 would be undefined
+  // behaviour).
+  const auto integer = [&](const char* key, int64_t* out, bool required) {
+    auto it = j.find(key);
+    if (it == j.end()) {
+      ZAYA_CHECK(!required, "{}: missing field '{}'", where, key);
+      return;
+    }
+    *out = json_int64(*it, fmt::format("{}: {}", where, key));
+  };
+  integer("step", &t.step, true);
+  integer("tokens", &t.tokens, true);
+  integer("phase", &t.phase, true);
+  integer("skipped_steps", &t.skipped_steps, false);
+  integer("optimizer_steps", &t.optimizer_steps, true);
+  integer("balancing_steps", &t.balancing_steps, true);
   try {
-    t.step = j.at("step");
-    t.tokens = j.at("tokens");
-    t.phase = j.at("phase");
-    t.skipped_steps = j.value("skipped_steps", int64_t(0));
-    t.optimizer_steps = j.at("optimizer_steps");
-    t.balancing_steps = j.at("balancing_steps");
     t.data_cursor = j.at("data_cursor");
     t.config_toml = j.value("config", std::string());
   } catch (const json::exception& e) {
@@ -98,7 +116,7 @@ LoadedCheckpoint load_checkpoint(const std::string& dir) {
   auto f = SafetensorsFile::open(dir + "/optimizer.safetensors");
   for (auto& ti : f->tensors()) c.state.emplace_back(ti.name, f->get(ti.name));
   const std::string tj_path = dir + "/trainer.json";
-  c.trainer = TrainerState::from_json(json::parse(read_file(tj_path)), tj_path);
+  c.trainer = TrainerState::from_json(parse_json(read_file(tj_path), tj_path), tj_path);
   return c;
 }
 

@@ -9,10 +9,25 @@
 #include <regex>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/atomic.h"
 #include "io/safetensors.h"
 
 namespace zaya {
+
+namespace {
+
+// A layer or expert number from a tensor name (digits only, by the regexes that found it); one
+// too large for int64 is an Error naming the tensor instead of std::out_of_range.
+int64_t name_number(const std::string& digits, const std::string& name) {
+  int64_t v = 0;
+  for (char c : digits)
+    if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, c - '0', &v))
+      fail("tensor '{}': the number {} is too large", name, digits);
+  return v;
+}
+
+}  // namespace
 
 std::string original_to_hf_name(const std::string& name, int64_t num_stages) {
   static const std::regex layer_re(R"(^model\.layers\.(\d+)\.(.+)$)");
@@ -29,7 +44,7 @@ std::string original_to_hf_name(const std::string& name, int64_t num_stages) {
     if (name == "lm_head.weight") return "";
     fail("original checkpoint: unexpected tensor '{}'", name);
   }
-  const int64_t stage = std::stoll(m[1]);
+  const int64_t stage = name_number(m[1], name);
   const std::string rest = m[2];
   const std::string lp = "model.layers." + std::to_string(stage / 2) + ".";
   static const std::vector<std::pair<std::string, std::string>> attn = {
@@ -103,9 +118,10 @@ ZayaConfig config_for_original(const nlohmann::json& j, const std::string& where
 
 ZayaModel load_model(const std::string& dir) {
   namespace fs = std::filesystem;
-  ZAYA_CHECK(fs::is_directory(dir), "model directory '{}' does not exist", dir);
+  std::error_code ec;
+  ZAYA_CHECK(fs::is_directory(dir, ec), "model directory '{}' does not exist", dir);
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
-  ZAYA_CHECK(fs::exists(cfg_path), "{}: missing config.json", dir);
+  ZAYA_CHECK(fs::exists(cfg_path, ec), "{}: missing config.json", dir);
   auto store = TensorStore::open(dir);
   const bool original = store->has("model.layers.0.self_attn.qkv.linear_q.weight");
   ZayaModel m;
@@ -114,20 +130,21 @@ ZayaModel load_model(const std::string& dir) {
     m.cfg = ZayaConfig::load(cfg_path);
     for (auto& n : store->names()) by_name[n] = store->get(n);
   } else {
-    std::ifstream in(cfg_path);
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-      fail("{}: malformed JSON: {}", cfg_path, e.what());
-    }
+    const nlohmann::json j = read_json_file(cfg_path, "malformed JSON");
     // The stage count comes from the tensors (the config's num_hidden_layers may be stale).
-    int64_t stages = 0;
+    int64_t last_stage = -1;
     static const std::regex re(R"(^model\.layers\.(\d+)\.)");
     for (auto& n : store->names()) {
       std::smatch mm;
-      if (std::regex_search(n, mm, re)) stages = std::max<int64_t>(stages, std::stoll(mm[1]) + 1);
+      if (std::regex_search(n, mm, re))
+        last_stage = std::max<int64_t>(last_stage, name_number(mm[1], n));
     }
+    // Every stage holds tensors, so a stage number beyond the tensor count is a corrupt name (and
+    // would size the model's layer list).
+    ZAYA_CHECK(last_stage < int64_t(store->names().size()),
+               "{}: a tensor name numbers stage {}, but the checkpoint holds only {} tensors", dir,
+               last_stage, store->names().size());
+    const int64_t stages = last_stage + 1;
     ZAYA_CHECK(stages % 2 == 0 && stages > 0,
                "{}: original layout with {} stages (expected an even "
                "number of alternating attention/MoE stages)",
@@ -140,9 +157,9 @@ ZayaModel load_model(const std::string& dir) {
       std::smatch mm;
       if (std::regex_match(n, mm, ex)) {
         const std::string target =
-            "model.layers." + std::to_string(std::stoll(mm[1]) / 2) +
+            "model.layers." + std::to_string(name_number(mm[1], n) / 2) +
             (mm[3] == "1" ? ".mlp.experts.gate_up_proj" : ".mlp.experts.down_proj");
-        experts[target].emplace_back(std::stoll(mm[2]), store->get(n));
+        experts[target].emplace_back(name_number(mm[2], n), store->get(n));
         continue;
       }
       std::string hf = original_to_hf_name(n, stages);
@@ -161,6 +178,11 @@ ZayaModel load_model(const std::string& dir) {
     }
   }
   const ZayaConfig& c = m.cfg;
+  // Each layer has tensors of its own; a config asking for more layers than there are tensors is
+  // refused before the layer list is sized by it.
+  ZAYA_CHECK(c.num_hidden_layers <= int64_t(store->names().size()),
+             "{}: config.json asks for {} layers, but the checkpoint holds only {} tensors", dir,
+             c.num_hidden_layers, store->names().size());
   m.layers.resize(size_t(c.num_hidden_layers));
   auto shapes = expected_tensor_shapes(c);
   std::vector<std::string> missing;

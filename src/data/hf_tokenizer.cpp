@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "data/hf_tokenizer_json.h"
 #include "data/tokenizer.h"
 
@@ -82,6 +83,9 @@ void replace_all(std::string& s, std::string_view from, std::string_view to) {
 }
 
 constexpr int64_t kMaxId = hf::kMaxTokenId;
+// The id table has one entry per id up to the largest, so a tiny file naming id 2^30 would ask for
+// tens of GiB. Ids are dense in real files; this many unused ids are allowed beyond the entries.
+constexpr int64_t kMaxUnusedIds = int64_t(1) << 20;
 using hf::JsonFile;
 
 struct AddedToken {
@@ -263,6 +267,7 @@ class HfBpeTokenizer final : public Tokenizer {
   void parse_post_processor(const json& p);
   void parse_decoder(const json& d, const std::string& where);
   void pick_bos_eos();
+  void grow_id_table(int32_t id, const std::string& where);
 
   std::string normalize(std::string_view s) const;
   void split_added(std::string_view s, const AddedTokenTrie& trie, std::vector<Span>& out) const;
@@ -297,12 +302,18 @@ class HfBpeTokenizer final : public Tokenizer {
   std::vector<std::string> id_to_token_;  // model vocab and added tokens; holes are empty
   std::vector<uint8_t> id_kind_;          // 0 none, 1 model, 2 added, 3 added special
   int32_t bos_ = -1, eos_ = -1;
+  int64_t id_limit_ = 0;  // ids must be below this (the entries of the file + kMaxUnusedIds)
 };
 
 HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
   file_.path = path;
   hf::TokenizerJson parsed = hf::read_tokenizer_json(file_);
   const json& root = parsed.root;
+  {
+    auto at = root.find("added_tokens");
+    const size_t added = at != root.end() && at->is_array() ? at->size() : 0;
+    id_limit_ = int64_t(parsed.vocab.size() + added) + kMaxUnusedIds;
+  }
   parse_model(file_.field(root, "model", "tokenizer"), parsed);
   parse_added_tokens(root);
   if (auto it = root.find("normalizer"); it != root.end() && !it->is_null())
@@ -349,10 +360,8 @@ void HfBpeTokenizer::parse_model(const json& m, hf::TokenizerJson& parsed) {
   }
   vocab_.reserve(parsed.vocab.size());
   for (auto& [token, id] : parsed.vocab) {
-    if (size_t(id) >= id_to_token_.size()) {
-      id_to_token_.resize(id + 1);
-      id_kind_.resize(id + 1, 0);
-    }
+    if (size_t(id) >= id_to_token_.size())
+      grow_id_table(id, "model.vocab[" + json(token).dump() + "]");
     id_to_token_[id] = token;
     id_kind_[id] = 1;
     vocab_[std::move(token)] = id;
@@ -397,6 +406,15 @@ void HfBpeTokenizer::parse_model(const json& m, hf::TokenizerJson& parsed) {
   parsed.merges = {};
 }
 
+void HfBpeTokenizer::grow_id_table(int32_t id, const std::string& where) {
+  if (id >= id_limit_)
+    file_.bad(where, fmt::format("is id {}, but the file has only {} tokens and ids may leave at "
+                                 "most {} unused",
+                                 id, id_limit_ - kMaxUnusedIds, kMaxUnusedIds));
+  id_to_token_.resize(size_t(id) + 1);
+  id_kind_.resize(size_t(id) + 1, 0);
+}
+
 void HfBpeTokenizer::parse_added_tokens(const json& root) {
   auto it = root.find("added_tokens");
   if (it == root.end() || it->is_null()) return;
@@ -417,10 +435,7 @@ void HfBpeTokenizer::parse_added_tokens(const json& root) {
     // An added token whose text is already in the model's vocabulary keeps the model's id, as in
     // `tokenizers`.
     if (int32_t model_id = vocab_find(a.content); model_id >= 0) a.id = model_id;
-    if (size_t(a.id) >= id_to_token_.size()) {
-      id_to_token_.resize(a.id + 1);
-      id_kind_.resize(a.id + 1, 0);
-    }
+    if (size_t(a.id) >= id_to_token_.size()) grow_id_table(a.id, where + ".id");
     id_to_token_[a.id] = a.content;
     id_kind_[a.id] = a.special ? 3 : 2;
     added_.push_back(std::move(a));
@@ -570,7 +585,13 @@ void HfBpeTokenizer::pick_bos_eos() {
   const fs::path config = fs::path(file_.path).parent_path() / "tokenizer_config.json";
   std::ifstream in(config);
   if (!in) return;
-  json c = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  // A malformed tokenizer_config.json is ignored, as before; the depth limit still applies.
+  json c;
+  try {
+    c = read_json_file(config.string());
+  } catch (const Error&) {
+    return;
+  }
   const auto configured = [&](const char* key, int32_t& out) {
     if (!c.is_object() || !c.contains(key)) return;
     const json& v = c[key];

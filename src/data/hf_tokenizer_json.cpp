@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace zaya::hf {
 
@@ -179,6 +180,7 @@ class Reader final : public nlohmann::json_sax<json> {
     return parent.back();
   }
   bool open(json container) {
+    check_json_depth(stack_.size(), file_.path);
     std::string name = stack_.empty() || !stack_.back()->is_object() ? std::string() : key_;
     // Elements of the parent are not touched until this container closes, so the pointer stays
     // valid.

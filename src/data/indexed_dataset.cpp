@@ -383,7 +383,10 @@ int64_t IndexedDataset::token(int64_t pos) const {
 }
 
 void IndexedDataset::read(int64_t pos, int64_t count, int32_t* out) const {
-  ZAYA_ASSERT(pos >= 0 && count >= 0 && pos + count <= num_tokens_);
+  ZAYA_ASSERT(pos >= 0 && count >= 0 && pos <= num_tokens_ - count);
+  // An empty range may come with null pointers (an empty .bin maps to nullptr, an empty vector's
+  // data() may be null), and memcpy from null is undefined behaviour even for zero bytes.
+  if (count == 0) return;
   switch (dtype_) {
     case TokenDType::Int32: std::memcpy(out, bin_ + 4 * pos, size_t(count) * 4); return;
     case TokenDType::UInt16:

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "data/corpus.h"
 #include "data/indexed_dataset.h"
 
@@ -60,12 +61,7 @@ void tokenize_batch(Batch& b, const Tokenizer& tok, const std::vector<std::strin
       std::string text;
       if (d.json) {
         const std::string where = files[size_t(d.file)] + ":" + std::to_string(d.line);
-        nlohmann::json j;
-        try {
-          j = nlohmann::json::parse(d.text);
-        } catch (const nlohmann::json::parse_error& e) {
-          fail("{}: invalid JSON: {}", where, e.what());
-        }
+        const nlohmann::json j = parse_json(d.text, where, nullptr, "invalid JSON");
         ZAYA_CHECK(j.is_object(), "{}: expected a JSON object with a string field \"{}\", got {}",
                    where, key, j.type_name());
         auto it = j.find(key);

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/json.h"
 #include "io/atomic.h"
 
 namespace zaya {
@@ -116,16 +117,11 @@ Manifest write_manifest(const std::string& dir, const json& extra) {
 
 Manifest read_manifest(const std::string& dir) {
   const std::string path = (fs::path(dir) / kManifestName).string();
-  json doc;
-  try {
-    doc = json::parse(read_file(path));
-  } catch (const json::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
+  const json doc = parse_json(read_file(path), path);
   if (!doc.is_object()) fail("{}: expected a JSON object, found {}", path, doc.type_name());
   if (!doc.contains("format") || doc["format"] != kFormatTag)
     fail("{}: format: expected \"{}\", found {}", path, kFormatTag,
-         doc.contains("format") ? doc["format"].dump() : "nothing");
+         doc.contains("format") ? json_show(doc["format"]) : "nothing");
   Manifest m;
   if (!doc.contains("version") || !doc["version"].is_number_unsigned())
     fail("{}: version: expected a positive integer", path);
@@ -136,7 +132,7 @@ Manifest read_manifest(const std::string& dir) {
   m.version = int(version);
   if (!doc.contains("hash") || doc["hash"] != "xxh64")
     fail("{}: hash: expected \"xxh64\", found {}", path,
-         doc.contains("hash") ? doc["hash"].dump() : "nothing");
+         doc.contains("hash") ? json_show(doc["hash"]) : "nothing");
   if (!doc.contains("files") || !doc["files"].is_array())
     fail("{}: files: expected a list of {{path, size, xxh64}}", path);
   std::set<std::string> seen;

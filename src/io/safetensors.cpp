@@ -19,6 +19,7 @@
 #include <regex>
 #include <set>
 
+#include "core/json.h"
 #include "io/atomic.h"
 
 namespace zaya {
@@ -181,12 +182,8 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
          n == 0 ? std::string("an empty header") : fmt::format("'{}'", char(hdr[0])));
 
   DuplicateKeyCheck dup;
-  json root;
-  try {
-    root = json::parse(hdr, hdr + n, std::ref(dup));
-  } catch (const json::exception& e) {
-    fail("{}: header is not valid JSON: {}", path, e.what());
-  }
+  const json root = parse_json(std::string_view(reinterpret_cast<const char*>(hdr), n),
+                               path + ": header", std::ref(dup));
   if (!dup.error.empty()) fail("{}: header: {}", path, dup.error);
   if (!root.is_object()) fail("{}: header must be a JSON object, found {}", path, json_type(root));
 
@@ -236,8 +233,10 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (!js.is_array())
       fail("{}: {}: shape: expected a list of non-negative integers, found {} ({})", path, where,
            json_type(js), show(js));
-    uint64_t numel = 1;
-    bool overflow = false;
+    // The product of the non-zero dimensions must fit too: strides are products of trailing
+    // dimensions, so a zero in front would otherwise hide an overflow from this check.
+    uint64_t nonzero = 1;
+    bool overflow = false, empty = false;
     for (size_t d = 0; d < js.size(); d++) {
       if (!js[d].is_number_unsigned())
         fail("{}: {}: shape[{}]: expected a non-negative integer, found {} ({})", path, where, d,
@@ -245,10 +244,13 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
       uint64_t dim = js[d].get<uint64_t>();
       if (dim > uint64_t(INT64_MAX)) overflow = true;
       ti.shape.push_back(int64_t(dim));
-      overflow |= __builtin_mul_overflow(numel, dim, &numel);
+      empty |= dim == 0;
+      if (dim != 0) overflow |= __builtin_mul_overflow(nonzero, dim, &nonzero);
     }
     uint64_t nbytes = 0;
-    overflow |= __builtin_mul_overflow(numel, uint64_t(dtype_size(ti.dtype)), &nbytes);
+    overflow |= __builtin_mul_overflow(nonzero, uint64_t(dtype_size(ti.dtype)), &nbytes);
+    overflow |= nbytes > uint64_t(INT64_MAX);
+    if (empty) nbytes = 0;
     if (overflow)
       fail("{}: {}: shape {} of {} overflows 64-bit byte counts", path, where, show(js),
            dtype_name(ti.dtype));
@@ -415,13 +417,7 @@ std::shared_ptr<TensorStore> TensorStore::open(const std::string& path) {
       s->total_bytes_ += t.end - t.begin;
     }
   } else {
-    json idx;
-    std::string text = read_file(index_path);
-    try {
-      idx = json::parse(text);
-    } catch (const json::exception& e) {
-      fail("{}: not valid JSON: {}", index_path, e.what());
-    }
+    const json idx = parse_json(read_file(index_path), index_path);
     if (!idx.is_object()) fail("{}: expected a JSON object, found {}", index_path, json_type(idx));
     if (idx.contains("metadata")) {
       const json& m = idx["metadata"];

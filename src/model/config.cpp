@@ -3,8 +3,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
+#include "core/checked.h"
 #include "core/error.h"
+#include "core/json.h"
 
 namespace zaya {
 
@@ -22,31 +25,36 @@ const RopeSettings& ZayaConfig::rope_for_layer(int64_t layer) const {
   return layer_is_sliding(layer) ? rope_sliding : rope_hybrid;
 }
 
+// The counts use checked arithmetic (an overflow is an Error, not a wrapped count); validate()
+// evaluates them once, so a validated config never overflows here.
 int64_t ZayaConfig::params_per_layer() const {
-  const int64_t D = hidden_size, d = head_dim, Hq = num_attention_heads, Hkv = num_key_value_heads;
-  const int64_t C = conv_channels(), R = router_hidden_size, E = num_experts,
-                I = moe_intermediate_size;
-  int64_t attn = Hq * d * D + Hkv * d * D + Hkv * d * D /* v_cur + v_del */ + D * Hq * d;
+  using I64 = CheckedI64;
+  const I64 D = hidden_size, d = head_dim, Hq = num_attention_heads, Hkv = num_key_value_heads;
+  const I64 C = I64(Hq + Hkv) * d, R = router_hidden_size, E = num_experts,
+            I = moe_intermediate_size;
+  I64 attn = Hq * d * D + Hkv * d * D + Hkv * d * D /* v_cur + v_del */ + D * Hq * d;
   attn += C * cca_time0 + C + C * d * cca_time1 + C + Hkv;
-  int64_t norms = 2 * D + 2 * 4 * D;
-  int64_t router = R * D + R + R /*states scale*/ + R + 2 * (R * R + R) + (E + 1) * R;
-  int64_t experts = E * (2 * I * D + D * I);
-  return attn + norms + router + experts;
+  I64 norms = I64(2) * D + I64(2 * 4) * D;
+  I64 router = R * D + R + R /*states scale*/ + R + I64(2) * (R * R + R) + (E + 1) * R;
+  I64 experts = E * (I64(2) * I * D + D * I);
+  return (attn + norms + router + experts).v;
 }
 
 int64_t ZayaConfig::params_total(bool with_embedding) const {
-  int64_t n = num_hidden_layers * params_per_layer() + 2 * hidden_size + hidden_size;
+  using I64 = CheckedI64;
+  I64 n = I64(num_hidden_layers) * params_per_layer() + I64(2) * hidden_size + hidden_size;
   n -= router_hidden_size;  // layer 0 has no router_states_scale
-  if (with_embedding) n += vocab_size * hidden_size;
-  return n;
+  if (with_embedding) n += I64(vocab_size) * hidden_size;
+  return n.v;
 }
 
 int64_t ZayaConfig::params_active(bool with_embedding) const {
-  const int64_t D = hidden_size, I = moe_intermediate_size;
-  int64_t per_layer = params_per_layer() - num_experts * 3 * I * D + 3 * I * D;
-  int64_t n = num_hidden_layers * per_layer + 3 * hidden_size - router_hidden_size;
-  if (with_embedding) n += vocab_size * hidden_size;
-  return n;
+  using I64 = CheckedI64;
+  const I64 D = hidden_size, I = moe_intermediate_size;
+  I64 per_layer = I64(params_per_layer()) - I64(num_experts) * 3 * I * D + I64(3) * I * D;
+  I64 n = I64(num_hidden_layers) * per_layer + I64(3) * hidden_size - router_hidden_size;
+  if (with_embedding) n += I64(vocab_size) * hidden_size;
+  return n.v;
 }
 
 void ZayaConfig::validate(const std::string& where) const {
@@ -64,6 +72,16 @@ void ZayaConfig::validate(const std::string& where) const {
   pos("router_hidden_size", router_hidden_size);
   pos("cca_time0", cca_time0);
   pos("cca_time1", cca_time1);
+  // Every product of sizes the model forms (the parameter counts cover them all) must fit 64 bits
+  // before anything below multiplies them.
+  try {
+    (void)params_total(true);
+    (void)params_active(true);
+  } catch (const Error& e) {
+    fail("{}: the sizes are too large: {} (hidden_size {}, heads {}/{}, head_dim {}, experts {})",
+         where, e.what(), hidden_size, num_attention_heads, num_key_value_heads, head_dim,
+         num_experts);
+  }
   ZAYA_CHECK(num_attention_heads % num_key_value_heads == 0,
              "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})", where,
              num_attention_heads, num_key_value_heads);
@@ -146,10 +164,17 @@ template <typename T>
 void get(const json& j, const char* key, T* out, const std::string& where) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) return;
-  try {
-    *out = it->get<T>();
-  } catch (const json::exception&) {
-    fail("{}: field '{}' has the wrong type ({})", where, key, it->dump());
+  if constexpr (std::is_same_v<T, int64_t>) {
+    // Checked before converting: nlohmann would cast any number (1e300 is undefined behaviour).
+    if (!it->is_number())
+      fail("{}: field '{}' has the wrong type ({})", where, key, json_show(*it));
+    *out = json_int64(*it, fmt::format("{}: field '{}'", where, key));
+  } else {
+    try {
+      *out = it->get<T>();
+    } catch (const json::exception&) {
+      fail("{}: field '{}' has the wrong type ({})", where, key, json_show(*it));
+    }
   }
 }
 
@@ -193,7 +218,7 @@ ZayaConfig ZayaConfig::from_json(const json& j, const std::string& where) {
   get(j, "pad_token_id", &c.pad_token_id, where);
   get(j, "bos_token_id", &c.bos_token_id, where);
   if (j.contains("eos_token_id") && j["eos_token_id"].is_array() && !j["eos_token_id"].empty())
-    c.eos_token_id = j["eos_token_id"][0].get<int64_t>();
+    c.eos_token_id = json_int64(j["eos_token_id"][0], where + ": field 'eos_token_id'[0]");
   else
     get(j, "eos_token_id", &c.eos_token_id, where);
   get(j, "sliding_window", &c.sliding_window, where);
@@ -234,16 +259,10 @@ ZayaConfig ZayaConfig::from_json(const json& j, const std::string& where) {
 
 ZayaConfig ZayaConfig::load(const std::string& path) {
   namespace fs = std::filesystem;
-  std::string file = fs::is_directory(path) ? (fs::path(path) / "config.json").string() : path;
-  std::ifstream in(file);
-  ZAYA_CHECK(in.good(), "cannot open model config '{}'", file);
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    fail("{}: malformed JSON: {}", file, e.what());
-  }
-  return from_json(j, file);
+  std::error_code ec;
+  std::string file = fs::is_directory(path, ec) ? (fs::path(path) / "config.json").string() : path;
+  ZAYA_CHECK(std::ifstream(file).good(), "cannot open model config '{}'", file);
+  return from_json(read_json_file(file, "malformed JSON"), file);
 }
 
 json ZayaConfig::to_json() const {

@@ -1,8 +1,11 @@
 // Parameter → optimizer rules; see param_rules.h.
 #include "optim/param_rules.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <regex>
+#include <vector>
 
 #include "core/error.h"
 
@@ -91,9 +94,93 @@ static bool is_regex(const std::string& pattern) {
   return pattern.rfind("re:", 0) == 0;
 }
 
+namespace {
+
+// std::regex compiles and matches recursively and expands counted repetitions ({n,m}) into copies,
+// so a pattern of deeply nested groups overflows the stack and one of nested counts asks for
+// billions of states. Parameter patterns need neither; bound both before std::regex sees them.
+constexpr size_t kMaxRegexLength = 1000;
+constexpr size_t kMaxRegexNesting = 16;
+constexpr int64_t kMaxRegexRepeat = 1000;
+constexpr int64_t kMaxRegexStates = 10000;
+
+void check_regex_size(const std::string& re, const std::string& where) {
+  const auto bad = [&](const std::string& why) {
+    fail("{}: pattern 're:{}' is too complex for a parameter rule: {}", where,
+         re.size() > 60 ? re.substr(0, 57) + "..." : re, why);
+  };
+  if (re.size() > kMaxRegexLength)
+    bad(fmt::format("{} characters (at most {})", re.size(), kMaxRegexLength));
+  // Per open group: states so far, and the states of the last atom (what a quantifier repeats).
+  struct Group {
+    int64_t total = 0, last = 0;
+  };
+  std::vector<Group> stack(1);
+  const auto atom = [&](int64_t n) {
+    stack.back().total += n;
+    stack.back().last = n;
+    if (stack.back().total > kMaxRegexStates)
+      bad(fmt::format("it expands to more than {} states", kMaxRegexStates));
+  };
+  for (size_t i = 0; i < re.size(); i++) {
+    const char c = re[i];
+    if (c == '\\') {
+      i++;
+      atom(1);
+    } else if (c == '[') {
+      size_t j = i + 1;
+      if (j < re.size() && re[j] == '^') j++;
+      if (j < re.size() && re[j] == ']') j++;
+      while (j < re.size() && re[j] != ']') j += re[j] == '\\' ? 2 : 1;
+      i = j;
+      atom(1);
+    } else if (c == '(') {
+      if (stack.size() > kMaxRegexNesting)
+        bad(fmt::format("groups nest deeper than {} levels", kMaxRegexNesting));
+      stack.emplace_back();
+    } else if (c == ')' && stack.size() > 1) {
+      const int64_t n = stack.back().total + 1;
+      stack.pop_back();
+      atom(n);
+    } else if (c == '|') {
+      stack.back().last = 0;
+    } else if (c == '{') {
+      // {n}, {n,} or {n,m}: the last atom is copied max(n, m) (or n + 1) times.
+      size_t j = i + 1;
+      int64_t n = 0, m = -1, *cur = &n;
+      bool digits = false;
+      for (; j < re.size() && (std::isdigit(uint8_t(re[j])) || (re[j] == ',' && cur == &n)); j++) {
+        if (re[j] == ',') {
+          cur = &m;
+          m = 0;
+          continue;
+        }
+        digits = true;
+        *cur = *cur * 10 + (re[j] - '0');
+        if (*cur > kMaxRegexRepeat)
+          bad(fmt::format("a repetition count above {}", kMaxRegexRepeat));
+      }
+      if (!digits || j >= re.size() || re[j] != '}') {
+        atom(1);  // not a quantifier: std::regex decides whether it is an error
+        continue;
+      }
+      const int64_t copies = std::max(n, m) + 1;
+      const int64_t last = stack.back().last;
+      stack.back().last = 0;
+      atom(last * copies);
+      i = j;
+    } else {
+      atom(1);
+    }
+  }
+}
+
+}  // namespace
+
 bool rule_matches(const ParamRule& rule, const std::string& name) {
   if (is_regex(rule.pattern)) {
     // Compiled per call: rules are matched once per parameter when the optimizer is built.
+    check_regex_size(rule.pattern.substr(3), "parameter rule");
     return std::regex_match(name, std::regex(rule.pattern.substr(3), std::regex::ECMAScript));
   }
   return glob_match(rule.pattern, name);
@@ -103,6 +190,7 @@ void validate_param_rule(const ParamRule& rule, const std::string& where) {
   ZAYA_CHECK(!rule.pattern.empty() && rule.pattern != "re:", "{}: pattern must not be empty",
              where);
   if (is_regex(rule.pattern)) {
+    check_regex_size(rule.pattern.substr(3), where);
     try {
       std::regex re(rule.pattern.substr(3), std::regex::ECMAScript);
     } catch (const std::regex_error& e) {

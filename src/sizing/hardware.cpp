@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/json.h"
 
 namespace zaya::sizing {
 
@@ -586,13 +587,7 @@ HardwareProfile load_hardware(const std::string& name_or_path) {
   std::ifstream in(name_or_path);
   ZAYA_CHECK(in.good(), "--hardware: cannot open profile '{}' (known built-in names: {})",
              name_or_path, known_list());
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    fail("{}: malformed JSON: {}", name_or_path, e.what());
-  }
-  return hardware_from_json(j, name_or_path);
+  return hardware_from_json(read_json_file(name_or_path, "malformed JSON"), name_or_path);
 }
 
 }  // namespace zaya::sizing

@@ -21,7 +21,10 @@
 #include <set>
 #include <sstream>
 
+#include "core/checked.h"
 #include "core/error.h"
+#include "io/atomic.h"
+#include "train/toml_keys.h"
 
 namespace zaya {
 
@@ -146,8 +149,11 @@ class Reader {
       auto* arr = n->as_array();
       if (!arr || arr->size() != 2 || !(*arr)[0].is_number() || !(*arr)[1].is_number())
         bad_type(key, *n, "an array of two numbers");
-      *a = (*arr)[0].value<double>().value();
-      *b = (*arr)[1].value<double>().value();
+      // value<double>() is empty for an integer a double cannot hold exactly.
+      auto va = (*arr)[0].value<double>(), vb = (*arr)[1].value<double>();
+      if (!va || !vb) bad_type(key, *n, "an array of two numbers");
+      *a = *va;
+      *b = *vb;
     }
   }
   // A sub-table: calls fn(Reader&) on it when present.
@@ -538,15 +544,10 @@ std::vector<std::string> RunConfig::key_paths() {
 }
 
 RunConfig RunConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
-  toml::table root;
-  ZAYA_CHECK(std::filesystem::is_regular_file(path),
+  std::error_code ec;
+  ZAYA_CHECK(std::filesystem::is_regular_file(path, ec),
              "run config '{}' does not exist or is not a file", path);
-  try {
-    root = toml::parse_file(path);
-  } catch (const toml::parse_error& e) {
-    fail("{}:{}:{}: {}", path, e.source().begin.line, e.source().begin.column, e.description());
-  }
-  return finish(std::move(root), path, overrides);
+  return from_toml(read_file(path), path, overrides);
 }
 
 RunConfig RunConfig::from_toml(const std::string& text, const std::string& where,
@@ -557,6 +558,7 @@ RunConfig RunConfig::from_toml(const std::string& text, const std::string& where
   } catch (const toml::parse_error& e) {
     fail("{}:{}:{}: {}", where, e.source().begin.line, e.source().begin.column, e.description());
   }
+  check_toml_keys_read(text, root, where);
   return finish(std::move(root), where, overrides);
 }
 
@@ -640,7 +642,8 @@ void RunConfig::validate() const {
   {
     const auto presets = ZayaConfig::preset_names();
     const bool preset = std::find(presets.begin(), presets.end(), model.config) != presets.end();
-    if (!preset && !std::filesystem::exists(model.config))
+    std::error_code ec;
+    if (!preset && !std::filesystem::exists(model.config, ec))
       fail("{}: model.config = \"{}\" is neither a preset ({}) nor an existing path", f,
            model.config, fmt::join(presets, ", "));
   }
@@ -670,6 +673,7 @@ void RunConfig::validate() const {
   check(train.device == "cpu" || train.device == "cuda", "train.device",
         fmt::format("\"{}\"", train.device), "\"cpu\" or \"cuda\"");
   check(train.log_every >= 1, "train.log_every", train.log_every, "an integer >= 1");
+  checked_mul(train.micro_batch, train.grad_accum, f + ": train.micro_batch × train.grad_accum");
   // Data, eval, checkpoint.
   auto check_blend = [&](const std::vector<BlendEntry>& blend, const std::string& key) {
     for (size_t i = 0; i < blend.size(); i++) {
@@ -701,6 +705,7 @@ void RunConfig::validate() const {
   // Phases.
   std::set<std::string> names;
   int by_tokens = 0, by_steps = 0;
+  int64_t budget_sum = 0;  // phase boundaries are sums of budgets
   for (size_t i = 0; i < phases.size(); i++) {
     const auto& p = phases[i];
     const std::string k = fmt::format("phase.{}", i);
@@ -715,6 +720,7 @@ void RunConfig::validate() const {
       fail("{}: {} has no budget (tokens or steps); only the last phase may run open-ended", f, k);
     by_tokens += p.tokens > 0;
     by_steps += p.steps > 0;
+    budget_sum = checked_add(budget_sum, p.tokens + p.steps, f + ": the phase budgets' sum");
     if (p.seq_len) check(*p.seq_len >= 1, k + ".seq_len", *p.seq_len, "an integer >= 1");
     if (p.rope_theta)
       check(std::isfinite(*p.rope_theta) && *p.rope_theta > 0, k + ".rope_theta", *p.rope_theta,

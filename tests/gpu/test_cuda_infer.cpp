@@ -4,9 +4,9 @@
 // weights and activations in bf16, so logits agree with the fp32 reference to a few bf16 ulps of
 // the logit scale; greedy tokens agree wherever the reference's top-2 margin is clear of that.
 // Also kernel-level checks of decode_experts, decode_router, decode_conv, decode_attention and
-// decode_residual_norm (decode/decode_kernels.h) against double-precision host references and the CPU ops,
-// the residual norms fused into the o projection and the expert combine against the separate
-// launches (bit for bit), and decoding with and without programmatic dependent launch.
+// decode_residual_norm (decode/decode_kernels.h) against double-precision host references and the
+// CPU ops, the step's fused ends against the separate launches (bit for bit), and decoding with
+// and without programmatic dependent launch.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -513,80 +513,13 @@ TEST(CudaDecodeKernels, ExpertsMatchTheHostReference) {
       }
       expect_bf16_ulp("act", act_h, act_ref, act_sl);
       expect_bf16_ulp("out", out_h, out_ref, out_sl);
-      // The down launch with its rows staged in shared memory: the same bits.
-      decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, nullptr, nullptr,
-                     true);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(test_util::download_bf16(out, size_t(M * D)), out_h) << "down rows staged";
-      // The SwiGLU launch hinting the down rows towards L2: the same bits.
-      decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, nullptr, nullptr,
-                     false, true);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(test_util::download_bf16(act, size_t(M * I)), act_h) << "down rows hinted: act";
-      EXPECT_EQ(test_util::download_bf16(out, size_t(M * D)), out_h) << "down rows hinted";
       // Staged input rows, with 8, 4 and 2 output rows per down block: the same bits.
       for (int rows : {8, 4, 2}) {
-        decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, nullptr,
-                       nullptr, false, false, true, rows);
+        decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, true, rows);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         EXPECT_EQ(test_util::download_bf16(act, size_t(M * I)), act_h) << "staged: act";
         EXPECT_EQ(test_util::download_bf16(out, size_t(M * D)), out_h)
             << "staged, " << rows << " rows per down block";
-      }
-    }
-}
-
-// decode_experts' one-launch form (grid barrier between the SwiGLU and down products) against the
-// two launches, bit for bit: ZAYA1-base sizes at M = 1 (one row per warp) and M = 8 (rows in a
-// grid-stride loop), skip rows of both kinds, and a small odd-sized case; every launch must leave
-// the barrier word's low 31 bits at zero, so that the next one (any grid size) reuses it.
-TEST(CudaDecodeKernels, ExpertsInOneLaunchEqualTheTwoLaunches) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  // Four experts (the sizes of a ZAYA1 expert, fewer of them: the choice is what matters).
-  const std::vector<ExpertCase> cases = {{1, 2048, 2048, 4, {2}},
-                                         {1, 2048, 2048, 4, {4}},
-                                         {8, 2048, 2048, 4, {3, 4, 3, 0, 1, 2, 4, 1}},
-                                         {3, 72, 40, 3, {2, 3, 0}}};
-  std::mt19937_64 g(43);
-  test_util::DeviceArena ar;
-  unsigned* bar = ar.alloc<unsigned>(1);
-  ASSERT_TRUE(bar);
-  ASSERT_EQ(cudaMemset(bar, 0, sizeof(unsigned)), cudaSuccess);
-  int launches = 0;
-  for (const ExpertCase& c : cases)
-    for (bool scaled : {true, false}) {
-      SCOPED_TRACE("M " + std::to_string(c.M) + " D " + std::to_string(c.D) + " I " +
-                   std::to_string(c.I) + " scaled " + std::to_string(scaled));
-      const int64_t M = c.M, D = c.D, I = c.I, E = c.E;
-      ASSERT_TRUE(decode_experts_fused_supported(M, D, I));
-      const auto x = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
-      const auto gu = test_util::random_uniform(g, size_t(E * 2 * I * D), -0.05f, 0.05f, true);
-      const auto dn = test_util::random_uniform(g, size_t(E * D * I), -0.05f, 0.05f, true);
-      const auto gate = test_util::random_uniform(g, size_t(M), 0.1f, 1.f);
-      test_util::DeviceArena a2;
-      bf16 *out = a2.alloc<bf16>(size_t(M * D)), *act = a2.alloc<bf16>(size_t(M * I));
-      const bf16 *xd = a2.up_bf16(x), *gud = a2.up_bf16(gu), *dnd = a2.up_bf16(dn);
-      const float* gd = a2.up(gate);
-      const int32_t* cd = a2.up(c.choice);
-      ASSERT_TRUE(out && act && xd && gud && dnd && gd && cd);
-      decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const auto act_two = test_util::download_bf16(act, size_t(M * I));
-      const auto out_two = test_util::download_bf16(out, size_t(M * D));
-      for (int rep = 0; rep < 2; rep++) {
-        ASSERT_EQ(cudaMemset(out, 0xff, size_t(M * D) * sizeof(bf16)), cudaSuccess);
-        ASSERT_EQ(cudaMemset(act, 0xff, size_t(M * I) * sizeof(bf16)), cudaSuccess);
-        decode_experts(out, act, xd, gud, dnd, gd, cd, E, scaled, M, D, I, nullptr, nullptr, bar);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        launches++;
-        unsigned word = 0;
-        ASSERT_EQ(cudaMemcpy(&word, bar, sizeof(word), cudaMemcpyDeviceToHost), cudaSuccess);
-        EXPECT_EQ(word, launches % 2 ? 0x80000000u : 0u)
-            << "barrier word after launch " << launches;
-        const auto act_one = test_util::download_bf16(act, size_t(M * I));
-        const auto out_one = test_util::download_bf16(out, size_t(M * D));
-        EXPECT_EQ(act_one, act_two) << "act, launch " << rep;  // no NaNs: the inputs are finite
-        EXPECT_EQ(out_one, out_two) << "out, launch " << rep;
       }
     }
 }
@@ -830,174 +763,6 @@ TEST(CudaDecodeKernels, ConvMatchesTheHostReference) {
   }
 }
 
-// The CCA convolutions and finish in one launch (decode_conv_finish, DecodeTuning::fuse_cca)
-// against decode_conv followed by decode_qkv_finish, bit for bit: q, both caches (the whole
-// buffers), the delayed-value state and the advanced history; rows at different positions, the
-// register forms of the grouped conv (d·t1 = 256, 128) and its lane-strided form (d·t1 = 64, 32),
-// full and partial rotary dims.
-TEST(CudaDecodeKernels, FusedCcaEqualsConvThenFinish) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Case {
-    int64_t M, Hq, Hkv, d, t0, t1, r;
-  };
-  const std::vector<Case> cases = {{1, 8, 2, 128, 2, 2, 64}, {8, 8, 2, 128, 2, 2, 128},
-                                   {3, 4, 2, 32, 2, 2, 16},  {2, 4, 2, 64, 2, 2, 64},
-                                   {1, 2, 1, 32, 2, 1, 32},  {2, 2, 2, 64, 3, 1, 32}};
-  std::mt19937_64 g(73);
-  for (const Case& c : cases) {
-    const int64_t M = c.M, Hq = c.Hq, Hkv = c.Hkv, d = c.d, t0 = c.t0, t1 = c.t1, r = c.r;
-    const int64_t QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2, ld = C + KD + 8;
-    const int64_t P = (t0 - 1) + (t1 - 1), K = d * t1, cap = 8;
-    SCOPED_TRACE("M " + std::to_string(M) + " Hq " + std::to_string(Hq) + " d " +
-                 std::to_string(d) + " t0 " + std::to_string(t0) + " t1 " + std::to_string(t1));
-    const auto qkv = test_util::random_uniform(g, size_t(M * ld), -1.f, 1.f, true);
-    const auto hist =
-        test_util::random_uniform(g, size_t(M * std::max<int64_t>(P, 1) * C), -1.f, 1.f);
-    const auto wdw = test_util::random_uniform(g, size_t(C * t0), -1.f, 1.f);
-    const auto bdw = test_util::random_uniform(g, size_t(C), -0.1f, 0.1f);
-    const float wk = 1.7f / std::sqrt(float(K));
-    const auto wg = test_util::random_uniform(g, size_t(C * K), -wk, wk);
-    const auto bg = test_util::random_uniform(g, size_t(C), -0.1f, 0.1f);
-    const auto temp = test_util::random_uniform(g, size_t(Hkv), 0.5f, 2.f);
-    const auto vd0 = test_util::random_uniform(g, size_t(M * VH), -1.f, 1.f);
-    const auto cache0 = test_util::random_uniform(g, size_t(M * cap * KD), -1.f, 1.f, true);
-    std::vector<int32_t> len(static_cast<size_t>(M));
-    for (int64_t m = 0; m < M; m++) len[size_t(m)] = int32_t((3 * m + 1) % cap);
-    ASSERT_TRUE(decode_conv_finish_supported(M, Hq, Hkv, d, t0, t1, r, nullptr));
-    test_util::DeviceArena ar;
-    const bf16* qd = ar.up_bf16(qkv);
-    const float *wdwd = ar.up(wdw), *bdwd = ar.up(bdw), *wgd = ar.up(wg), *bgd = ar.up(bg),
-                *tempd = ar.up(temp);
-    const int32_t* lend = ar.up(len);
-    float* conv = ar.alloc<float>(size_t(M * C));
-    struct Side {
-      float *hist, *vd;
-      bf16 *kc, *vc, *q;
-    };
-    auto side = [&]() {
-      return Side{ar.up(hist), ar.up(vd0), ar.up_bf16(cache0), ar.up_bf16(cache0),
-                  ar.alloc<bf16>(size_t(M * QD))};
-    };
-    const Side ref = side(), got = side();
-    ASSERT_TRUE(qd && wdwd && bdwd && wgd && bgd && tempd && lend && conv && ref.hist && ref.vd &&
-                ref.kc && ref.vc && ref.q && got.hist && got.vd && got.kc && got.vc && got.q);
-    ASSERT_TRUE(decode_conv_finish_supported(M, Hq, Hkv, d, t0, t1, r, wgd));
-    const float theta = 10000.f;
-    decode_conv(conv, qd, ld, ref.hist, wdwd, bdwd, wgd, bgd, M, C, d, t0, t1, nullptr);
-    decode_qkv_finish(ref.q, ref.kc, ref.vc, ref.vd, ref.hist, P, conv, qd, ld, tempd, lend, cap,
-                      theta, r, M, Hq, Hkv, d, nullptr);
-    decode_conv_finish(got.q, got.kc, got.vc, got.vd, got.hist, P, qd, ld, wdwd, bdwd, wgd, bgd,
-                       tempd, lend, cap, theta, r, M, Hq, Hkv, d, t0, t1, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(test_util::download_bf16(got.q, size_t(M * QD)),
-              test_util::download_bf16(ref.q, size_t(M * QD)))
-        << "q";
-    EXPECT_EQ(test_util::download_bf16(got.kc, cache0.size()),
-              test_util::download_bf16(ref.kc, cache0.size()))
-        << "k cache";
-    EXPECT_EQ(test_util::download_bf16(got.vc, cache0.size()),
-              test_util::download_bf16(ref.vc, cache0.size()))
-        << "v cache";
-    EXPECT_EQ(test_util::download(got.vd, vd0.size()), test_util::download(ref.vd, vd0.size()))
-        << "delayed value";
-    const auto h_got = test_util::download(got.hist, hist.size());
-    EXPECT_EQ(h_got, test_util::download(ref.hist, hist.size())) << "history";
-    if (P > 0) EXPECT_NE(h_got, hist) << "the history advanced";
-  }
-}
-
-// The CCA finish folded into the attention (decode_attention_finish, DecodeTuning::attn_finish)
-// against decode_qkv_finish followed by decode_attention, bit for bit: the output, both caches
-// (whole buffers), the delayed values and the advanced history; the exact form (4 heads per kv
-// head, d 128) with one and two passes in flight, the general one at other shapes, partial and
-// full rotary dims, windows, rows whose new token opens or closes a chunk.
-TEST(CudaDecodeKernels, AttentionWithFinishEqualsFinishThenAttention) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  struct Case {
-    std::vector<int32_t> pos;
-    int64_t Hkv, G, d, r, window, cap;
-    int chunk, pipe;
-  };
-  const std::vector<Case> cases = {
-      {{1096}, 2, 4, 128, 64, 0, 1100, 0, 1},     {{1096}, 2, 4, 128, 64, 0, 1100, 0, 2},
-      {{32, 31, 0}, 2, 4, 128, 64, 0, 96, 16, 2}, {{47, 200}, 2, 4, 128, 128, 40, 320, 32, 1},
-      {{5, 63}, 2, 2, 64, 32, 0, 128, 16, 1},     {{100}, 1, 8, 32, 32, 0, 128, 0, 1},
-      {{17, 0, 64}, 4, 1, 64, 0, 16, 80, 16, 4}};
-  std::mt19937_64 g(97);
-  for (const Case& c : cases) {
-    const int64_t M = int64_t(c.pos.size()), Hkv = c.Hkv, Hq = Hkv * c.G, d = c.d, r = c.r;
-    const int64_t QD = Hq * d, KD = Hkv * d, C = QD + KD, VH = KD / 2, ld = C + KD + 8, P = 2;
-    const int64_t cap = c.cap;
-    SCOPED_TRACE("M " + std::to_string(M) + " pos0 " + std::to_string(c.pos[0]) + " Hq " +
-                 std::to_string(Hq) + " Hkv " + std::to_string(Hkv) + " d " + std::to_string(d) +
-                 " chunk " + std::to_string(c.chunk) + " pipe " + std::to_string(c.pipe));
-    ASSERT_TRUE(decode_attention_finish_supported(Hq, Hkv, d, r));
-    const auto qkv = test_util::random_uniform(g, size_t(M * ld), -1.f, 1.f, true);
-    const auto conv = test_util::random_uniform(g, size_t(M * C), -1.f, 1.f);
-    const auto hist = test_util::random_uniform(g, size_t(M * P * C), -1.f, 1.f);
-    const auto temp = test_util::random_uniform(g, size_t(Hkv), 0.5f, 2.f);
-    const auto vd0 = test_util::random_uniform(g, size_t(M * VH), -1.f, 1.f);
-    const auto kc0 = test_util::random_uniform(g, size_t(M * cap * KD), -2.f, 2.f, true);
-    const auto vc0 = test_util::random_uniform(g, size_t(M * cap * KD), -1.f, 1.f, true);
-    test_util::DeviceArena ar;
-    const bf16* qd = ar.up_bf16(qkv);
-    const float *convd = ar.up(conv), *tempd = ar.up(temp);
-    const int32_t* lend = ar.up(c.pos);
-    struct Side {
-      float *hist, *vd;
-      bf16 *kc, *vc, *q, *o;
-      char* ws;
-    };
-    const size_t wsb = decode_attention_workspace_bytes(M, Hq, d, cap);
-    auto side = [&]() {
-      return Side{ar.up(hist),
-                  ar.up(vd0),
-                  ar.up_bf16(kc0),
-                  ar.up_bf16(vc0),
-                  ar.alloc<bf16>(size_t(M * QD)),
-                  ar.alloc<bf16>(size_t(M * QD)),
-                  ar.alloc<char>(wsb)};
-    };
-    const Side ref = side(), got = side();
-    ASSERT_TRUE(qd && convd && tempd && lend && ref.hist && ref.vd && ref.kc && ref.vc && ref.q &&
-                ref.o && ref.ws && got.hist && got.vd && got.kc && got.vc && got.q && got.o &&
-                got.ws);
-    ASSERT_EQ(cudaMemset(ref.ws, 0, wsb), cudaSuccess);
-    ASSERT_EQ(cudaMemset(got.ws, 0, wsb), cudaSuccess);
-    const float theta = 10000.f;
-    decode_qkv_finish(ref.q, ref.kc, ref.vc, ref.vd, ref.hist, P, convd, qd, ld, tempd, lend, cap,
-                      theta, r, M, Hq, Hkv, d, nullptr);
-    decode_attention(ref.o, ref.q, ref.kc, ref.vc, lend, cap, c.window, M, Hq, Hkv, d, ref.ws,
-                     nullptr, c.chunk, c.pipe);
-    decode_attention_finish(got.o, got.kc, got.vc, got.vd, got.hist, P, convd, qd, ld, tempd, lend,
-                            cap, theta, r, c.window, M, Hq, Hkv, d, got.ws, nullptr, c.chunk,
-                            c.pipe);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto o_got = test_util::download_bf16(got.o, size_t(M * QD));
-    EXPECT_EQ(o_got, test_util::download_bf16(ref.o, size_t(M * QD))) << "attention output";
-    EXPECT_EQ(test_util::download_bf16(got.kc, kc0.size()),
-              test_util::download_bf16(ref.kc, kc0.size()))
-        << "k cache";
-    EXPECT_EQ(test_util::download_bf16(got.vc, vc0.size()),
-              test_util::download_bf16(ref.vc, vc0.size()))
-        << "v cache";
-    EXPECT_EQ(test_util::download(got.vd, vd0.size()), test_util::download(ref.vd, vd0.size()))
-        << "delayed value";
-    const auto h_got = test_util::download(got.hist, hist.size());
-    EXPECT_EQ(h_got, test_util::download(ref.hist, hist.size())) << "history";
-    EXPECT_NE(h_got, hist) << "the history advanced";
-    // A second launch on the same workspace (the counters back at zero), from the same delayed
-    // values (the first launch moved them on), gives the same output.
-    ASSERT_EQ(cudaMemcpy(got.vd, vd0.data(), vd0.size() * sizeof(float), cudaMemcpyHostToDevice),
-              cudaSuccess);
-    decode_attention_finish(got.o, got.kc, got.vc, got.vd, got.hist, P, convd, qd, ld, tempd, lend,
-                            cap, theta, r, c.window, M, Hq, Hkv, d, got.ws, nullptr, c.chunk,
-                            c.pipe);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(test_util::download_bf16(got.o, size_t(M * QD)), o_got) << "relaunch";
-  }
-}
-
 // decode_attention in one launch: against double at the bench shape (1097 keys, automatic chunks
 // of 16) and short, windowed, batched contexts, also with 16, 64 and 256 keys per chunk; a second
 // launch on the same workspace (the counters must be back at zero), with four passes' K rows
@@ -1070,19 +835,15 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto o_h = test_util::download_bf16(o, n_out);
       EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "relaunch, 4 passes in flight";
-      decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 1,
-                       true);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "partials staged for the combine";
       // The kernel compiled for exactly 4 heads per kv head (where G = 4, d = 128; elsewhere the
       // general one runs).
       decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 1,
-                       false, false, true);
+                       true);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "compiled for 4 heads per kv head";
       // 2 passes in flight, in the exact form and in the general one.
       decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 2,
-                       false, false, true);
+                       true);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "2 passes, 4 heads per kv head";
       decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 2);
@@ -1092,22 +853,12 @@ TEST(CudaDecodeKernels, AttentionMatchesTheHostReferenceAndRelaunches) {
       // or the length trigger without scores).
       for (int trig : {1, 2}) {
         decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, chunk, 2,
-                         false, false, true, trig);
+                         true, trig);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         EXPECT_EQ(o_h, test_util::download_bf16(o2, n_out)) << "trigger point " << trig;
       }
       expect_bf16_ulp("o", o_h, ref_d, slack);
     }
-    // The cluster form (its own chunks, combined in shared memory): against the reference, and
-    // the same bits when launched again.
-    decode_attention(o, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, 0, 1, false,
-                     true);
-    decode_attention(o2, qd, kd, vd, lend, cap, c.window, M, Hq, Hkv, d, ws, nullptr, 0, 1, false,
-                     true);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const auto oc = test_util::download_bf16(o, n_out);
-    EXPECT_EQ(oc, test_util::download_bf16(o2, n_out)) << "cluster form, relaunch";
-    expect_bf16_ulp("o (cluster form)", oc, ref_d, slack);
   }
 }
 
@@ -1163,134 +914,7 @@ TEST(CudaDecodeKernels, ResidualNormMatchesTheHostReference) {
     }
 }
 
-// The residual norms fused into the o projection (gemv_bf16_residual_norm) and the expert
-// combine (decode_experts with rn) give the same bits as the separate launches they replace, on
-// the float4 norm path (D 2048, 64, 36) and the scalar one (D 4100 > 4096), with the 16-byte and
-// the scalar products (K 37, D 4100), for one to eight rows; a second launch on the same counters
-// (left at zero) gives the same bits again.
-TEST(CudaDecodeKernels, FusedResidualNormsEqualTheSeparateLaunches) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 g(61);
-  struct Case {
-    int64_t M, D, K;
-  };
-  for (const Case& c : std::vector<Case>{
-           {1, 2048, 1024}, {3, 64, 40}, {2, 36, 37}, {3, 4100, 24}, {8, 2048, 256}}) {
-    const int64_t M = c.M, D = c.D, K = c.K, I = c.K, E = 3;
-    SCOPED_TRACE("M " + std::to_string(M) + " D " + std::to_string(D) + " K " + std::to_string(K));
-    const float eps = 1e-5f;
-    const auto x = test_util::random_uniform(g, size_t(M * K), -1.f, 1.f, true);
-    const auto W = test_util::random_uniform(g, size_t(D * K), -0.2f, 0.2f, true);
-    const auto xd_h = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
-    const auto gu = test_util::random_uniform(g, size_t(E * 2 * I * D), -0.2f, 0.2f, true);
-    const auto dn = test_util::random_uniform(g, size_t(E * D * I), -0.2f, 0.2f, true);
-    const auto gate = test_util::random_uniform(g, size_t(M), 0.1f, 1.f);
-    std::vector<int32_t> choice(static_cast<size_t>(M));
-    for (int64_t m = 0; m < M; m++) choice[size_t(m)] = int32_t(m % (E + 1));  // incl. the skip
-    const auto h0 = test_util::random_uniform(g, size_t(M * D), -2.f, 2.f);
-    std::vector<std::vector<float>> vecs;
-    for (int i = 0; i < 5; i++)
-      vecs.push_back(
-          test_util::random_uniform(g, size_t(D), i % 2 ? -0.1f : 0.5f, i % 2 ? 0.1f : 1.5f));
-    test_util::DeviceArena ar;
-    const bf16 *xd = ar.up_bf16(x), *Wd = ar.up_bf16(W), *xe = ar.up_bf16(xd_h),
-               *gud = ar.up_bf16(gu), *dnd = ar.up_bf16(dn);
-    const float* gd = ar.up(gate);
-    const int32_t* cd = ar.up(choice);
-    const float *hs = ar.up(vecs[0]), *hb = ar.up(vecs[1]), *rs = ar.up(vecs[2]),
-                *rb = ar.up(vecs[3]), *w = ar.up(vecs[4]);
-    float *h_ref = ar.up(h0), *h_f1 = ar.up(h0), *h_f2 = ar.up(h0);
-    bf16 *a_ref = ar.alloc<bf16>(size_t(M * D)), *a_f = ar.alloc<bf16>(size_t(M * D));
-    bf16 *y_ref = ar.alloc<bf16>(size_t(M * D)), *y_f = ar.alloc<bf16>(size_t(M * D));
-    bf16* act = ar.alloc<bf16>(size_t(M * I));
-    unsigned* ctr = ar.alloc<unsigned>(decode_tail_counter_bytes() / sizeof(unsigned));
-    ASSERT_TRUE(xd && Wd && xe && gud && dnd && gd && cd && hs && hb && rs && rb && w && h_ref &&
-                h_f1 && h_f2 && a_ref && a_f && y_ref && y_f && act && ctr);
-    ASSERT_EQ(cudaMemset(ctr, 0, decode_tail_counter_bytes()), cudaSuccess);
-    auto expect_same = [&](const char* what, float* h_got) {
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_EQ(test_util::download_bf16(a_f, size_t(M * D)),
-                test_util::download_bf16(a_ref, size_t(M * D)))
-          << what << ": a";
-      EXPECT_EQ(test_util::download(h_got, size_t(M * D)),
-                test_util::download(h_ref, size_t(M * D)))
-          << what << ": h";
-      EXPECT_EQ(test_util::download_bf16(y_f, size_t(M * D)),
-                test_util::download_bf16(y_ref, size_t(M * D)))
-          << what << ": y";
-    };
-    // o projection + post-attention residual norm.
-    gemv_bf16(nullptr, a_ref, D, xd, K, Wd, K, nullptr, M, D, K, nullptr);
-    decode_residual_norm(h_ref, y_ref, a_ref, hs, hb, rs, rb, w, eps, M, D, nullptr);
-    for (float* hf : {h_f1, h_f2}) {
-      ASSERT_EQ(cudaMemcpy(hf, h0.data(), h0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-      DecodeResidualNorm rn{hf, y_f, hs, hb, rs, rb, w, eps, ctr};
-      gemv_bf16_residual_norm(a_f, xd, K, Wd, K, M, D, K, rn, nullptr);
-      expect_same("o projection", hf);
-    }
-    // Expert combine + post-MLP residual norm.
-    ASSERT_EQ(cudaMemcpy(h_ref, h0.data(), h0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-    decode_experts(a_ref, act, xe, gud, dnd, gd, cd, E, true, M, D, I, nullptr);
-    decode_residual_norm(h_ref, y_ref, a_ref, hs, hb, rs, rb, w, eps, M, D, nullptr);
-    for (float* hf : {h_f1, h_f2}) {
-      ASSERT_EQ(cudaMemcpy(hf, h0.data(), h0.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-      DecodeResidualNorm rn{hf, y_f, hs, hb, rs, rb, w, eps, ctr + kGemvMaxRows};
-      decode_experts(a_f, act, xe, gud, dnd, gd, cd, E, true, M, D, I, nullptr, &rn);
-      expect_same("experts", hf);
-    }
-    EXPECT_EQ(test_util::download(ctr, size_t(2 * kGemvMaxRows)),
-              std::vector<unsigned>(size_t(2 * kGemvMaxRows), 0u))
-        << "counters back at zero";
-  }
-}
-
-// The post-MLP residual norm folded into the q|k|v GEMV (DecodeNormIn): every block computing
-// the norm itself gives the bits of decode_residual_norm followed by the plain GEMV — the GEMV's
-// output and the new residual rows (h_out; h_in untouched).
-TEST(CudaDecodeKernels, FoldedResidualNormEqualsTheSeparateLaunches) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  std::mt19937_64 g(67);
-  struct Case {
-    int64_t M, D, O;
-  };
-  for (const Case& c :
-       std::vector<Case>{{1, 2048, 1280}, {3, 64, 40}, {8, 256, 200}, {2, 4096, 96}}) {
-    const int64_t M = c.M, D = c.D, O = c.O;
-    SCOPED_TRACE("M " + std::to_string(M) + " D " + std::to_string(D));
-    const float eps = 1e-5f, wd = 1.f / std::sqrt(float(D));
-    const auto h0 = test_util::random_uniform(g, size_t(M * D), -2.f, 2.f);
-    const auto a0 = test_util::random_uniform(g, size_t(M * D), -1.f, 1.f, true);
-    const auto W = test_util::random_uniform(g, size_t(O * D), -wd, wd, true);
-    std::vector<std::vector<float>> vecs;
-    for (int i = 0; i < 5; i++)
-      vecs.push_back(
-          test_util::random_uniform(g, size_t(D), i % 2 ? -0.1f : 0.5f, i % 2 ? 0.1f : 1.5f));
-    test_util::DeviceArena ar;
-    const bf16 *ad = ar.up_bf16(a0), *Wd = ar.up_bf16(W);
-    const float *hs = ar.up(vecs[0]), *hb = ar.up(vecs[1]), *rs = ar.up(vecs[2]),
-                *rb = ar.up(vecs[3]), *w = ar.up(vecs[4]);
-    float *h_ref = ar.up(h0), *h_in = ar.up(h0), *h_out = ar.alloc<float>(size_t(M * D));
-    bf16* x_ref = ar.alloc<bf16>(size_t(M * D));
-    bf16 *y_ref = ar.alloc<bf16>(size_t(M * O)), *y = ar.alloc<bf16>(size_t(M * O));
-    ASSERT_TRUE(ad && Wd && hs && hb && rs && rb && w && h_ref && h_in && h_out && x_ref && y_ref &&
-                y);
-    decode_residual_norm(h_ref, x_ref, ad, hs, hb, rs, rb, w, eps, M, D, nullptr);
-    gemv_bf16(nullptr, y_ref, O, x_ref, D, Wd, D, nullptr, M, O, D, nullptr);
-    const DecodeNormIn n{h_in, h_out, ad, hs, hb, rs, rb, w, eps, nullptr};
-    ASSERT_TRUE(decode_norm_in_supported(n, M, D));
-    DecodeNormIn aliased = n;
-    aliased.h_out = h_in;
-    EXPECT_FALSE(decode_norm_in_supported(aliased, M, D)) << "h_out must not alias h_in";
-    gemv_bf16_norm_in(y, O, Wd, D, M, O, D, n, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(test_util::download_bf16(y, size_t(M * O)),
-              test_util::download_bf16(y_ref, size_t(M * O)));
-    EXPECT_EQ(test_util::download(h_out, size_t(M * D)), test_util::download(h_ref, size_t(M * D)));
-    EXPECT_EQ(test_util::download(h_in, size_t(M * D)), h0) << "h_in untouched";
-  }
-}
-
-// The step's ends in fewer launches (DecodeTuning::fused_step_ends) against the separate launches,
+// The step's ends in fewer launches against the separate launches,
 // bit for bit: the LM head with its argmax folded into per-block atomics and the token commit
 // (lm_head_greedy) against gemv_bf16 + argmax_rows + advance_lengths — logits, tokens, token
 // history, lengths, and the keys left at zero for the next call — with a tie between two rows of
@@ -1331,18 +955,16 @@ TEST(CudaDecodeKernels, FusedStepEndsEqualTheSeparateLaunches) {
     gemv_bf16(lg_ref, nullptr, V, xd, D, Wd, D, nullptr, M, V, D, nullptr);
     argmax_rows(ids_ref, lg_ref, M, V, ws, nullptr, hist_ref, len_ref);
     advance_lengths(len_ref, 1, M, nullptr);
-    for (int call = 0; call < 7; call++) {  // each call starts from the keys the last one left
+    for (int call = 0; call < 4; call++) {  // each call starts from the keys the last one left
       SCOPED_TRACE("call " + std::to_string(call));
       ASSERT_EQ(cudaMemcpy(len_f, len0.data(), size_t(M) * 4, cudaMemcpyHostToDevice), cudaSuccess);
       ASSERT_EQ(cudaMemcpy(hist_f, hist0.data(), hist0.size() * 4, cudaMemcpyHostToDevice),
                 cudaSuccess);
-      // Calls 1 and 3 with the rows loaded before the wait, 2 and 3 as one resident grid
-      // striding over the rows, 4 with the input rows staged in shared memory, 5 with the head's
-      // rows not allocated in L1, 6 with both (the same bits).
+      // Call 1 with the input rows staged in shared memory, 2 with the head's rows not allocated
+      // in L1, 3 with both (the decode step's form; the same bits).
       ASSERT_EQ(cudaMemset(lg_f, 0xff, size_t(M * V) * sizeof(float)), cudaSuccess);
-      lm_head_greedy(lg_f, xd, D, Wd, M, V, D, keys, ids_f, hist_f, len_f, nullptr, {},
-                     call % 2 == 1 && call < 4, call == 2 || call == 3, call == 4 || call == 6,
-                     call >= 5);
+      lm_head_greedy(lg_f, xd, D, Wd, M, V, D, keys, ids_f, hist_f, len_f, nullptr,
+                     call == 1 || call == 3, call >= 2);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       const auto lg = test_util::download(lg_f, size_t(M * V));
       EXPECT_EQ(lg, test_util::download(lg_ref, size_t(M * V))) << "logits";

@@ -105,8 +105,7 @@ struct CudaInference::Impl {
   void plan(Carver& cv);
   void upload(const ZayaModel& m);
   void zero_cache();
-  void router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* nin = nullptr,
-              const float* r0_sums = nullptr);
+  void router(int64_t li, int64_t N, bool gemv, const float* r0_sums = nullptr);
   const float* next_norm(int64_t li) const;
   void run_prefill(int64_t S, bool all_logits);
   void run_decode_step();
@@ -302,8 +301,7 @@ void CudaInference::Impl::zero_cache() {
 
 // The router of layer li on rows x (bf16, N rows): down projection, EDA state, norm, MLP, select.
 // r[li % 2] receives this layer's state; r[(li + 1) % 2] holds the previous layer's.
-void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeNormIn* nin,
-                                 const float* r0_sums) {
+void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const float* r0_sums) {
   Impl& s = *this;
   DevLayer& l = s.L[size_t(li)];
   float* rc = s.r[li % 2];
@@ -312,7 +310,7 @@ void CudaInference::Impl::router(int64_t li, int64_t N, bool gemv, const DecodeN
     decode_router(rc, s.probs, s.choice, s.gate, s.x, s.D, l.r_down, l.r_down_b,
                   li > 0 ? rp : nullptr, l.r_scale, l.r_norm, float(s.c.rms_norm_eps), l.fc1_w,
                   l.fc1_b, l.fc2_w, l.fc2_b, l.out_w, l.balancing, N, s.D, s.R, s.E1, s.st,
-                  kRouterLayout, nin, r0_sums, s.opt.policy);
+                  kRouterLayout, r0_sums, s.opt.policy);
     return;
   }
   s.gemm->gemm(false, true, N, s.R, s.D, 1.f, s.x, s.D, l.r_down, s.D, 0.f, rc, s.R, GemmType::BF16,
@@ -439,7 +437,7 @@ void CudaInference::Impl::run_decode_step() {
     mark("cca qk-norm, rope, cache");
     if (on(DecodeOp::Attention))
       decode_attention(o, q, l.kc, l.vc, len, opt.max_context, window, M, Hq, Hkv, d, attn_ws, st,
-                       0, kAttnPipe, false, false, true, kAttnTrigger, pol);
+                       0, kAttnPipe, true, kAttnTrigger, pol);
     mark("attention");
     // The o projection, then the post-attention residual + norm; the experts, then the post-MLP
     // residual + norm (into the next layer's input norm).
@@ -457,14 +455,13 @@ void CudaInference::Impl::run_decode_step() {
     }
     mark("o projection + residual norm");
     if (pre_down)
-      router(li, M, true, nullptr, r0);
+      router(li, M, true, r0);
     else if (on(DecodeOp::Router))
       router(li, M, true);
     mark("router");
     if (on(DecodeOp::Experts)) {
       decode_experts(a, act, x, l.gate_up, l.down, gate, choice, E,
-                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st, nullptr, nullptr, false,
-                     false, true, 8, pol);
+                     c.skip_output == SkipOutput::ScaledInput, M, D, I, st, true, 8, pol);
       decode_residual_norm(hc, x, a, l.pm_hs, l.pm_hb, l.pm_rs, l.pm_rb, next_norm(li), eps, M, D,
                            st, kEarly, pol);
     }
@@ -474,8 +471,8 @@ void CudaInference::Impl::run_decode_step() {
   // position (decode_greedy reads the history once, after its last step).
   if (fused_ends) {
     if (on(DecodeOp::LmHead))
-      lm_head_greedy(logits, x, D, embed, M, V, D, lm_keys, ids, tok_hist, len, st, L2Persist{},
-                     false, false, true, true, pol);
+      lm_head_greedy(logits, x, D, embed, M, V, D, lm_keys, ids, tok_hist, len, st, true, true,
+                     pol);
     else
       advance_lengths(len, 1, M, st, pol);
     mark("lm head, argmax, lengths");

@@ -1,7 +1,7 @@
 // Internal to the decode kernels (backend/cuda/decode/*.cu; the contracts are in decode_kernels.h):
 // the device pieces that several kernel families share — programmatic dependent launch (the rules
 // every decode kernel follows), the decode trace, weight-row loads and GEMV rows, the residual
-// norm's arithmetic and the fused tail, the last-block counter — and the host side of a launch
+// norm's arithmetic, the cluster exchange — and the host side of a launch
 // (argument checks, dynamic shared memory, launch_k under a DecodePolicy, dispatch on the row
 // count). Everything here is in an unnamed namespace: each .cu compiles its own copy (the build
 // has no relocatable device code), the decode trace's constants included (decode_launch.cu sets
@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "backend/cuda/decode/decode_kernels.h"
 #include "backend/cuda/arch/kernel_utils.cuh"
+#include "backend/cuda/decode/decode_kernels.h"
 #include "core/cuda_check.h"
 
 #ifndef ZAYA_DECODE_TRACE
@@ -73,7 +73,7 @@ __device__ __forceinline__ void bf16x8_to_f32(const uint4& u, float* f) {
 //      most one kernel runs ahead in its prologue (the next kernel can only start once this
 //      one's blocks have all passed their wait, i.e. once the kernel before this one has
 //      completed) — except the launches made
-//      with an early trigger (pdl_begin_early, DecodeTuning::early_trigger), whose successors'
+//      with an early trigger (pdl_begin_early), whose successors'
 //      prologues read weights only: those trigger before they wait.
 // Completion is transitive: the kernel before has itself waited for the one before it before it
 // could complete, so after pdl_wait() every earlier kernel of the stream has completed. Rule 1
@@ -145,11 +145,11 @@ inline void set_trace_constants(unsigned long long* buf, unsigned long long cap)
   ZAYA_CUDA_CHECK(cudaMemcpyToSymbol(c_trace, &buf, sizeof(buf)));
   ZAYA_CUDA_CHECK(cudaMemcpyToSymbol(c_trace_cap, &cap, sizeof(cap)));
 }
-#define ZAYA_DECODE_TRACE_UNIT(name)                                              \
-  namespace zaya::cuda::detail {                                                  \
-  void set_trace_##name(unsigned long long* buf, unsigned long long cap) {        \
-    set_trace_constants(buf, cap);                                                \
-  }                                                                               \
+#define ZAYA_DECODE_TRACE_UNIT(name)                                       \
+  namespace zaya::cuda::detail {                                           \
+  void set_trace_##name(unsigned long long* buf, unsigned long long cap) { \
+    set_trace_constants(buf, cap);                                         \
+  }                                                                        \
   }
 #else
 #define ZAYA_DECODE_TRACE_UNIT(name)
@@ -182,7 +182,7 @@ __device__ __forceinline__ void pdl_begin_early(DecodeTraceEvent ev) {
   trace_mark(t, ev);
 }
 // The late form: the wait alone; the kernel calls pdl_trigger() itself further on, once its own
-// dependent loads are done (the attention, DecodeTuning::attn_trigger), so that the successor's
+// dependent loads are done (the attention's trigger_at), so that the successor's
 // prologue does not compete with them. Rule 3 holds a fortiori.
 __device__ __forceinline__ void pdl_begin_late(DecodeTraceEvent ev) {
   unsigned long long* const t = trace_ptr();
@@ -202,26 +202,14 @@ __device__ __forceinline__ void cp_async_wait_all() {
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
-// A 16-byte piece of a weight row. kEF (an int: kWeightNormal, kWeightEvictFirst or
-// kWeightNoL1). kWeightEvictFirst (set_decode_weights_evict_first): loaded with L2 evict_first
-// priority, so that the ~1.4 GB of weights a decode step streams through the 50 MB L2 displace
-// each other before anything else there — the kernels' code, the KV cache, activations and
-// partials, which are read again within the step or the next one. kWeightNoL1 (the LM head's
-// DecodeTuning::lm_head_no_l1): not allocated in L1, so that the streamed rows do not evict the
-// input row every warp reads there. Otherwise a plain load (the hardware's default policy). The
-// value is the same either way.
-constexpr int kWeightNormal = 0, kWeightEvictFirst = 1, kWeightNoL1 = 2;
+// A 16-byte piece of a weight row. kEF (an int: kWeightNormal or kWeightNoL1). kWeightNoL1 (the
+// LM head's no_l1): not allocated in L1, so that the streamed rows do not evict the input row
+// every warp reads there. Otherwise a plain load (the hardware's default policy). The value is the
+// same either way.
+constexpr int kWeightNormal = 0, kWeightNoL1 = 1;
 template <int kEF>
 __device__ __forceinline__ uint4 ld_weight16(const bf16* p) {
-  if constexpr (kEF == kWeightEvictFirst) {
-    unsigned long long pol;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-    uint4 v;
-    asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
-    return v;
-  } else if constexpr (kEF == kWeightNoL1) {
+  if constexpr (kEF == kWeightNoL1) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
@@ -315,7 +303,6 @@ __device__ void gemv_bf16_row(float (&acc)[M], const bf16* x, int64_t ldx, const
 // spread over the block instead of one warp (the training kernels' layout, which leaves a single
 // row latency-bound). Same arithmetic as residual_scale_rmsnorm_fwd / rmsnorm_fwd.
 constexpr int kRowThreads = 256;
-static_assert(kRowThreads == kRowsPerBlock * kWarp, "the fused tails run in GEMV-sized blocks");
 
 __device__ float block_sum_rows(float v, float* red) {
   v = warp_sum(v);
@@ -328,8 +315,8 @@ __device__ float block_sum_rows(float v, float* red) {
 }
 
 // The per-element arithmetic of the decode residual norm with its roundings spelled out (the
-// intrinsics are never contracted or reordered), so the standalone kernel and the tails fused into
-// the o projection and the expert combine give the same bits whatever the surrounding code:
+// intrinsics are never contracted or reordered), so every decode norm kernel gives the same bits
+// whatever the surrounding code:
 // h' = (a + hb)·hs + (h + rb)·rs with the first product fused, ss += h'², y = (w·h')·rstd.
 __device__ __forceinline__ float residual_elem(float a, float hb, float hs, float h, float rb,
                                                float rs) {
@@ -342,149 +329,6 @@ __device__ __forceinline__ float norm_rstd(float ss_total, int64_t D, float eps)
 // The vector form: thread t owns the float4 groups t, t + 256, ... (up to kRowVec of them, so
 // D <= 4096).
 constexpr int kRowVec = 4;
-
-// The residual norm n (DecodeNormIn) computed by the block of the launch that reads it (the q|k|v
-// GEMV with DecodeTuning::fold_qkv_norm). Before the
-// launch's wait, norm_in_stage copies the norm's five vectors (weights) into shared memory pv
-// ([5][D] floats: hs, hb, rs, rb, w) with cp.async; after it, norm_in_row computes row m in the
-// vector layout and with the arithmetic of decode_residual_norm_kernel (the same bits): x into xs
-// (shared memory, [D] bf16), and when `store` the row of h_out (and of x_out, if set) stored too.
-// The row's inputs are read in one round trip. Every thread of the block (kRowThreads) must call
-// both; norm_in_row waits for the block's cp.async copies and ends with a barrier.
-constexpr int kNormInVecs = 5;
-
-__device__ __forceinline__ void norm_in_stage(const DecodeNormIn& n, int64_t D, float* pv) {
-  for (int64_t i = int64_t(threadIdx.x) * 4; i < kNormInVecs * D; i += int64_t(blockDim.x) * 4) {
-    const int64_t r = i / D;
-    const float* v = r == 0 ? n.hs : r == 1 ? n.hb : r == 2 ? n.rs : r == 3 ? n.rb : n.norm_w;
-    cp_async16(pv + i, v + i % D);
-  }
-}
-
-__device__ void norm_in_row(const DecodeNormIn& n, int64_t m, int64_t D, const float* pv, bf16* xs,
-                            bool store, float* red) {
-  using kern::load4;
-  float hv[kRowVec][4], av[kRowVec][4];
-#pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    load4(n.h_in + m * D + i, hv[k]), load4(n.a + m * D + i, av[k]);
-  }
-  cp_async_wait_all();
-  __syncthreads();  // every thread's vector copies have landed
-  const float *hs = pv, *hb = pv + D, *rs = pv + 2 * D, *rb = pv + 3 * D, *w = pv + 4 * D;
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    float hsv[4], hbv[4], rsv[4], rbv[4];
-    load4(hs + i, hsv), load4(hb + i, hbv), load4(rs + i, rsv), load4(rb + i, rbv);
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      hv[k][e] = residual_elem(av[k][e], hbv[e], hsv[e], hv[k][e], rbv[e], rsv[e]);
-      ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
-    }
-    if (store) kern::store4(n.h_out + m * D + i, hv[k]);
-  }
-  const float rstd = norm_rstd(block_sum_rows(ss, red), D, n.eps);
-#pragma unroll
-  for (int k = 0; k < kRowVec; k++) {
-    const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-    if (i >= D) break;
-    float wv[4], o[4];
-    load4(w + i, wv);
-#pragma unroll
-    for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[e], hv[k][e]), rstd);
-    kern::store4(xs + i, o);
-    if (store && n.x_out) kern::store4(n.x_out + m * D + i, o);
-  }
-  __syncthreads();
-}
-
-// Arguments of a residual norm fused into the tail of a GEMV or expert launch.
-struct TailNorm {
-  float* h;
-  bf16* y;
-  const float *hs, *hb, *rs, *rb, *w;
-  float eps;
-  unsigned* counters;
-  bool vec;  // the float4 form (the standalone kernel's choice for the same pointers and D)
-};
-
-__device__ __forceinline__ void ldcg4(const bf16* p, float (&v)[4]) {
-  const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
-  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&u);
-  const float2 lo = __bfloat1622float2(b[0]), hi = __bfloat1622float2(b[1]);
-  v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
-}
-
-// Row m of the residual norm by one 256-thread block, a (bf16 [M, D]) written by other blocks of
-// the same launch (read through L2). Streams each group (load, compute, store h) instead of
-// holding the row in registers as the standalone kernel does, to keep the host kernel's register
-// count; each thread's elements, their order in its sum and the block reduction are the
-// standalone kernel's, and a thread re-reads only h values it stored itself, so the bits agree.
-template <bool kVec>
-__device__ void tail_residual_norm_row(const TailNorm& t, const bf16* a, int64_t m, int64_t D,
-                                       float* red) {
-  float* hr = t.h + m * D;
-  const bf16* ar = a + m * D;
-  float ss = 0.f;
-  if constexpr (kVec) {
-    using kern::load4;
-#pragma unroll
-    for (int k = 0; k < kRowVec; k++) {
-      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-      if (i >= D) break;
-      float hv[4], av[4], hsv[4], hbv[4], rsv[4], rbv[4];
-      load4(hr + i, hv), ldcg4(ar + i, av);
-      load4(t.hs + i, hsv), load4(t.hb + i, hbv), load4(t.rs + i, rsv), load4(t.rb + i, rbv);
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        hv[e] = residual_elem(av[e], hbv[e], hsv[e], hv[e], rbv[e], rsv[e]);
-        ss = __fmaf_rn(hv[e], hv[e], ss);
-      }
-      kern::store4(hr + i, hv);
-    }
-    const float rstd = norm_rstd(block_sum_rows(ss, red), D, t.eps);
-#pragma unroll
-    for (int k = 0; k < kRowVec; k++) {
-      const int64_t i = 4 * (int64_t(threadIdx.x) + int64_t(k) * kRowThreads);
-      if (i >= D) break;
-      float hv[4], wv[4], o[4];
-      load4(hr + i, hv), load4(t.w + i, wv);
-#pragma unroll
-      for (int e = 0; e < 4; e++) o[e] = __fmul_rn(__fmul_rn(wv[e], hv[e]), rstd);
-      kern::store4(t.y + m * D + i, o);
-    }
-  } else {
-    for (int64_t i = threadIdx.x; i < D; i += kRowThreads) {
-      const float v = residual_elem(__bfloat162float(__ldcg(ar + i)), t.hb[i], t.hs[i], hr[i],
-                                    t.rb[i], t.rs[i]);
-      hr[i] = v;
-      ss = __fmaf_rn(v, v, ss);
-    }
-    const float rstd = norm_rstd(block_sum_rows(ss, red), D, t.eps);
-    for (int64_t i = threadIdx.x; i < D; i += kRowThreads)
-      t.y[m * D + i] = __float2bfloat16(__fmul_rn(__fmul_rn(t.w[i], hr[i]), rstd));
-  }
-}
-
-// Counts this block as done with `counter` (its stores made visible first); true in the one block
-// that finishes last, which also resets the counter for the next launch or graph replay. Every
-// thread of the block must call it.
-__device__ bool last_block_done(unsigned* counter, unsigned blocks) {
-  __shared__ unsigned flag;
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) flag = atomicAdd(counter, 1u) == blocks - 1u;
-  __syncthreads();
-  if (flag == 0u) return false;
-  __threadfence();
-  if (threadIdx.x == 0) *counter = 0u;
-  return true;
-}
 
 // Thread-block clusters (sm_90): this block's rank, the cluster's size, a peer block's shared
 // memory, and the split cluster barrier (arrive has release, wait acquire semantics, so
@@ -589,21 +433,6 @@ __device__ __forceinline__ void st_async_f32(float* p, uint64_t* bar, unsigned r
       : "memory");
 #endif
 }
-// Four floats (16-byte aligned p) stored at p's offset in the shared memory of block `rank`,
-// counted on that block's `bar`.
-__device__ __forceinline__ void st_async_f32x4(float* p, uint64_t* bar, unsigned rank,
-                                               const float (&v)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t rp, rb;
-  cl_remote(p, bar, rank, rp, rb);
-  asm volatile(
-      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, "
-      "[%5];\n" ::"r"(rp),
-      "r"(__float_as_uint(v[0])), "r"(__float_as_uint(v[1])), "r"(__float_as_uint(v[2])),
-      "r"(__float_as_uint(v[3])), "r"(rb)
-      : "memory");
-#endif
-}
 // Until phase 0 of this block's `bar` completes (each mbarrier here is used once per launch), with
 // acquire semantics at cluster scope: the other blocks' stores counted on it are visible after.
 __device__ __forceinline__ void xbar_wait(uint64_t* bar) {
@@ -615,7 +444,6 @@ __device__ __forceinline__ void xbar_wait(uint64_t* bar) {
       : "memory");
 #endif
 }
-
 
 // The host side of a decode launch.
 inline void check(bool ok, const char* what) {
@@ -667,20 +495,9 @@ void launch_k(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cuda
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
-// The standalone residual norm's choice of the float4 form; the fused tails make the same one.
+// The residual norm's choice of the float4 form.
 inline bool residual_norm_vec(int64_t D, std::initializer_list<const void*> ptrs) {
   return D % 4 == 0 && D <= 4 * kRowVec * kRowThreads && kern::vec4_ok(D, ptrs);
-}
-
-inline TailNorm tail_norm(const DecodeResidualNorm* rn, const bf16* a, int64_t D) {
-  TailNorm t{};
-  if (!rn) return t;
-  check(rn->h && rn->y && rn->hs && rn->hb && rn->rs && rn->rb && rn->norm_w && rn->counters,
-        "decode residual norm tail: every pointer is needed");
-  t.h = rn->h, t.y = rn->y, t.hs = rn->hs, t.hb = rn->hb, t.rs = rn->rs, t.rb = rn->rb;
-  t.w = rn->norm_w, t.eps = rn->eps, t.counters = rn->counters;
-  t.vec = residual_norm_vec(D, {rn->h, rn->y, a, rn->hs, rn->hb, rn->rs, rn->rb, rn->norm_w});
-  return t;
 }
 
 // Calls f(std::integral_constant<int, M>{}) for a row count M in 1..kGemvMaxRows (the GEMV kernels

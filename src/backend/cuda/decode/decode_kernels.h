@@ -70,21 +70,6 @@ bool decode_trace_built();
 // turning it on throws zaya::Error.
 void set_decode_trace(unsigned long long* buf, size_t capacity);
 
-// A residual norm fused into the end of a decode launch (gemv_bf16_residual_norm, decode_experts):
-// with a the launch's bf16 output [M, D], h = (a + hb)⊙hs + (h + rb)⊙rs in place, then
-// y = norm_w ⊙ h · rstd — the same bits as decode_residual_norm(h, y, a, ...). The block that
-// finishes last (per launch, or per row for the experts) does it, found through `counters`
-// (decode_tail_counter_bytes, zero-filled once; each launch leaves them at zero again; two launches
-// that may overlap must not share them). The buffer's last word is the one-launch experts' barrier.
-struct DecodeResidualNorm {
-  float* h = nullptr;
-  bf16* y = nullptr;
-  const float *hs = nullptr, *hb = nullptr, *rs = nullptr, *rb = nullptr, *norm_w = nullptr;
-  float eps = 0.f;
-  unsigned* counters = nullptr;
-};
-size_t decode_tail_counter_bytes();
-
 // y[m,o] = Σ_k x[m,k] W[o,k] (+ bias[o]) for m < M <= kGemvMaxRows. W bf16 [O, ldw] (ldw >= K,
 // K a multiple of 8), x bf16 [M, K] (row stride ldx); y fp32 or bf16 [M, ldy]. fp32 accumulation.
 // early_trigger: as decode_residual_norm's (only for a next launch whose prologue reads weights
@@ -92,72 +77,22 @@ size_t decode_tail_counter_bytes();
 // reads them there (where they fit 48 KB; the same bits).
 void gemv_bf16(float* y_f32, bf16* y_bf16, int64_t ldy, const bf16* x, int64_t ldx, const bf16* W,
                int64_t ldw, const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st,
-               bool early_trigger = false, bool stage_x = false,
-    const DecodePolicy& policy = {});
-
-// A residual norm computed by the launch that consumes it, at its start (every block of the
-// launch computes the rows it reads; no launch of its own): h_out = (a + hb)⊙hs + (h_in + rb)⊙rs,
-// x = w ⊙ h_out · rstd, the same bits as decode_residual_norm. One block stores h_out (and x_out
-// when set) for later launches, so h_out must not alias h_in (the other blocks still read it).
-// Rows [M, D] fp32 (h) and bf16 (a, x); vectors [D] fp32. decode_norm_in_supported: D a multiple of
-// 8 up to 4096, 16-byte aligned pointers, and the five vectors plus M·D bf16 within 144 KiB of
-// shared memory.
-struct DecodeNormIn {
-  const float* h_in = nullptr;
-  float* h_out = nullptr;
-  const bf16* a = nullptr;
-  const float *hs = nullptr, *hb = nullptr, *rs = nullptr, *rb = nullptr, *norm_w = nullptr;
-  float eps = 0.f;
-  bf16* x_out = nullptr;
-  // decode_router only: the early trigger of the norm's own launch where the fold does not apply.
-  bool early_trigger = false;
-};
-bool decode_norm_in_supported(const DecodeNormIn& n, int64_t M, int64_t D);
-// y = gemv_bf16 of x = the norm n (D = K) into a bf16 [M, O] (the q|k|v projection with the
-// post-MLP residual norm of the layer before).
-void gemv_bf16_norm_in(bf16* y_bf16, int64_t ldy, const bf16* W, int64_t ldw, int64_t M, int64_t O,
-                       int64_t K, const DecodeNormIn& n, cudaStream_t st,
-    const DecodePolicy& policy = {});
-// a[m,o] = bf16(Σ_k x[m,k] W[o,k]) (gemv_bf16 into a bf16 [M, O]), then the residual norm rn over
-// a with D = O, in one launch (the o projection and the post-attention residual + norm).
-void gemv_bf16_residual_norm(bf16* a_MO, const bf16* x, int64_t ldx, const bf16* W, int64_t ldw,
-                             int64_t M, int64_t O, int64_t K, const DecodeResidualNorm& rn,
-                             cudaStream_t st,
-    const DecodePolicy& policy = {});
+               bool early_trigger = false, bool stage_x = false, const DecodePolicy& policy = {});
 // The same with fp32 weights and inputs (the router MLP, which stays fp32).
 void gemv_f32(float* y, int64_t ldy, const float* x, int64_t ldx, const float* W, int64_t ldw,
               const float* bias, int64_t M, int64_t O, int64_t K, cudaStream_t st,
-    const DecodePolicy& policy = {});
+              const DecodePolicy& policy = {});
 // The experts of decode rows, two launches: act = silu(x·Wg_e^T) ⊙ (x·Wu_e^T) with e = choice[m]
 // (packed gate|up rows [E, 2I, D]), then out[m] = gate[m] · act[m]·Wd_e^T ([E, D, I]); rows whose
 // choice is the skip class (>= E) get gate[m]·x[m] (skip_scaled_input) or 0. x, act, out bf16.
-// rn (optional): the post-MLP residual norm over out, fused into the second launch (M <= 8).
-// fused_barrier (optional, without rn): both products in one launch whose blocks meet at a grid
-// barrier (the down rows then load beside the SwiGLU rows), where decode_experts_fused_supported;
-// the same bits. A zero-filled word that only this stream's expert launches use (the
-// last of the decode_tail_counter_bytes words is meant for it); every launch leaves its low 31
-// bits zero.
-// down_smem (two launches, without rn or evict_first weights): the down launch's prologue copies
-// its weight rows into shared memory (cp.async) instead of registers, so that more of its blocks
-// are resident beside the SwiGLU launch and load their rows while it runs; the same bits
-// (DecodeTuning::expert_down_smem; measured slower). down_l2 (two launches, 16-byte path, without
-// evict_first weights): the SwiGLU launch hints the chosen expert's down rows towards L2 once it
-// has read the choice, so that down blocks that start late find them there; the same bits
-// (DecodeTuning::expert_down_l2). stage_x (two launches, 16-byte path, none of the above): each
-// block of the SwiGLU launch copies its row of x, and each block of the down launch its row of act,
-// into shared memory once and its warps read it there; the same bits
-// (DecodeTuning::expert_stage_x). down_rows (with stage_x): output rows per block of the down
-// launch, 8, 4 or 2 (smaller blocks fit beside the SwiGLU launch's blocks sooner); the same bits.
+// stage_x (16-byte path): each block of the SwiGLU launch copies its row of x, and each block of
+// the down launch its row of act, into shared memory once and its warps read it there; the same
+// bits. down_rows (with stage_x): output rows per block of the down launch, 8, 4 or 2 (smaller
+// blocks fit beside the SwiGLU launch's blocks sooner); the same bits.
 void decode_experts(bf16* out_MD, bf16* act_MI, const bf16* x_MD, const bf16* gate_up_E2ID,
                     const bf16* down_EDI, const float* gate_M, const int32_t* choice_M, int64_t E,
                     bool skip_scaled_input, int64_t M, int64_t D, int64_t I, cudaStream_t st,
-                    const DecodeResidualNorm* rn = nullptr, unsigned* fused_barrier = nullptr,
-                    bool down_smem = false, bool down_l2 = false, bool stage_x = false,
-                    int down_rows = 8,
-    const DecodePolicy& policy = {});
-// Whether the one-launch form applies on the current device (D, I multiples of 8, act within
-// 48 KB of shared memory, the grid resident at once); 16-byte aligned pointers are needed too.
-bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);
+                    bool stage_x = false, int down_rows = 8, const DecodePolicy& policy = {});
 
 // The CCA convolutions for one token per sequence (cca_conv_fwd with S = 1): the depthwise conv
 // (kernel t0) over hist_BPC (P = (t0−1)+(t1−1) earlier rows, fp32 [B,P,C]) and the token's q0|k0
@@ -166,7 +101,7 @@ bool decode_experts_fused_supported(int64_t M, int64_t D, int64_t I);
 void decode_conv(float* y_MC, const bf16* qkv, int64_t ld, const float* hist_BPC,
                  const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
                  int64_t M, int64_t C, int64_t d, int64_t t0, int64_t t1, cudaStream_t st,
-    const DecodePolicy& policy = {});
+                 const DecodePolicy& policy = {});
 // After the convolutions, for one token per sequence at position len_B[b]: mean skip, QK-norm
 // (temperature on k), partial NeoX RoPE, delayed value (vd_last_B holds vd of the previous token
 // and is updated), and the new k, v appended to the cache at index len_B[b]. q out bf16 [M,Hq,d];
@@ -176,80 +111,40 @@ void decode_qkv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B
                        int64_t P, const float* conv_MC, const bf16* qkv, int64_t ld,
                        const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
                        int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, cudaStream_t st,
-    const DecodePolicy& policy = {});
-// decode_conv followed by decode_qkv_finish in one launch, the same bits (conv_MC is not
-// written): one block per head (its d channels are one conv group, its weight rows loaded before
-// the programmatic-dependency wait) and blocks for the delayed values. P = (t0 − 1) + (t1 − 1).
-// decode_conv_finish_supported: M <= 8, d <= 128, M·d·(t1 + 1) + d + 1 floats within 48 KiB, and
-// a grouped-conv weight layout whose register form takes at most 2 float4 per lane.
-bool decode_conv_finish_supported(int64_t M, int64_t Hq, int64_t Hkv, int64_t d, int64_t t0,
-                                  int64_t t1, int64_t r, const float* wg_Cdt1);
-void decode_conv_finish(bf16* q_MHd, bf16* kcache, bf16* vcache, float* vd_last_B, float* hist_BPC,
-                        int64_t P, const bf16* qkv, int64_t ld, const float* wdw_Ct0,
-                        const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
-                        const float* temp_G, const int32_t* len_B, int64_t cap, float theta,
-                        int64_t r, int64_t M, int64_t Hq, int64_t Hkv, int64_t d, int64_t t0,
-                        int64_t t1, cudaStream_t st,
-    const DecodePolicy& policy = {});
+                       const DecodePolicy& policy = {});
 // Split-context attention of one query per sequence over keys 0..len_B[b] (causal, optional
 // sliding window), fp32 softmax, in one launch: chunk partials in ws, combined by the last block of
 // each (sequence, kv head) through a counter in ws. ws: decode_attention_workspace_bytes, zero-
 // filled once before the first call (the kernel leaves its counters at zero again). o bf16
 // [M,Hq,d]; d 32, 64 or 128; M <= 8. chunk: keys per split block (a multiple of 16 up to 256); 0
 // picks it from the cache capacity (about one block per SM in all). pipe: 16-key passes whose K
-// rows are loaded together (1, 2 or 4); the same scores in the same order either way.
-// stage_combine: the combining block copies the visible chunks' partial rows into shared memory
-// (cp.async, beside its pass over the chunks' max and sum) when they fit in 96 KiB, instead of
-// loading them after that pass; the same sums in the same order. cluster (with chunk 0): the
-// chunks of each (sequence, kv head) as one thread-block cluster of up to 16 blocks of 16 warps,
-// every visible key in one pass round per block, the partials combined in the shared memory of
-// the cluster's first block (no workspace traffic, fence or counter); the same formulas, other
-// chunk sizes, so not the split form's bits; falls back to the split form where the device cannot
-// schedule it or a chunk would exceed 1,024 keys. len_B is read
-// before the launch's programmatic-dependency wait: the kernel launched just before this one must
-// not write it (in a decode step only the step's last launch, advance_lengths, does).
-// exact_heads: a kernel compiled for exactly 4 query heads per kv head where that and the split
-// form with d = 128 and pipe 1 or 2 apply (smaller code; the same bits). trigger_at (the split
-// form): where each block lets the next launch start under programmatic dependent launch — 0 right
-// after its wait, 1 once its scores are computed, 2 once its partials are stored; the same bits.
+// rows are loaded together (1, 2 or 4); the same scores in the same order either way. len_B is
+// read before the launch's programmatic-dependency wait: the kernel launched just before this one
+// must not write it (in a decode step only the step's last launch, advance_lengths, does).
+// exact_heads: a kernel compiled for exactly 4 query heads per kv head where that, d = 128 and
+// pipe 1 or 2 apply (smaller code; the same bits). trigger_at: where each block lets the next
+// launch start under programmatic dependent launch — 0 right after its wait, 1 once its scores
+// are computed, 2 once its partials are stored; the same bits.
 size_t decode_attention_workspace_bytes(int64_t M, int64_t Hq, int64_t d, int64_t cap);
 void decode_attention(bf16* o_MHd, const bf16* q_MHd, const bf16* kcache, const bf16* vcache,
                       const int32_t* len_B, int64_t cap, int64_t window, int64_t M, int64_t Hq,
                       int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
-                      int pipe = 1, bool stage_combine = false, bool cluster = false,
-                      bool exact_heads = false, int trigger_at = 0,
-    const DecodePolicy& policy = {});
-// decode_qkv_finish followed by decode_attention (the split form) in one launch, the same bits:
-// every block of the attention finishes the heads of its kv head's group itself after the wait
-// (mean skip, QK-norm, RoPE; q never goes through memory), takes the new token's key and value
-// rows from shared memory, and the block whose chunk holds position len_B[m] writes them to the
-// caches and, for its group, moves the delayed values on and advances the convolution history.
-// Arguments as the two functions'; the cluster form and staged combine do not apply, and pipe 4
-// runs as 1. decode_attention_finish_supported: Hq/Hkv <= 8, d 32, 64 or 128, an even rotary
-// dim r <= d.
-bool decode_attention_finish_supported(int64_t Hq, int64_t Hkv, int64_t d, int64_t r);
-void decode_attention_finish(bf16* o_MHd, bf16* kcache, bf16* vcache, float* vd_last_B,
-                             float* hist_BPC, int64_t P, const float* conv_MC, const bf16* qkv,
-                             int64_t ld, const float* temp_G, const int32_t* len_B, int64_t cap,
-                             float theta, int64_t r, int64_t window, int64_t M, int64_t Hq,
-                             int64_t Hkv, int64_t d, void* ws, cudaStream_t st, int chunk = 0,
-                             int pipe = 1, bool exact_heads = true,
-    const DecodePolicy& policy = {});
+                      int pipe = 1, bool exact_heads = false, int trigger_at = 0,
+                      const DecodePolicy& policy = {});
 // Decode rows (block per row): h = (a + hb)⊙hs + (h + rb)⊙rs in place (skipped when a is null),
 // then y = norm_w ⊙ h · rstd in bf16 — residual_scale_rmsnorm_fwd / rmsnorm_fwd for a few rows.
 // early_trigger: under programmatic dependent launch the next launch may start its prologue before
-// this one waits on its own predecessor (DecodeTuning::norm_early_trigger); only for a next launch
+// this one waits on its own predecessor; only for a next launch
 // whose prologue reads nothing a running kernel writes. The same bits either way.
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st,
-                          bool early_trigger = false,
-    const DecodePolicy& policy = {});
+                          bool early_trigger = false, const DecodePolicy& policy = {});
 // Copies S new k and v rows per sequence (bf16 [B,S,Hkv,d]) into the cache at offset `past`
 // (prefill: the host knows the position; a plain launch).
 void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t past, int64_t cap,
                int64_t B, int64_t S, int64_t Hkv, int64_t d, cudaStream_t st,
-    const DecodePolicy& policy = {});
+               const DecodePolicy& policy = {});
 // ids_out[m] = argmax_v logits[m,v] (ties to the lowest id); logits fp32 [M, V]. Two passes over
 // slices of each row (ws: argmax_workspace_bytes(M)). hist (optional, with len_B): the token is
 // also written to hist[len_B[m]·M + m] — a history by position that a decode step fills without a
@@ -257,7 +152,7 @@ void kv_append(bf16* kcache, bf16* vcache, const bf16* k, const bf16* v, int64_t
 size_t argmax_workspace_bytes(int64_t M);
 void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V, void* ws,
                  cudaStream_t st, int32_t* hist = nullptr, const int32_t* len_B = nullptr,
-    const DecodePolicy& policy = {});
+                 const DecodePolicy& policy = {});
 // The greedy end of a decode step in two launches: logits = gemv_bf16 of x by W ([V, D], the tied
 // LM head; the same bits), each block folding its rows' best (logit, index) into keys_M (zero
 // before the first call; each call leaves them at zero again) with an atomic max, then one small
@@ -265,31 +160,15 @@ void argmax_rows(int32_t* ids_out, const float* logits_MV, int64_t M, int64_t V,
 // outranks every number) to ids_out and, when set, hist[len_B[m]·M + m], and advances len_B by
 // one — argmax_rows followed by advance_lengths(len_B, 1, M) in two launches instead of three.
 // lm_head_greedy_supported: M <= 8, D a multiple of 8, 16-byte aligned x and W rows.
-// persist (from set_l2_persisting): the first persist.bytes of W marked to stay in L2 between
-// launches (an access policy window on the GEMV launch; timing only). prefetch: each warp's
-// row of W (its first 2,048 elements) loaded before the launch's programmatic-dependency wait
-// (DecodeTuning::lm_head_prefetch; the same bits). persistent: one resident grid whose warps
-// stride over the rows, the next row's loads in flight while the current one is summed
-// (DecodeTuning::lm_head_persistent; the same bits).
-struct L2Persist {
-  size_t bytes = 0;
-  float hit_ratio = 1.f;
-};
-// Sets the device's L2 set-aside for persisting accesses to `bytes` (clamped to what the device
-// allows; 0 gives it back and clears persisting lines) and returns the window a launch may mark.
-L2Persist set_l2_persisting(size_t bytes);
+// stage_x: each block copies the M input rows into shared memory once and its warps read them
+// there (where they fit 48 KB); no_l1: the head's rows are loaded without allocating in L1, which
+// then keeps the input rows. The same bits either way.
 bool lm_head_greedy_supported(int64_t M, int64_t V, int64_t D, const bf16* x, int64_t ldx,
                               const bf16* W);
 void lm_head_greedy(float* logits_MV, const bf16* x, int64_t ldx, const bf16* W, int64_t M,
                     int64_t V, int64_t D, unsigned long long* keys_M, int32_t* ids_out,
-                    int32_t* hist, int32_t* len_B, cudaStream_t st, L2Persist persist = {},
-                    bool prefetch = false, bool persistent = false, bool stage_x = false,
-                    bool no_l1 = false,
-    const DecodePolicy& policy = {});
-// stage_x (DecodeTuning::lm_head_stage_x): each block copies the M input rows into shared memory
-// once and its warps read them there; no_l1 (DecodeTuning::lm_head_no_l1): the head's rows are
-// loaded without allocating in L1, which then keeps the input rows. Neither with prefetch,
-// persistent or evict_first weights; the same bits.
+                    int32_t* hist, int32_t* len_B, cudaStream_t st, bool stage_x = false,
+                    bool no_l1 = false, const DecodePolicy& policy = {});
 // The decode step's first launch: h = (table[ids[m]] + b)⊙s (embed_affine_fwd: an id outside
 // [0, V) gives a zero row and sets bad_id_flag to the first such row + 1), then
 // y = norm_w ⊙ h · rstd (decode_residual_norm with a null) — one launch, the same bits as the two.
@@ -298,8 +177,7 @@ bool decode_embed_norm_supported(int64_t D, std::initializer_list<const void*> p
 void decode_embed_norm(float* h_MD, bf16* y_MD, const int32_t* ids_M, const bf16* table_VD,
                        const float* s_D, const float* b_D, int32_t* bad_id_flag,
                        const float* norm_w_D, float eps, int64_t M, int64_t D, int64_t V,
-                       cudaStream_t st,
-    const DecodePolicy& policy = {});
+                       cudaStream_t st, const DecodePolicy& policy = {});
 // The router of decode rows in one launch (a thread-block cluster per row on sm_90): the down
 // projection r = x·W_down^T + b (x bf16 [M,D] with row stride ldx, W_down bf16 [R,D], fp32 out),
 // r += state ⊙ scale (EDA; state null in layer 0; r_MR keeps the result as the next layer's
@@ -313,7 +191,7 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, cudaStream_t st, int max_cluster = 0,
-    const DecodePolicy& policy = {});
+                   const DecodePolicy& policy = {});
 // How the router is laid out on the device; timing only, the results do not depend on it.
 struct DecodeRouterLayout {
   int max_cluster = 0;      // as above
@@ -337,33 +215,26 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, cudaStream_t st, const DecodeRouterLayout& layout,
-                   const DecodeNormIn* norm_in = nullptr, const float* r0_MR = nullptr,
-    const DecodePolicy& policy = {});
-// With norm_in (DecodeTuning::router_norm): x_MD (= norm_in->x_out, ldx = D) is first the
-// post-attention residual norm norm_in of the same rows — computed by the router's cluster itself
-// where its st.async, register form applies (each block its share of the row, the exchange by
-// st.async; the same bits as decode_residual_norm), else by decode_residual_norm launched first.
-// h_out may alias h_in (the residual updated in place, as decode_residual_norm does).
-// With r0_MR (DecodeTuning::router_down_in_norm): the down projection's sums x·W_down + b of every
-// row were computed by decode_norm_gemv, the launch before; the router starts from them (its
-// form with registers and st.async: decode_router_pre_down_supported), the same bits.
+                   const float* r0_MR = nullptr, const DecodePolicy& policy = {});
+// With r0_MR: the down projection's sums x·W_down + b of every row were computed by
+// decode_norm_gemv, the launch before; the router starts from them (its form with registers and
+// st.async: decode_router_pre_down_supported), the same bits.
 bool decode_router_pre_down_supported(int64_t R, int64_t E1, const DecodeRouterLayout& layout);
 // A residual norm (decode_residual_norm's arithmetic and bits) and the GEMV that reads it in one
 // launch of ⌈O/8⌉ blocks per row: each block computes the whole norm of its row, then 8 of the
 // O outputs out[m, o] = x[m]·W[o] (+ bias[o]) (gemv_bf16's sums; fp32 out32 or bf16 out16, row
 // stride ldo) from rows loaded before its wait. The residual goes from h_in to h_out (not
 // aliased); x is stored to y_MD when set. decode_norm_gemv_supported: D a multiple of 8 up to
-// 4096, 16-byte aligned pointers. The router's down-projection sums (router_down_in_norm) and
-// the q|k|v projection (qkv_norm_gemv) take it.
+// 4096, 16-byte aligned pointers. The decode step computes the router's down-projection sums
+// (decode_router's r0_MR) with it.
 bool decode_norm_gemv_supported(int64_t D, std::initializer_list<const void*> ptrs);
 void decode_norm_gemv(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const bf16* a_MD,
                       const float* hs_D, const float* hb_D, const float* rs_D, const float* rb_D,
                       const float* norm_w_D, float eps, const bf16* W_OD, const float* bias_O,
                       float* out32, bf16* out16, int64_t ldo, int64_t M, int64_t D, int64_t O,
-                      cudaStream_t st, bool early_trigger,
-    const DecodePolicy& policy = {});
+                      cudaStream_t st, bool early_trigger, const DecodePolicy& policy = {});
 // len_B[b] += n for every sequence.
 void advance_lengths(int32_t* len_B, int32_t n, int64_t B, cudaStream_t st,
-    const DecodePolicy& policy = {});
+                     const DecodePolicy& policy = {});
 
 }  // namespace zaya::cuda

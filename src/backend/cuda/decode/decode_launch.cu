@@ -99,8 +99,4 @@ const char* decode_trace_event_name(DecodeTraceEvent ev) {
   return "?";
 }
 
-size_t decode_tail_counter_bytes() {
-  return size_t(2 * kGemvMaxRows + 1) * sizeof(unsigned);
-}
-
 }  // namespace zaya::cuda

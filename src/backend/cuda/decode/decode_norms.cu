@@ -112,10 +112,9 @@ __global__ void __launch_bounds__(kRowThreads)
 // same bits). NV: the float4 groups per thread (D ≤ 1024·NV), so that only the registers a row
 // needs are held; the norm's vectors are hinted to L2 before the wait and loaded with the row
 // after it. Block 0 of each row stores h_out (and x to y when set) for the later launches; h_out
-// must not alias h_in (the other blocks still read it). Uses: the post-attention norm with the
-// router's down-projection sums (DecodeTuning::router_down_in_norm: out32 = r0, the router then
-// starts from them), and the post-MLP norm with the next layer's q|k|v projection
-// (DecodeTuning::qkv_norm_gemv: out16 = qkv).
+// must not alias h_in (the other blocks still read it). The decode step's use: the
+// post-attention norm with the router's down-projection sums (out32 = r0, the router then starts
+// from them).
 template <int NV>
 __global__ void __launch_bounds__(kRowThreads)
     decode_norm_gemv_kernel(const float* h_in, float* h_out, bf16* y, const bf16* a,
@@ -169,7 +168,6 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-
 // The decode step's first launch (with fused_step_ends): h = (E[id] + b)⊙s per row
 // (embed_affine_fwd; an id outside [0, V) gives a zero row and is recorded in `bad` as there), then
 // y = w ⊙ h · rstd (decode_residual_norm_kernel<true> with a = null): the same bits as the two
@@ -220,12 +218,11 @@ __global__ void __launch_bounds__(kRowThreads)
 void decode_residual_norm(float* h_MD, bf16* y_MD, const bf16* a_MD, const float* hs_D,
                           const float* hb_D, const float* rs_D, const float* rb_D,
                           const float* norm_w_D, float eps, int64_t M, int64_t D, cudaStream_t st,
-                          bool early_trigger,
-    const DecodePolicy& policy) {
+                          bool early_trigger, const DecodePolicy& policy) {
   const bool vec = residual_norm_vec(D, {h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D, norm_w_D});
   launch_k(vec ? decode_residual_norm_kernel<true> : decode_residual_norm_kernel<false>,
-           dim3(unsigned(M)), dim3(kRowThreads), 0, st, policy, h_MD, y_MD, a_MD, hs_D, hb_D, rs_D, rb_D,
-           norm_w_D, eps, D, early_trigger);
+           dim3(unsigned(M)), dim3(kRowThreads), 0, st, policy, h_MD, y_MD, a_MD, hs_D, hb_D, rs_D,
+           rb_D, norm_w_D, eps, D, early_trigger);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -237,8 +234,7 @@ void decode_norm_gemv(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const b
                       const float* hs_D, const float* hb_D, const float* rs_D, const float* rb_D,
                       const float* norm_w_D, float eps, const bf16* W_OD, const float* bias_O,
                       float* out32, bf16* out16, int64_t ldo, int64_t M, int64_t D, int64_t O,
-                      cudaStream_t st, bool early_trigger,
-    const DecodePolicy& policy) {
+                      cudaStream_t st, bool early_trigger, const DecodePolicy& policy) {
   check(h_in_MD != h_out_MD, "decode_norm_gemv: the residual goes to another buffer");
   check((out32 == nullptr) != (out16 == nullptr) && ldo >= O && O > 0 && M >= 1,
         "decode_norm_gemv: one output, fp32 or bf16, of at least O columns");
@@ -249,8 +245,8 @@ void decode_norm_gemv(const float* h_in_MD, float* h_out_MD, bf16* y_MD, const b
   const dim3 grid(unsigned((O + kRowsPerBlock - 1) / kRowsPerBlock), unsigned(M));
   const size_t smem = size_t(D) * sizeof(bf16);
   auto go = [&](auto kernel) {
-    launch_k(kernel, grid, dim3(kRowThreads), smem, st, policy, h_in_MD, h_out_MD, y_MD, a_MD, hs_D, hb_D,
-             rs_D, rb_D, norm_w_D, eps, D, W_OD, bias_O, out32, out16, ldo, O, early_trigger);
+    launch_k(kernel, grid, dim3(kRowThreads), smem, st, policy, h_in_MD, h_out_MD, y_MD, a_MD, hs_D,
+             hb_D, rs_D, rb_D, norm_w_D, eps, D, W_OD, bias_O, out32, out16, ldo, O, early_trigger);
   };
   if (groups <= 1)
     go(decode_norm_gemv_kernel<1>);
@@ -268,12 +264,11 @@ bool decode_embed_norm_supported(int64_t D, std::initializer_list<const void*> p
 void decode_embed_norm(float* h_MD, bf16* y_MD, const int32_t* ids_M, const bf16* table_VD,
                        const float* s_D, const float* b_D, int32_t* bad_id_flag,
                        const float* norm_w_D, float eps, int64_t M, int64_t D, int64_t V,
-                       cudaStream_t st,
-    const DecodePolicy& policy) {
+                       cudaStream_t st, const DecodePolicy& policy) {
   check(M >= 1 && decode_embed_norm_supported(D, {h_MD, y_MD, table_VD, s_D, b_D, norm_w_D}),
         "decode_embed_norm: needs D a multiple of 4 up to 4096 and 16-byte aligned rows");
-  launch_k(decode_embed_norm_kernel, dim3(unsigned(M)), dim3(kRowThreads), 0, st, policy, h_MD, y_MD, ids_M,
-           table_VD, s_D, b_D, bad_id_flag, norm_w_D, eps, D, V);
+  launch_k(decode_embed_norm_kernel, dim3(unsigned(M)), dim3(kRowThreads), 0, st, policy, h_MD,
+           y_MD, ids_M, table_VD, s_D, b_D, bad_id_flag, norm_w_D, eps, D, V);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -51,56 +51,37 @@ constexpr int kRouterRegK = 8, kRouterRegRows = 2, kRouterRegClassRows = 3;
 // (fc2) only to rank 0, which computes the class logits, so the other blocks exit once they have
 // sent it (every store into a block lands before that block's last wait completes, and the last
 // stage stores into rank 0 alone). The same arithmetic in the same order: the same bits.
-//
-// kNorm (with kVecX, kRegs and kAsync; DecodeTuning::router_norm): the post-attention residual
-// norm `nin` computed by the cluster itself instead of a launch of its own before it. The norm
-// kernel's 256 threads are spread over the cluster's blocks — block q plays threads
-// [q·tpb, (q+1)·tpb), tpb = 256/cs, each thread the float4 groups t, t + 256, ... of
-// decode_residual_norm_kernel — so each block reads only its share of the row (its five vectors
-// copied into shared memory before the wait), stores that share of h_out and of x_out, and sends
-// w ⊙ h' (the products the norm rounds before its rstd) and each played thread's sum of squares to
-// every block with st.async. Every block then reduces the 256 sums in the norm kernel's order
-// (a butterfly per warp of 32, then the 8 warps' sums in order), so rstd and x are the norm
-// kernel's bits; the down projection reads x from shared memory.
-__host__ __device__ inline int64_t router_norm_floats(int64_t cs, int64_t D) {
-  const int64_t nk = (D / 4 + kRouterThreads - 1) / kRouterThreads;  // groups per played thread
-  return 5 * (kRouterThreads / cs) * nk * 4 + D + kRouterThreads + (D + 1) / 2;
-}
 __host__ __device__ inline int64_t round4(int64_t n) {
   return (n + 3) / 4 * 4;
 }
 
-// kStageX (with kVecX, kRegs and kAsync, not kNorm; DecodeRouterLayout::stage_x): the block copies
+// kStageX (with kVecX, kRegs and kAsync; DecodeRouterLayout::stage_x): the block copies
 // its row of x into shared memory once after the wait, beside its down-projection rows' loads, and
 // its warps read x there (gemv_bf16's stage_x); the same sums.
-// kPreR (with kRegs and kAsync, neither kNorm nor kStageX; DecodeTuning::router_down_in_norm): the
+// kPreR (with kRegs and kAsync, not kStageX; decode_router's r0_MR): the
 // down projection's sums r0 = x·W_down + b come from decode_norm_gemv_kernel, the launch before;
 // every block loads all R of them and the EDA state, forms the full vector itself (its own rows
 // stored as the next layer's state) and starts at the RMSNorm — no down-projection rows, no x and
 // no first exchange. The same arithmetic in the same order: the same bits.
-template <bool kVecX, bool kRegs, bool kAsync = false, bool kNorm = false, bool kStageX = false,
-          bool kPreR = false>
+template <bool kVecX, bool kRegs, bool kAsync = false, bool kStageX = false, bool kPreR = false>
 __global__ void __launch_bounds__(kRouterThreads)
     decode_router_kernel(float* r, float* probs, int32_t* choice, float* gate, const bf16* x,
                          int64_t ldx, const bf16* Wd, const float* bd, const float* state,
                          const float* scale, const float* norm_w, float eps, const float* fc1_w,
                          const float* fc1_b, const float* fc2_w, const float* fc2_b,
                          const float* out_w, const float* bal, int D, int R, int E1, bool stage,
-                         bool vec_w, DecodeNormIn nin, const float* r0) {
-  static_assert(!kNorm || (kVecX && kRegs && kAsync), "the folded norm rides on the st.async form");
-  static_assert(!kStageX || (kVecX && kRegs && kAsync && !kNorm), "x staged: the st.async form");
-  static_assert(!kPreR || (kRegs && kAsync && !kNorm && !kStageX), "r0 given: the st.async form");
+                         bool vec_w, const float* r0) {
+  static_assert(!kStageX || (kVecX && kRegs && kAsync), "x staged: the st.async form");
+  static_assert(!kPreR || (kRegs && kAsync && !kStageX), "r0 given: the st.async form");
   extern __shared__ __align__(16) float sh[];
   constexpr bool kA = kAsync && kAsyncDsmem;
-  constexpr bool kN = kNorm && kA;
-  __shared__ __align__(8) uint64_t xbar[4];  // kA: v, h1, h2 (rank 0) complete; kN: the norm's
+  __shared__ __align__(8) uint64_t xbar[3];  // kA: v, h1, h2 (rank 0) complete
   const unsigned q = cl_rank(), cs = cl_size();
   if constexpr (kA) {
     if (threadIdx.x == 0) {
       if constexpr (!kPreR) xbar_init_expect(xbar + 0, unsigned(R) * 4u);
       xbar_init_expect(xbar + 1, unsigned(R) * 4u);
       if (q == 0) xbar_init_expect(xbar + 2, unsigned(R) * 4u);
-      if constexpr (kN) xbar_init_expect(xbar + 3, unsigned(D + kRouterThreads) * 4u);
       xbar_init_fence();
     }
     cl_arrive_relaxed();  // paired with the wait before the first remote write
@@ -186,25 +167,8 @@ __global__ void __launch_bounds__(kRouterThreads)
   for (int i = threadIdx.x; i < R; i += kRouterThreads) snw[i] = norm_w[i];
   if (q == 0 && bal)
     for (int i = threadIdx.x; i < E1; i += kRouterThreads) sbal[i] = bal[i];
-  // kN: the norm's shared memory after the layout above (w1.. unused: kRegs), its vectors now.
-  const int tpb = kRouterThreads / int(cs);                              // norm threads played here
-  const int nk = (D / 4 + kRouterThreads - 1) / kRouterThreads;          // their float4 groups
-  float* const nv = sh + round4(router_smem_floats(R, E1, rpb, false));  // [5][tpb][nk][4]
-  float* const wh = nv + 5 * tpb * nk * 4;                               // [D]: w ⊙ h'
-  float* const ssp = wh + D;                                             // [256]: sums of squares
-  bf16* const xs = reinterpret_cast<bf16*>(ssp + kRouterThreads);        // [D]: x
-  const int vt = int(q) * tpb + int(threadIdx.x);  // the norm thread this one plays (< tpb)
-  if constexpr (kN) {
-    if (int(threadIdx.x) < tpb)
-      for (int k = 0; k < nk; k++) {
-        const int i = 4 * (vt + k * kRouterThreads);
-        if (i >= D) break;
-        const float* vecs[5] = {nin.hs, nin.hb, nin.rs, nin.rb, nin.norm_w};
-#pragma unroll
-        for (int j = 0; j < 5; j++)
-          cp_async16(nv + ((j * tpb + int(threadIdx.x)) * nk + k) * 4, vecs[j] + i);
-      }
-  }
+  // kStageX: the row of x in shared memory after the layout above (w1.. unused: kRegs).
+  float* const xsh = sh + round4(router_smem_floats(R, E1, rpb, false));  // [D] bf16
   pdl_wait();
   pdl_trigger();
   const TraceSlots ts = trace_reserve(tr, DecodeTraceEvent::Router);
@@ -255,75 +219,6 @@ __global__ void __launch_bounds__(kRouterThreads)
     waited = true;
     __syncthreads();  // v complete
   }
-  if constexpr (kN) {
-    // One pair of rows per warp (kRegs: rpb <= 2·kRouterWarps). Their loads come after the
-    // norm's exchange, from L2 (hinted there before the wait): held in registers across it they
-    // would take the block to ~220 registers a thread, and a block that large only becomes
-    // resident on an SM with nothing else on it.
-    const int o = o0 + warp, ob = o + kRouterWarps;
-    const bool has_a = o < o1, has_b = ob < o1;
-    const bf16* wa = Wd + int64_t(has_a ? o : o0) * D;
-    const bf16* wb = Wd + int64_t(has_b ? ob : o0) * D;
-    cl_wait();  // every peer has started: remote stores from here on
-    waited = true;
-    if (int(threadIdx.x) < tpb) {
-      // Norm thread vt: its groups' h' and x as decode_residual_norm_kernel computes them.
-      using kern::load4;
-      float hv[kRowVec][4], av[kRowVec][4];
-#pragma unroll
-      for (int k = 0; k < kRowVec; k++) {
-        const int i = 4 * (vt + k * kRouterThreads);
-        if (k >= nk || i >= D) break;
-        load4(nin.h_in + m * D + i, hv[k]), load4(nin.a + m * D + i, av[k]);
-      }
-      cp_async_wait_all();  // this thread's own vector copies
-      float ss = 0.f;
-#pragma unroll
-      for (int k = 0; k < kRowVec; k++) {
-        const int i = 4 * (vt + k * kRouterThreads);
-        if (k >= nk || i >= D) break;
-        const float* v0 = nv + (int(threadIdx.x) * nk + k) * 4;  // hs; then hb, rs, rb, w
-        const int vs = tpb * nk * 4;
-        float p[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          hv[k][e] =
-              residual_elem(av[k][e], v0[vs + e], v0[e], hv[k][e], v0[3 * vs + e], v0[2 * vs + e]);
-          ss = __fmaf_rn(hv[k][e], hv[k][e], ss);
-          p[e] = __fmul_rn(v0[4 * vs + e], hv[k][e]);
-        }
-        kern::store4(nin.h_out + m * D + i, hv[k]);
-        for (unsigned t = 0; t < cs; t++) st_async_f32x4(wh + i, xbar + 3, t, p);
-      }
-      for (unsigned t = 0; t < cs; t++) st_async_f32(ssp + vt, xbar + 3, t, ss);
-    }
-    xbar_wait(xbar + 3);
-    trace_slot(ts, 1, DecodeTraceEvent::RouterSums);  // here: the norm's exchange complete
-    // rstd as block_sum_rows reduces: each warp of 32 norm threads by butterfly, then in order.
-    float tot = 0.f;
-    for (int w = 0; w < kRouterThreads / kWarp; w++) tot += warp_sum(ssp[w * kWarp + lane]);
-    const float rstd = norm_rstd(tot, D, nin.eps);
-    for (int i = 4 * int(threadIdx.x); i < D; i += 4 * kRouterThreads) {
-      float xv[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) xv[e] = __fmul_rn(wh[i + e], rstd);
-      kern::store4(xs + i, xv);
-      // x_out: this block's own groups (the SwiGLU and the skip path read it after this launch).
-      const int g = i / 4 % kRouterThreads;
-      if (g >= int(q) * tpb && g < int(q + 1) * tpb) kern::store4(nin.x_out + m * D + i, xv);
-    }
-    uint4 pa[kPreChunks], pb[kPreChunks];
-    load_row_pieces(pa, wa, D, lane, has_a);
-    load_row_pieces(pb, wb, D, lane, has_b);
-    const float st_a = state && has_a ? state[m * R + o] : 0.f;
-    const float st_b = state && has_b ? state[m * R + ob] : 0.f;
-    __syncthreads();  // x complete in shared memory
-    float acc[1] = {0.f}, accb[1] = {0.f};
-    if (has_a) gemv_bf16_row_pre<1>(acc, pa, xs, 0, wa, D, lane);
-    if (has_b) gemv_bf16_row_pre<1>(accb, pb, xs, 0, wb, D, lane);
-    if (has_a) finish_row(o, acc[0], st_a);
-    if (has_b) finish_row(ob, accb[0], st_b);
-  }
   if constexpr (kStageX) {
     // One pair of rows per warp (kRegs), their loads issued with the copy of x.
     const int o = o0 + warp, ob = o + kRouterWarps;
@@ -335,14 +230,14 @@ __global__ void __launch_bounds__(kRouterThreads)
     load_row_pieces(pb, wb, D, lane, has_b);
     const float st_a = state && has_a ? state[m * R + o] : 0.f;
     const float st_b = state && has_b ? state[m * R + ob] : 0.f;
-    const bf16* xr = stage_rows(x + m * ldx, 0, D, nv);  // [D] bf16
+    const bf16* xr = stage_rows(x + m * ldx, 0, D, xsh);  // [D] bf16
     float acc[1] = {0.f}, accb[1] = {0.f};
     if (has_a) gemv_bf16_row_pre<1>(acc, pa, xr, 0, wa, D, lane);
     if (has_b) gemv_bf16_row_pre<1>(accb, pb, xr, 0, wb, D, lane);
     if (has_a) finish_row(o, acc[0], st_a);
     if (has_b) finish_row(ob, accb[0], st_b);
   }
-  for (int o = o0 + warp; !kN && !kStageX && !kPreR && o < o1; o += 2 * kRouterWarps) {
+  for (int o = o0 + warp; !kStageX && !kPreR && o < o1; o += 2 * kRouterWarps) {
     const int ob = o + kRouterWarps;
     const bool has_b = ob < o1;
     float acc[1] = {0.f}, accb[1] = {0.f};
@@ -469,25 +364,22 @@ struct RouterLaunch {
   int cs = 1;
   bool stage_mlp = true, one_per_sm = false;  // the layout asked for (DecodeRouterLayout)
   size_t smem = 0;
-  bool stage = true;   // the MLP weights go through shared memory
-  bool ok = true;      // kRegs: the chosen cluster leaves at most kRouterRegRows rows per warp
-  int64_t norm_D = 0;  // kNorm: the folded norm's row width (its shared memory)
+  bool stage = true;  // the MLP weights go through shared memory
+  bool ok = true;     // kRegs: the chosen cluster leaves at most kRouterRegRows rows per warp
+  int64_t x_D = 0;    // kStageX: the staged row's width (its shared memory)
 };
 
-template <bool kVecX, bool kRegs, bool kAsync, bool kNorm = false, bool kStageX = false,
-          bool kPreR = false>
-RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay,
-                           int64_t norm_D = 0) {
+template <bool kVecX, bool kRegs, bool kAsync, bool kStageX = false, bool kPreR = false>
+RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay, int64_t x_D = 0) {
   const int max_cs = lay.max_cluster > 0 ? lay.max_cluster : 16;
   static RouterLaunch cached;
   int dev = 0;
   ZAYA_CUDA_CHECK(cudaGetDevice(&dev));
   if (cached.R == R && cached.E1 == E1 && cached.device == dev && cached.max_cs == max_cs &&
-      cached.stage_mlp == lay.stage_mlp && cached.one_per_sm == lay.one_per_sm &&
-      cached.norm_D == norm_D)
+      cached.stage_mlp == lay.stage_mlp && cached.one_per_sm == lay.one_per_sm && cached.x_D == x_D)
     return cached;
   RouterLaunch L;
-  L.R = R, L.E1 = E1, L.device = dev, L.max_cs = max_cs, L.norm_D = norm_D;
+  L.R = R, L.E1 = E1, L.device = dev, L.max_cs = max_cs, L.x_D = x_D;
   L.stage_mlp = lay.stage_mlp, L.one_per_sm = lay.one_per_sm;
   int major = 0, max_smem = 0, sm_smem = 0;
   ZAYA_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -499,14 +391,13 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay,
   const size_t spread =
       size_t(sm_smem / 2 + 1024) <= size_t(max_smem) ? size_t(sm_smem / 2 + 1024) : size_t(0);
   auto smem_for = [&](int cs, bool stage) {
-    const int64_t rpb = stage || kNorm || kStageX || kPreR ? (R + cs - 1) / cs : R;
-    const int64_t extra = kNorm ? router_norm_floats(cs, norm_D) : kStageX ? (norm_D + 1) / 2 : 0;
-    const size_t b = size_t(kNorm || kStageX ? round4(router_smem_floats(R, E1, rpb, false)) + extra
-                                             : router_smem_floats(R, E1, rpb, stage)) *
+    const int64_t rpb = stage || kStageX || kPreR ? (R + cs - 1) / cs : R;
+    const size_t b = size_t(kStageX ? round4(router_smem_floats(R, E1, rpb, false)) + (x_D + 1) / 2
+                                    : router_smem_floats(R, E1, rpb, stage)) *
                      sizeof(float);
     return lay.one_per_sm ? std::max(b, spread) : b;
   };
-  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kNorm, kStageX, kPreR>;
+  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kStageX, kPreR>;
   const bool stage_mlp = lay.stage_mlp && !kRegs;  // registers instead of shared memory
   const int64_t reg_rows = int64_t(kRouterRegRows) * kRouterWarps;
   L.cs = 1;
@@ -549,23 +440,19 @@ RouterLaunch router_launch(int64_t R, int64_t E1, const DecodeRouterLayout& lay,
 
 // Launches the router; false (nothing launched) when the register form cannot take this size, or
 // the st.async form (kAsync) finds no cluster of more than one block.
-template <bool kVecX, bool kRegs, bool kAsync, bool kNorm = false, bool kStageX = false,
-          bool kPreR = false>
+template <bool kVecX, bool kRegs, bool kAsync, bool kStageX = false, bool kPreR = false>
 bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate_M,
                    const bf16* x_MD, int64_t ldx, const bf16* down_w_RD, const float* down_b_R,
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
                    int64_t E1, bool vec_w, const DecodeRouterLayout& lay, cudaStream_t st,
-                   const DecodePolicy& policy, const DecodeNormIn& nin = DecodeNormIn{},
-                   const float* r0 = nullptr) {
-  const RouterLaunch L = router_launch<kVecX, kRegs, kAsync, kNorm, kStageX, kPreR>(
-      R, E1, lay, kNorm || kStageX ? D : 0);
+                   const DecodePolicy& policy, const float* r0 = nullptr) {
+  const RouterLaunch L =
+      router_launch<kVecX, kRegs, kAsync, kStageX, kPreR>(R, E1, lay, kStageX ? D : 0);
   if (!L.ok || (kAsync && L.cs < 2)) return false;
-  // kNorm, kStageX: one pair of rows per warp; kNorm: the norm's 256 threads split evenly over the
-  // cluster.
-  if ((kNorm || kStageX) && (R + L.cs - 1) / L.cs > 2 * kRouterWarps) return false;
-  if (kNorm && kRouterThreads % L.cs != 0) return false;
+  // kStageX: one pair of rows per warp.
+  if (kStageX && (R + L.cs - 1) / L.cs > 2 * kRouterWarps) return false;
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[2];
   unsigned n = 0;
@@ -575,18 +462,19 @@ bool launch_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
     at[n].val.clusterDim.z = 1;
     n++;
   }
-  n = add_pdl_attribute(at, n, policy);  // the kernel follows the pdl_wait rules (weights only before it)
+  // The kernel follows the pdl_wait rules (weights only before it).
+  n = add_pdl_attribute(at, n, policy);
   cfg.gridDim = dim3(unsigned(L.cs), unsigned(M), 1);
   cfg.blockDim = dim3(kRouterThreads, 1, 1);
   cfg.dynamicSmemBytes = L.smem;
   cfg.stream = st;
   cfg.attrs = at;
   cfg.numAttrs = n;
-  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kNorm, kStageX, kPreR>;
+  const auto kernel = decode_router_kernel<kVecX, kRegs, kAsync, kStageX, kPreR>;
   ZAYA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx,
                                      down_w_RD, down_b_R, state_MR, scale_R, norm_w_R, eps, fc1_w,
                                      fc1_b, fc2_w, fc2_b, out_w, balancing_E1, int(D), int(R),
-                                     int(E1), L.stage, vec_w, nin, r0));
+                                     int(E1), L.stage, vec_w, r0));
   return true;
 }
 
@@ -596,7 +484,7 @@ bool decode_router_pre_down_supported(int64_t R, int64_t E1, const DecodeRouterL
   if (!(lay.mlp_regs && lay.async_exchange && R % kWarp == 0 && R <= int64_t(kRouterRegK) * kWarp &&
         R <= kRouterThreads && E1 <= int64_t(kRouterRegClassRows) * kRouterWarps))
     return false;
-  const RouterLaunch L = router_launch<true, true, true, false, false, true>(R, E1, lay, 0);
+  const RouterLaunch L = router_launch<true, true, true, false, true>(R, E1, lay, 0);
   return L.ok && L.cs >= 2;
 }
 
@@ -605,25 +493,21 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st, const DecodeRouterLayout& lay,
-                   const DecodeNormIn* nin, const float* r0_MR,
-    const DecodePolicy& policy) {
+                   int64_t E1, cudaStream_t st, const DecodeRouterLayout& lay, const float* r0_MR,
+                   const DecodePolicy& policy) {
   check(M >= 1 && D > 0 && R > 0 && E1 > 0 && ldx >= D, "decode_router: bad sizes");
   if (r0_MR != nullptr) {
-    check(nin == nullptr && decode_router_pre_down_supported(R, E1, lay),
-          "decode_router: the down projection's sums (r0) need decode_router_pre_down_supported "
-          "and no folded norm");
+    check(decode_router_pre_down_supported(R, E1, lay),
+          "decode_router: the down projection's sums (r0) need decode_router_pre_down_supported");
     const bool vec_w = R % 4 == 0 && aligned16(fc1_w) && aligned16(fc2_w) && aligned16(out_w);
-    check(launch_router<true, true, true, false, false, true>(
+    check(launch_router<true, true, true, false, true>(
               r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
               norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1, vec_w,
-              lay, st, policy, DecodeNormIn{}, r0_MR),
+              lay, st, policy, r0_MR),
           "decode_router: the form that starts from r0 could not be launched");
     ZAYA_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  check(nin == nullptr || (nin->x_out == x_MD && ldx == D),
-        "decode_router: the folded norm's x must be the router's input rows");
   const int mc = lay.max_cluster;
   check(mc == 0 || mc == 1 || mc == 2 || mc == 4 || mc == 8 || mc == 16,
         "decode_router: the cluster size limit must be 1, 2, 4, 8 or 16 (0: 16)");
@@ -637,34 +521,17 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
   auto go = [&](auto vx, auto rg, auto as) {
     return launch_router<decltype(vx)::value, decltype(rg)::value, decltype(as)::value>(
         r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR, scale_R,
-        norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1, vec_w, lay,
-        st, policy);
+        norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1, vec_w, lay, st,
+        policy);
   };
   using T = std::true_type;
   using F = std::false_type;
   const bool as = lay.async_exchange;
-  // The folded norm (nin) where its form applies; otherwise the norm as a launch of its own first.
-  if (nin != nullptr) {
-    const bool fold =
-        regs && as && vec_x && D % 4 == 0 && D <= int64_t(4) * kRouterThreads * kRowVec &&
-        aligned16(nin->h_in) && aligned16(nin->h_out) && aligned16(nin->a) && aligned16(nin->hs) &&
-        aligned16(nin->hb) && aligned16(nin->rs) && aligned16(nin->rb) && aligned16(nin->norm_w);
-    if (fold && launch_router<true, true, true, true>(
-                    r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
-                    scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D,
-                    R, E1, vec_w, lay, st, policy, *nin)) {
-      ZAYA_CUDA_CHECK(cudaGetLastError());
-      return;
-    }
-    check(nin->h_in == nin->h_out, "decode_router: the norm's residual is updated in place");
-    decode_residual_norm(nin->h_out, nin->x_out, nin->a, nin->hs, nin->hb, nin->rs, nin->rb,
-                         nin->norm_w, nin->eps, M, D, st, nin->early_trigger, policy);
-  }
   if (lay.stage_x && regs && as && vec_x && D % 8 == 0 &&
-      launch_router<true, true, true, false, true>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx,
-                                                   down_w_RD, down_b_R, state_MR, scale_R, norm_w_R,
-                                                   eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w,
-                                                   balancing_E1, M, D, R, E1, vec_w, lay, st, policy)) {
+      launch_router<true, true, true, true>(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD,
+                                            down_b_R, state_MR, scale_R, norm_w_R, eps, fc1_w,
+                                            fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R, E1,
+                                            vec_w, lay, st, policy)) {
     ZAYA_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -686,13 +553,12 @@ void decode_router(float* r_MR, float* probs_ME1, int32_t* choice_M, float* gate
                    const float* state_MR, const float* scale_R, const float* norm_w_R, float eps,
                    const float* fc1_w, const float* fc1_b, const float* fc2_w, const float* fc2_b,
                    const float* out_w, const float* balancing_E1, int64_t M, int64_t D, int64_t R,
-                   int64_t E1, cudaStream_t st, int max_cluster,
-    const DecodePolicy& policy) {
+                   int64_t E1, cudaStream_t st, int max_cluster, const DecodePolicy& policy) {
   DecodeRouterLayout lay;
   lay.max_cluster = max_cluster;
   decode_router(r_MR, probs_ME1, choice_M, gate_M, x_MD, ldx, down_w_RD, down_b_R, state_MR,
                 scale_R, norm_w_R, eps, fc1_w, fc1_b, fc2_w, fc2_b, out_w, balancing_E1, M, D, R,
-                E1, st, lay, nullptr, nullptr, policy);
+                E1, st, lay, nullptr, policy);
 }
 
 }  // namespace zaya::cuda

@@ -1,6 +1,7 @@
 // DataParallelStep (data_parallel_step.h): ZeRO-1 around an inner TrainStep.
 #include "engine/data_parallel_step.h"
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
@@ -35,10 +36,16 @@ std::vector<Zero1Item> zero1_items(ZayaModel& model, const OptimizerSettings& op
 
 namespace {
 
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 class DpStep final : public DataParallelStep {
  public:
   DpStep(std::unique_ptr<TrainStep> inner, std::vector<Zero1Item> items, Zero1Plan plan,
-         Communicator& comm, Communicator& host, bool state_sharded)
+         Communicator& comm, Communicator& host)
       : inner_(std::move(inner)),
         items_(std::move(items)),
         plan_(std::move(plan)),
@@ -92,6 +99,7 @@ class DpStep final : public DataParallelStep {
   const Zero1Plan& plan() const override { return plan_; }
   const std::vector<Zero1Item>& items() const override { return items_; }
   int64_t reduce_scatters() const override { return reduce_scatters_; }
+  const DataParallelTimes& last_times() const override { return times_; }
   DataParallelMemory memory() const override {
     DataParallelMemory m;
     m.masters = m.grads = flat_floats_ * int64_t(sizeof(float));
@@ -130,7 +138,9 @@ class DpStep final : public DataParallelStep {
   void optimizer_step(double lr, float grad_scale, const ParamMask& owned) override {
     ZAYA_CHECK(owned.empty(), "data parallel: optimizer_step takes no mask (ownership is the plan's)");
     reduce_grads();
+    const double t0 = now_ms();
     inner_->optimizer_step(lr, grad_scale, mask_);
+    times_.update = now_ms() - t0;
     gather_weights();
   }
   int64_t optimizer_steps() const override { return inner_->optimizer_steps(); }
@@ -207,6 +217,7 @@ class DpStep final : public DataParallelStep {
 
   void reduce_grads() {
     if (reduced_) return;
+    const double t0 = now_ms();
     const FlatBuffer g = inner_->grads();
     float* work = g.data;
     if (mirror_) {
@@ -231,9 +242,11 @@ class DpStep final : public DataParallelStep {
         copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset, size_t(p.len) * sizeof(float));
     }
     reduced_ = true;
+    times_.reduce_scatter = now_ms() - t0;
   }
 
   void gather_weights() {
+    const double t0 = now_ms();
     const FlatBuffer m = inner_->masters();
     float* work = m.data;
     if (mirror_) {
@@ -256,6 +269,7 @@ class DpStep final : public DataParallelStep {
     }
     if (mirror_) copy_step_bytes(m.data, host_m_, size_t(m.numel) * sizeof(float));
     inner_->weights_changed();
+    times_.all_gather = now_ms() - t0;
   }
 
   std::unique_ptr<TrainStep> inner_;
@@ -289,10 +303,8 @@ std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
   std::vector<Zero1Item> items = zero1_items(model, optim);
   Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems);
   options.owned_state = plan.mask(comm.rank());
-  const bool sharded = options.device == "cpu";
   auto inner = make_train_step(model, optim, balancing, options);
-  return std::make_unique<DpStep>(std::move(inner), std::move(items), std::move(plan), comm, host,
-                                  sharded);
+  return std::make_unique<DpStep>(std::move(inner), std::move(items), std::move(plan), comm, host);
 }
 
 }  // namespace zaya

@@ -51,8 +51,7 @@ class DpStep final : public DataParallelStep {
         plan_(std::move(plan)),
         comm_(comm),
         host_(host),
-        rank_(comm.rank()),
-        state_sharded_(state_sharded) {
+        rank_(comm.rank()) {
     const auto& lay = inner_->layout();
     ZAYA_CHECK(lay.size() == items_.size(), "data parallel: the step has {} tensors, not {}",
                lay.size(), items_.size());
@@ -188,7 +187,6 @@ class DpStep final : public DataParallelStep {
 
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
                   int64_t balancing_steps) override {
-    if (!state_sharded_) return inner_->load_state(state, opt_steps, balancing_steps);
     std::set<std::string> keep;
     for (size_t i = 0; i < items_.size(); i++)
       if (plan_.owner[i] == rank_)
@@ -278,13 +276,13 @@ class DpStep final : public DataParallelStep {
   Communicator& comm_;
   Communicator& host_;
   int rank_ = 0;
-  bool state_sharded_ = false;
   std::vector<std::vector<SegmentPiece>> pieces_;
   ParamMask mask_;
   int64_t flat_floats_ = 0;
   bool device_work_ = false, mirror_ = false, reduced_ = false;
   float *packed_ = nullptr, *seg_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;
   int64_t reduce_scatters_ = 0;
+  DataParallelTimes times_;
 };
 
 }  // namespace

@@ -73,9 +73,9 @@ struct TrainStepOptions {
   int64_t max_seq = 0;         // longest sequence (CUDA)
   bool recompute = false;      // activation recomputation in backward (CUDA)
   bool ns_bf16 = true;         // Muon's Newton–Schulz GEMMs in bf16, else fp32 (CUDA)
-  // ZeRO-1: the parameters whose optimizer state this step keeps (empty: all). The CPU step
-  // allocates moments and momentum only for these, and its optimizer_step updates exactly them;
-  // the CUDA step keeps state for all and updates the ones in optimizer_step's mask.
+  // ZeRO-1: the parameters whose optimizer state this step keeps (empty: all). Both steps
+  // allocate moments and momentum only for these (the CUDA one also sizes its Muon scratch by
+  // them), and optimizer_step may update only them; state() and load_state() cover just them.
   ParamMask owned_state;
 };
 

@@ -133,6 +133,7 @@ class CudaStep final : public TrainStep {
     model_ = std::make_unique<cuda::CudaModel>(host, mo);
     cuda::CudaOptimizerOptions oo;
     oo.ns_bf16 = opt_.ns_bf16;
+    oo.owned_state = opt_.owned_state;  // layout order = params() order
     optim_ = std::make_unique<cuda::CudaOptimizer>(model_->params(), settings_, model_->gemm(),
                                                    model_->stream(), oo);
     // The layout: offsets into the one master allocation (the gradients use the same offsets).

@@ -178,5 +178,22 @@ TEST(DataParallelMpi, PlanCoversEveryTensorOnce) {
   }
 }
 
+// Ranks on one host that disagree on the GPUs they see are refused, naming host, counts and
+// ranks; the same count on every host (different hosts may differ) is accepted.
+TEST(DataParallelMpi, MixedGpuCountsPerNodeAreRefused) {
+  EXPECT_NO_THROW(check_gpus_per_node({"a", "a", "b", "b"}, {8, 8, 4, 4}));
+  EXPECT_NO_THROW(check_gpus_per_node({}, {}));
+  try {
+    check_gpus_per_node({"a", "b", "a", "a"}, {2, 1, 2, 1});
+    FAIL() << "mixed counts on host a accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mixed GPU counts on host a: 1 GPU(s) for rank(s) 3; "
+                                         "2 GPU(s) for rank(s) 0,2"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(check_gpus_per_node({"a"}, {1, 1}), Error);
+}
+
 }  // namespace
 }  // namespace zaya

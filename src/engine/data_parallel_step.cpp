@@ -165,6 +165,28 @@ class DpStep final : public DataParallelStep {
     for (size_t i = 0; i < items_.size(); i++) {
       const int owner = plan_.owner[i];
       for (const std::string& nm : state_names(items_[i])) {
+        if (owner == Zero1Plan::kSplit) {  // dim-0 slices, assembled on rank 0 in rank order
+          Tensor whole = rank_ == 0 ? Tensor::zeros(items_[i].shape) : Tensor();
+          for (int r = 0; r < plan_.world; r++) {
+            const auto [off, len] = plan_.part(items_, i, r);
+            if (len == 0 || (r != rank_ && rank_ != 0)) continue;
+            if (r == rank_) {
+              auto it = mine.find(nm);
+              ZAYA_CHECK(it != mine.end() && it->second.numel() == len,
+                         "data parallel: rank {} owns {} elements of '{}' but has no such '{}'",
+                         rank_, len, items_[i].name, nm);
+              Tensor t = it->second.to(DType::F32);
+              if (rank_ == 0)
+                std::memcpy(whole.f32() + off, t.f32(), size_t(len) * sizeof(float));
+              else
+                host_.send(t.f32(), size_t(len), DType::F32, 0);
+            } else {
+              host_.recv(whole.f32() + off, size_t(len), DType::F32, r);
+            }
+          }
+          if (rank_ == 0) out.emplace_back(nm, whole);
+          continue;
+        }
         if (rank_ == owner) {
           auto it = mine.find(nm);
           ZAYA_CHECK(it != mine.end(), "data parallel: rank {} owns '{}' but has no '{}'", rank_,
@@ -188,12 +210,25 @@ class DpStep final : public DataParallelStep {
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
                   int64_t balancing_steps) override {
     std::set<std::string> keep;
-    for (size_t i = 0; i < items_.size(); i++)
+    std::map<std::string, size_t> sliced;  // state name → item whose dim-0 slice this rank keeps
+    for (size_t i = 0; i < items_.size(); i++) {
       if (plan_.owner[i] == rank_)
         for (const std::string& nm : state_names(items_[i])) keep.insert(nm);
+      if (plan_.owner[i] == Zero1Plan::kSplit && plan_.part(items_, i, rank_).second > 0)
+        for (const std::string& nm : state_names(items_[i])) sliced[nm] = i;
+    }
     NamedTensors mine;
-    for (const auto& kv : state)
-      if (kv.first.rfind("balance.", 0) == 0 || keep.count(kv.first)) mine.push_back(kv);
+    for (const auto& kv : state) {
+      if (kv.first.rfind("balance.", 0) == 0 || keep.count(kv.first)) {
+        mine.push_back(kv);
+      } else if (auto it = sliced.find(kv.first); it != sliced.end()) {
+        const Dim0Slice e = plan_.slices[it->second][size_t(rank_)];
+        ZAYA_CHECK(kv.second.shape() == items_[it->second].shape,
+                   "data parallel: state '{}' has shape {}, expected {}", kv.first,
+                   shape_str(kv.second.shape()), shape_str(items_[it->second].shape));
+        mine.emplace_back(kv.first, kv.second.slice(0, e.first, e.first + e.count).clone());
+      }
+    }
     inner_->load_state(mine, opt_steps, balancing_steps);
   }
 
@@ -299,8 +334,16 @@ std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
              comm.backend(), comm.rank(), comm.size(), host.rank(), host.size());
   ZAYA_CHECK(!host.buffer_on_device(), "data parallel: the host communicator must be MPI");
   std::vector<Zero1Item> items = zero1_items(model, optim);
-  Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems);
+  // Dim-0 slices where the inner step can keep them (the CPU step; the CUDA one owns whole
+  // tensors).
+  Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems, options.device == "cpu");
   options.owned_state = plan.mask(comm.rank());
+  options.owned_slices.assign(items.size(), {0, -1});
+  for (size_t i = 0; i < items.size(); i++)
+    if (plan.owner[i] == Zero1Plan::kSplit) {
+      const Dim0Slice e = plan.slices[i][size_t(comm.rank())];
+      if (e.count > 0) options.owned_slices[i] = {e.first, e.count};
+    }
   auto inner = make_train_step(model, optim, balancing, options);
   return std::make_unique<DpStep>(std::move(inner), std::move(items), std::move(plan), comm, host);
 }

@@ -8,7 +8,9 @@
 //      the NaN/Inf decision are the same on every rank;
 //   3. optimizer_step updates the owned tensors only (the inner step keeps optimizer state only for
 //      them) and all-gathers the updated masters, then weights_changed() refreshes device copies.
-// Ownership is by whole tensor (dist/zero1.h): each Muon matrix is orthogonalised exactly once per
+// Ownership is by whole matrix (dist/zero1.h): on the CPU a 3-D Muon expert tensor (and a big
+// AdamW tensor) may be split into dim-0 slices between ranks (the CPU step keeps and updates
+// just its slice); on the GPU tensors stay whole. Each Muon matrix is orthogonalised exactly once per
 // step, by its owner, from its fully reduced gradient. The loss scale of forward_backward must
 // already include 1/ranks (the caller averages over the global batch); the gradients are summed.
 // The routed counts given to update_balancing must be summed over ranks by the caller.
@@ -19,7 +21,8 @@
 // state() is collective: rank 0 receives every owner's optimizer state (whole tensors, for the
 // single-writer checkpoint); the other ranks get an empty list. load_state keeps each rank's own.
 // Deliberately not here: overlap of the reduce-scatter with the backward (buckets are reduced
-// after it), splitting a 3-D expert tensor between owners, and element-sharded AdamW tensors.
+// after it), slices on the GPU (CudaOptimizer keeps whole tensors), and element-sharded
+// AdamW tensors.
 #pragma once
 #include <memory>
 #include <string>

@@ -77,6 +77,11 @@ struct TrainStepOptions {
   // allocate moments and momentum only for these (the CUDA one also sizes its Muon scratch by
   // them), and optimizer_step may update only them; state() and load_state() cover just them.
   ParamMask owned_state;
+  // With owned_state, per parameter: the dim-0 slice [first, first + count) (experts of a 3-D
+  // tensor, rows of a 2-D one) that the step keeps and updates, its state then being of shape
+  // [count, ...] under the tensor's name (count < 0, or an empty list: the whole tensor). The
+  // CPU step only; the CUDA step refuses a partial tensor.
+  std::vector<std::pair<int64_t, int64_t>> owned_slices;
 };
 
 class TrainStep {

@@ -108,8 +108,8 @@ assert open(f"{T}/np2/model/model.safetensors", "rb").read() == \
        open(f"{T}/np2b/model/model.safetensors", "rb").read(), "two np 2 runs' weights differ"
 for n in ["np2", "np3", "np4"]:
     print(f"{n}: max |loss - one process| = {dl(n):.3e}, max |weight - one process| = {dw(n):.3e}")
-    assert dl(n) <= 1e-6, (n, dl(n))   # measured <= 1.6e-8 (N = 2, 3, 4)
-    assert dw(n) <= 1e-5, (n, dw(n))   # measured <= 1.2e-7
+    assert dl(n) <= 1e-6, (n, dl(n))   # measured <= 2.8e-8 (N = 2, 3, 4)
+    assert dw(n) <= 1e-5, (n, dw(n))   # measured <= 1.8e-7
 print("ok: equivalence")
 PY
 

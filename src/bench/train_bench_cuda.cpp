@@ -18,6 +18,9 @@
 #include "core/parallel.h"
 #include "core/plot.h"
 #include "core/rng.h"
+#include "dist/comm.h"
+#include "dist/launch.h"
+#include "engine/data_parallel_step.h"
 #include "model/config.h"
 #include "model/zaya.h"
 #include "sizing/cost_model.h"
@@ -111,7 +114,35 @@ nlohmann::json cost_model_check(const ZayaConfig& cfg, const TrainBenchOptions& 
 
 }  // namespace
 
-int run_train_bench(const TrainBenchOptions& a) {
+int run_train_bench(const TrainBenchOptions& a_in) {
+  TrainBenchOptions a = a_in;
+  // The data-parallel path: communicators first (every rank), so the device follows the rank.
+  std::unique_ptr<Communicator> host_comm, nccl_comm;
+  int rank = 0, world = 1;
+  if (!a.dp.empty()) {
+    ZAYA_CHECK(communicator_available("mpi"),
+               "zaya bench train --dp: this zaya was built without MPI (the host communicator)");
+    ZAYA_CHECK(a.dp == "mpi" || communicator_available("nccl"),
+               "zaya bench train --dp nccl: this zaya was built without NCCL");
+    const LaunchInfo li = detect_launch();
+    host_comm = make_world_communicator("mpi");
+    rank = host_comm->rank();
+    world = host_comm->size();
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    ZAYA_CHECK(n > 0, "zaya bench train: rank {} on {} sees no CUDA device", rank,
+               local_host_name());
+    if (li.launched() && world > 1) {
+      // GPU = local rank; over MPI several ranks may share one GPU (local rank modulo the GPUs).
+      ZAYA_CHECK(a.dp == "mpi" || li.local_rank < n,
+                 "zaya bench train --dp nccl: local rank {} has no GPU of its own ({} visible; "
+                 "--dp mpi lets ranks share one)",
+                 li.local_rank, n);
+      a.device = li.local_rank % n;
+    }
+    ZAYA_CUDA_CHECK(cudaSetDevice(a.device));
+    if (a.dp == "nccl") nccl_comm = make_world_communicator("nccl");
+  }
   ZayaConfig cfg = ZayaConfig::preset(a.preset);
   cfg.num_hidden_layers = a.layers;
   if (!cfg.layer_types.empty()) cfg.layer_types.resize(size_t(a.layers), cfg.layer_types.back());
@@ -130,6 +161,11 @@ int run_train_bench(const TrainBenchOptions& a) {
   ZAYA_CUDA_CHECK(cudaGetDeviceProperties(&prop, a.device));
   fmt::print("# zaya bench train: {} on {} ({} SMs)\n", a.preset, prop.name,
              prop.multiProcessorCount);
+  if (!a.dp.empty())
+    fmt::print(
+        "# data parallel: {} rank(s) over {} (ZeRO-1, buckets of {} fp32 elements per rank); "
+        "each rank runs batch {}, rank 0 prints its own times\n",
+        world, a.dp, a.bucket_elems, a.batch);
   fmt::print(
       "# {} layers, batch {} x seq {} = {} tokens/step; {:.2f}M params ({:.2f}M active); "
       "{:.3f} GFLOP/token (model FLOPs)\n",
@@ -142,7 +178,7 @@ int run_train_bench(const TrainBenchOptions& a) {
 
   // Random tokens (uniform over the vocabulary; targets are the next token, last one ignored).
   std::vector<int32_t> ids(static_cast<size_t>(tokens)), tgt(static_cast<size_t>(tokens));
-  Rng rng(a.seed + 1);
+  Rng rng(a.seed + 1 + uint64_t(rank));  // each rank its own tokens
   for (auto& x : ids) x = int32_t(rng.next_u32() % uint32_t(cfg.vocab_size));
   for (int64_t b = 0; b < a.batch; b++)
     for (int64_t t = 0; t < a.seq; t++)
@@ -158,19 +194,38 @@ int run_train_bench(const TrainBenchOptions& a) {
 
   struct StepTimes {
     double fwd_bwd = 0, norm = 0, optim = 0, total = 0;
+    DataParallelTimes dp;
   };
   std::vector<StepTimes> times;
   std::vector<double> losses;
   cuda::OptimizerStepTimes opt_times;
   size_t in_use = 0, arena = 0, opt_bytes = 0;
-  t0 = now_s();
-  {
-    cuda::CudaModel cm(host, mo);
-    OptimizerSettings os;
-    if (a.optimizer == "adamw") {  // the peer's optimizer: every parameter on AdamW
-      os.default_rules = false;
-      os.rules = {ParamRule{"*", OptimizerKind::AdamW, 1.0, std::nullopt}};
+  OptimizerSettings os;
+  if (a.optimizer == "adamw") {  // the peer's optimizer: every parameter on AdamW
+    os.default_rules = false;
+    os.rules = {ParamRule{"*", OptimizerKind::AdamW, 1.0, std::nullopt}};
+  }
+  // Prints one step's line and keeps the timed ones.
+  auto record = [&](int64_t i, const StepStats& ss, double gnorm, const StepTimes& st) {
+    if (i >= a.warmup) {
+      times.push_back(st);
+      losses.push_back(ss.loss);
     }
+    fmt::print(
+        "{} {:>3}: loss {:.4f}  gnorm {:.3f}  fwd+bwd {:8.2f} ms  norm {:6.2f} ms  "
+        "optimizer {:8.2f} ms  step {:8.2f} ms",
+        i < a.warmup ? "warmup" : "step  ", i < a.warmup ? i : i - a.warmup, ss.loss, gnorm,
+        st.fwd_bwd, st.norm, st.optim, st.total);
+    if (!a.dp.empty())
+      fmt::print("  [reduce-scatter {:.2f}, update {:.2f}, all-gather {:.2f} ms]", st.dp.reduce_scatter,
+                 st.dp.update, st.dp.all_gather);
+    fmt::print("\n");
+  };
+  DataParallelMemory dp_mem;
+  int64_t dp_owned = 0;
+  t0 = now_s();
+  if (a.dp.empty()) {
+    cuda::CudaModel cm(host, mo);
     cuda::CudaOptimizer opt(cm.params(), os, cm.gemm(), cm.stream(), oo);
     const double setup_s = now_s() - t0;
     fmt::print("# host init {:.1f} s, device setup (upload, arena, optimizer state) {:.1f} s\n",
@@ -187,15 +242,7 @@ int run_train_bench(const TrainBenchOptions& a) {
       const double s3 = now_s();
       st.fwd_bwd = (s1 - s0) * 1e3, st.norm = (s2 - s1) * 1e3, st.optim = (s3 - s2) * 1e3;
       st.total = (s3 - s0) * 1e3;
-      if (i >= a.warmup) {
-        times.push_back(st);
-        losses.push_back(ss.loss);
-      }
-      fmt::print(
-          "{} {:>3}: loss {:.4f}  gnorm {:.3f}  fwd+bwd {:8.2f} ms  norm {:6.2f} ms  "
-          "optimizer {:8.2f} ms  step {:8.2f} ms\n",
-          i < a.warmup ? "warmup" : "step  ", i < a.warmup ? i : i - a.warmup, ss.loss, gnorm,
-          st.fwd_bwd, st.norm, st.optim, st.total);
+      record(i, ss, gnorm, st);
     }
     opt_times = opt.last_times();
     size_t free_b = 0, total_b = 0;
@@ -203,6 +250,49 @@ int run_train_bench(const TrainBenchOptions& a) {
     in_use = total_b - free_b;  // a step allocates nothing: after one step this is the peak
     arena = cm.arena_bytes();
     opt_bytes = opt.state_bytes();
+  } else {
+    // The same step through TrainStep and DataParallelStep: loss scale 1/world (the caller
+    // averages over the global batch), the global norm and the update as the trainer does them.
+    TrainStepOptions so;
+    so.device = "cuda";
+    so.device_index = a.device;
+    so.max_tokens = tokens;
+    so.max_seq = a.seq;
+    so.recompute = a.recompute;
+    so.ns_bf16 = oo.ns_bf16;
+    Communicator& gc = nccl_comm ? *nccl_comm : *host_comm;
+    auto step = make_data_parallel_step(host, os, BalancingSettings{}, so, gc, *host_comm,
+                                        a.bucket_elems);
+    const double setup_s = now_s() - t0;
+    fmt::print("# host init {:.1f} s, device setup (upload, arena, optimizer state) {:.1f} s\n",
+               init_s, setup_s);
+    fmt::print("# ownership:\n{}", step->plan().describe(step->items()));
+    const float scale = 1.0f / float(world);
+    for (int64_t i = 0; i < a.warmup + a.steps; i++) {
+      StepTimes st;
+      const double s0 = now_s();
+      step->zero_grads();
+      StepStats ss = step->forward_backward(ids.data(), tgt.data(), a.batch, a.seq, scale);
+      ZAYA_CUDA_CHECK(cudaDeviceSynchronize());  // the plain path's forward_backward ends synced
+      const double s1 = now_s();
+      const double gnorm = std::sqrt(step->grad_sq_norm());
+      const double s2 = now_s();
+      step->optimizer_step(a.lr, gnorm > 1.0 ? float(1.0 / (gnorm + 1e-6)) : 1.0f);
+      const double s3 = now_s();
+      double loss = ss.loss;  // the global mean (equal batches per rank)
+      host_comm->host_all_reduce(&loss, 1, RedOp::Sum);
+      ss.loss = loss / double(world);
+      st.fwd_bwd = (s1 - s0) * 1e3, st.norm = (s2 - s1) * 1e3, st.optim = (s3 - s2) * 1e3;
+      st.total = (s3 - s0) * 1e3;
+      st.dp = step->last_times();
+      record(i, ss, gnorm, st);
+    }
+    size_t free_b = 0, total_b = 0;
+    ZAYA_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    in_use = total_b - free_b;
+    dp_mem = step->memory();
+    opt_bytes = size_t(dp_mem.optimizer_state);
+    for (bool b : step->plan().mask(rank)) dp_owned += b;
   }
 
   // One profiled step (op-class timing adds synchronisation, so it is kept out of the timed ones).
@@ -227,6 +317,14 @@ int run_train_bench(const TrainBenchOptions& a) {
   const double step_ms = median(col(&StepTimes::total));
   const double fb_ms = median(col(&StepTimes::fwd_bwd)), norm_ms = median(col(&StepTimes::norm)),
                opt_ms = median(col(&StepTimes::optim));
+  auto dp_col = [&](double DataParallelTimes::*f) {
+    std::vector<double> v;
+    for (const auto& t : times) v.push_back(t.dp.*f);
+    return median(v);
+  };
+  const double rs_ms = dp_col(&DataParallelTimes::reduce_scatter),
+               upd_ms = dp_col(&DataParallelTimes::update),
+               ag_ms = dp_col(&DataParallelTimes::all_gather);
   const double tps = double(tokens) / (step_ms * 1e-3);
   const double tflops = tps * flops_per_token / 1e12;
   const double fb_tflops = double(tokens) * flops_per_token / (fb_ms * 1e-3) / 1e12;
@@ -234,16 +332,29 @@ int run_train_bench(const TrainBenchOptions& a) {
       "\n# median of {} steps: step {:.2f} ms = fwd+bwd {:.2f} + grad norm {:.2f} + optimizer "
       "{:.2f} ms\n",
       times.size(), step_ms, fb_ms, norm_ms, opt_ms);
-  fmt::print("tokens/s            {:>12.0f}\n", tps);
+  if (!a.dp.empty())
+    fmt::print(
+        "# data parallel ({} x {}): reduce-scatter {:.2f} + update {:.2f} + all-gather {:.2f} ms; "
+        "the machinery (reduce-scatter + all-gather) is {:.2f} ms = {:.2f}% of the step\n",
+        world, a.dp, rs_ms, upd_ms, ag_ms, rs_ms + ag_ms, 100.0 * (rs_ms + ag_ms) / step_ms);
+  fmt::print("tokens/s            {:>12.0f}{}\n", tps, a.dp.empty() ? "" : "   (this rank)");
   fmt::print("model TFLOP/s       {:>12.1f}   ({:.1f}% of {:.0f} TFLOP/s bf16 GEMM peak)\n", tflops,
              100.0 * tflops / a.peak_tflops, a.peak_tflops);
   fmt::print("fwd+bwd TFLOP/s     {:>12.1f}   ({:.1f}% of peak; optimizer excluded)\n", fb_tflops,
              100.0 * fb_tflops / a.peak_tflops);
-  fmt::print("optimizer (last)    adamw {:.2f} ms, newton-schulz {:.2f} ms, rest {:.2f} ms\n",
-             opt_times.adamw, opt_times.newton_schulz, opt_times.muon_elementwise);
-  fmt::print("device memory       {:.2f} GiB in use (arena {:.2f} GiB, optimizer {:.2f} GiB)\n",
-             double(in_use) / double(1 << 30), double(arena) / double(1 << 30),
-             double(opt_bytes) / double(1 << 30));
+  if (a.dp.empty()) {
+    fmt::print("optimizer (last)    adamw {:.2f} ms, newton-schulz {:.2f} ms, rest {:.2f} ms\n",
+               opt_times.adamw, opt_times.newton_schulz, opt_times.muon_elementwise);
+    fmt::print("device memory       {:.2f} GiB in use (arena {:.2f} GiB, optimizer {:.2f} GiB)\n",
+               double(in_use) / double(1 << 30), double(arena) / double(1 << 30),
+               double(opt_bytes) / double(1 << 30));
+  } else {
+    fmt::print(
+        "device memory       {:.2f} GiB in use on this GPU; rank 0 owns {} tensors: optimizer "
+        "state {:.2f} GiB, communication buffers {:.2f} GiB, host staging {:.2f} GiB\n",
+        double(in_use) / double(1 << 30), dp_owned, double(dp_mem.optimizer_state) / double(1 << 30),
+        double(dp_mem.comm_buffers) / double(1 << 30), double(dp_mem.staging) / double(1 << 30));
+  }
   if (have_prof) {
     const double sum = prof.gemm + prof.attention + prof.moe_dispatch + prof.norms + prof.loss +
                        prof.cca + prof.other;
@@ -305,10 +416,25 @@ int run_train_bench(const TrainBenchOptions& a) {
                         {"arena_bytes", arena},
                         {"optimizer_bytes", opt_bytes},
                         {"losses", losses}};
+    if (!a.dp.empty())
+      j["data_parallel"] = {{"backend", a.dp},
+                            {"ranks", world},
+                            {"bucket_elems", a.bucket_elems},
+                            {"reduce_scatter_ms_median", rs_ms},
+                            {"update_ms_median", upd_ms},
+                            {"all_gather_ms_median", ag_ms},
+                            {"overhead_fraction", (rs_ms + ag_ms) / step_ms},
+                            {"optimizer_state_bytes", dp_mem.optimizer_state},
+                            {"comm_buffer_bytes", dp_mem.comm_buffers}};
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& t : times)
-      steps.push_back(
-          {{"fwd_bwd_ms", t.fwd_bwd}, {"norm_ms", t.norm}, {"optim_ms", t.optim}, {"ms", t.total}});
+      steps.push_back({{"fwd_bwd_ms", t.fwd_bwd},
+                       {"norm_ms", t.norm},
+                       {"optim_ms", t.optim},
+                       {"ms", t.total},
+                       {"reduce_scatter_ms", t.dp.reduce_scatter},
+                       {"update_ms", t.dp.update},
+                       {"all_gather_ms", t.dp.all_gather}});
     j["step_times"] = steps;
     if (have_prof) j["profile_ms"] = profile_json(prof);
     if (!cost.is_null()) j["cost_model"] = cost;

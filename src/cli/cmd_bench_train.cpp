@@ -1,11 +1,13 @@
 // `zaya bench train`: the command line of the training-step benchmark (bench/train_bench.h).
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <iostream>
 
 #include "bench/bench_common.h"
 #include "bench/profile.h"
 #include "bench/train_bench.h"
 #include "core/error.h"
+#include "dist/launch.h"
 
 namespace zaya::cli {
 
@@ -35,6 +37,13 @@ int bench_train_cli(int argc, char** argv) {
   app.add_option("--lr", a.lr, "learning rate of the optimizer steps")->capture_default_str();
   app.add_option("--seed", a.seed, "weights and tokens seed")->capture_default_str();
   app.add_option("--device", a.device, "CUDA device")->capture_default_str();
+  app.add_option("--dp", a.dp,
+                 "run the step through the data-parallel ZeRO-1 step over this communicator "
+                 "(nccl or mpi; under mpirun every rank runs, rank 0 prints)")
+      ->check(CLI::IsMember({"nccl", "mpi"}));
+  app.add_option("--bucket-elems", a.bucket_elems,
+                 "with --dp: fp32 elements per rank per reduce-scatter / all-gather bucket")
+      ->capture_default_str();
   app.add_flag("--no-profile", a.no_profile, "skip the profiled step (op-class times)");
   app.add_option("--json", a.json, "write results as JSON to this file");
   app.add_option("--hardware", a.hardware,
@@ -52,7 +61,17 @@ int bench_train_cli(int argc, char** argv) {
   ZAYA_CHECK(a.ns_precision == "bf16" || a.ns_precision == "fp32",
              "--ns-precision must be bf16 or fp32, got '{}'", a.ns_precision);
   ZAYA_CHECK(a.peak_tflops > 0, "--peak-tflops must be positive");
-  bench::check_output_path("--json", a.json);
+  ZAYA_CHECK(a.bucket_elems >= 1, "--bucket-elems must be >= 1");
+  const LaunchInfo li = detect_launch();
+  ZAYA_CHECK(!li.launched() || li.world == 1 || !a.dp.empty(),
+             "zaya bench train: launched as {} ranks but without --dp (each rank would run the "
+             "plain step alone)",
+             li.world);
+  // Rank 0 prints; the other ranks' tables would interleave with it (errors still reach stderr).
+  if (li.rank != 0 && !std::freopen("/dev/null", "w", stdout))
+    fail("zaya bench train: rank {} cannot silence its stdout", li.rank);
+  if (li.rank != 0) a.json.clear();
+  if (li.rank == 0) bench::check_output_path("--json", a.json);
   return bench::run_train_bench(a);
 }
 

@@ -6,6 +6,7 @@
 
 #include <charconv>
 #include <cstdlib>
+#include <map>
 
 #include "core/error.h"
 
@@ -69,6 +70,26 @@ std::string local_host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "?";
   return buf;
+}
+
+void check_gpus_per_node(const std::vector<std::string>& hosts, const std::vector<int>& gpus) {
+  ZAYA_CHECK(hosts.size() == gpus.size(), "GPU check: {} host names for {} GPU counts",
+             hosts.size(), gpus.size());
+  // host → GPU count → ranks, in rank order (std::map keeps the message deterministic)
+  std::map<std::string, std::map<int, std::vector<int>>> seen;
+  for (size_t r = 0; r < hosts.size(); r++) seen[hosts[r]][gpus[r]].push_back(int(r));
+  for (const auto& [host, by_count] : seen) {
+    if (by_count.size() < 2) continue;
+    std::string parts;
+    for (const auto& [count, ranks] : by_count) {
+      std::string list;
+      for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
+      parts += fmt::format("{}{} GPU(s) for rank(s) {}", parts.empty() ? "" : "; ", count, list);
+    }
+    fail("mixed GPU counts on host {}: {} (ranks on one node must see the same devices: check "
+         "CUDA_VISIBLE_DEVICES and the launcher's GPU binding)",
+         host, parts);
+  }
 }
 
 #if !defined(ZAYA_HAVE_MPI)

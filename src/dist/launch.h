@@ -8,6 +8,7 @@
 // "GPU = local rank".
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -34,6 +35,12 @@ LaunchInfo detect_launch();
 
 // This machine's host name (gethostname).
 std::string local_host_name();
+
+// The GPU counts that the ranks see, gathered in rank order with their host names: ranks on one
+// host must agree (GPU = local rank only means something when they do; a disagreement is a
+// CUDA_VISIBLE_DEVICES set per rank or a broken node). Throws zaya::Error naming the host, the
+// counts and the ranks that see each; every rank reaches the same verdict from the same lists.
+void check_gpus_per_node(const std::vector<std::string>& hosts, const std::vector<int>& gpus);
 
 // Whether this build can run several ranks (it has MPI).
 bool multi_process_available();

@@ -2,6 +2,7 @@
 #include "dist/zero1.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "core/error.h"
@@ -26,32 +27,47 @@ int64_t state_floats(const Zero1Item& it) {
 
 std::vector<bool> Zero1Plan::mask(int rank) const {
   std::vector<bool> m(owner.size());
-  for (size_t i = 0; i < owner.size(); i++) m[i] = owner[i] == rank;
+  for (size_t i = 0; i < owner.size(); i++)
+    m[i] = owner[i] == rank || (owner[i] == kSplit && slices[i][size_t(rank)].count > 0);
   return m;
+}
+
+std::pair<int64_t, int64_t> Zero1Plan::part(const std::vector<Zero1Item>& items, size_t i,
+                                            int r) const {
+  if (owner[i] == r) return {0, items[i].numel};
+  if (owner[i] != kSplit) return {0, 0};
+  const int64_t per = items[i].numel / items[i].shape[0];
+  const Dim0Slice& e = slices[i][size_t(r)];
+  return {e.first * per, e.count * per};
 }
 
 std::string Zero1Plan::describe(const std::vector<Zero1Item>& items) const {
   std::string out;
   for (int r = 0; r < world; r++) {
-    int64_t tensors = 0;
-    for (size_t i = 0; i < owner.size(); i++) tensors += owner[i] == r;
+    int64_t tensors = 0, sliced = 0;
+    for (size_t i = 0; i < owner.size(); i++) {
+      tensors += owner[i] == r;
+      sliced += owner[i] == kSplit && slices[i][size_t(r)].count > 0;
+    }
     out += fmt::format(
-        "  rank {:>3}: {:>4} tensors, {:>12} gradient elements, {:>4} Muon matrices "
-        "({:.3g} NS GFLOP), optimizer state {:.2f} MiB\n",
-        r, tensors, segment_floats[size_t(r)], muon_matrices[size_t(r)],
+        "  rank {:>3}: {:>4} tensors + {:>3} slices, {:>12} gradient elements, {:>4} Muon "
+        "matrices ({:.3g} NS GFLOP), optimizer state {:.2f} MiB\n",
+        r, tensors, sliced, segment_floats[size_t(r)], muon_matrices[size_t(r)],
         ns_flops[size_t(r)] / 1e9, double(state_floats[size_t(r)]) * 4.0 / double(1 << 20));
   }
   (void)items;
   return out;
 }
 
-Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t bucket_elems) {
+Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t bucket_elems,
+                     bool split_slices) {
   ZAYA_CHECK(world >= 1, "ZeRO-1: world size {} must be >= 1", world);
   ZAYA_CHECK(bucket_elems >= 1, "ZeRO-1: bucket of {} elements must hold at least one", bucket_elems);
   Zero1Plan p;
   p.world = world;
   p.bucket_elems = bucket_elems;
   p.owner.assign(items.size(), -1);
+  p.slices.assign(items.size(), {});
   p.ns_flops.assign(size_t(world), 0);
   p.state_floats.assign(size_t(world), 0);
   p.segment_floats.assign(size_t(world), 0);
@@ -66,11 +82,66 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
       p.muon_matrices[size_t(r)] += it.shape.size() == 3 ? it.shape[0] : 1;
     }
   };
-  std::vector<size_t> muon, rest;
+  // Big AdamW tensors (state above an eighth of a rank's share) are sliced too: one whole
+  // embedding can otherwise exceed the share by itself.
+  int64_t total_state = 0;
+  for (const Zero1Item& it : items) total_state += state_floats(it);
+  const int64_t big = total_state / (8 * int64_t(world));
+  std::vector<size_t> muon, rest, split, split_adamw;
   for (size_t i = 0; i < items.size(); i++) {
-    if (items[i].kind == OwnedKind::NoGrad) continue;
-    (items[i].kind == OwnedKind::Muon ? muon : rest).push_back(i);
+    const Zero1Item& it = items[i];
+    if (it.kind == OwnedKind::NoGrad) continue;
+    const bool sliceable = split_slices && world > 1 && it.shape.size() >= 1 && it.shape[0] > 1;
+    if (sliceable && it.kind == OwnedKind::Muon && it.shape.size() == 3)
+      split.push_back(i);
+    else if (sliceable && it.kind == OwnedKind::AdamW && state_floats(it) > big)
+      split_adamw.push_back(i);
+    else
+      (it.kind == OwnedKind::Muon ? muon : rest).push_back(i);
   }
+  // Which of two ranks has the lighter Newton–Schulz load; equal loads (equal matrices are
+  // common) go to the one with less optimizer state, so the FLOP balance does not skew the bytes.
+  auto lighter = [&](int a, int b) {
+    const double fa = p.ns_flops[size_t(a)], fb = p.ns_flops[size_t(b)];
+    if (fa != fb) return fa < fb;
+    return p.state_floats[size_t(a)] < p.state_floats[size_t(b)];
+  };
+  auto less_state = [&](int a, int b) {
+    return p.state_floats[size_t(a)] < p.state_floats[size_t(b)];
+  };
+  // Cuts item i along dim 0 into min(D, N) contiguous slices whose sizes differ by at most one;
+  // slice j (in dim-0 order; the first D%k one larger) goes to the j-th rank of `by`'s order.
+  auto slice = [&](size_t i, const std::function<bool(int, int)>& by) {
+    const Zero1Item& it = items[i];
+    const int64_t D = it.shape[0], k = std::min<int64_t>(D, world), per = it.numel / D;
+    const bool muon = it.kind == OwnedKind::Muon;
+    const double mat_flops =
+        muon ? newton_schulz_flops({it.shape[1], it.shape[2]}, it.muon_ns_steps) : 0.0;
+    std::vector<int> order(static_cast<size_t>(world));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), by);
+    p.owner[i] = Zero1Plan::kSplit;
+    p.slices[i].assign(size_t(world), Dim0Slice{});
+    int64_t first = 0;
+    for (int64_t j = 0; j < k; j++) {
+      const int64_t count = D / k + (j < D % k ? 1 : 0);
+      const int r = order[size_t(j)];
+      p.slices[i][size_t(r)] = {first, count};
+      p.state_floats[size_t(r)] += (muon ? 1 : 2) * count * per;
+      p.segment_floats[size_t(r)] += count * per;
+      if (muon) {
+        p.ns_flops[size_t(r)] += double(count) * mat_flops;
+        p.muon_matrices[size_t(r)] += count;
+      }
+      first += count;
+    }
+  };
+  // Expert tensors first, the costliest first, balancing Newton–Schulz FLOPs.
+  std::stable_sort(split.begin(), split.end(), [&](size_t a, size_t b) {
+    return newton_schulz_flops(items[a].shape, items[a].muon_ns_steps) >
+           newton_schulz_flops(items[b].shape, items[b].muon_ns_steps);
+  });
+  for (size_t i : split) slice(i, lighter);
   // Muon: largest Newton–Schulz cost first, to the rank with the least so far.
   std::vector<double> cost(items.size(), 0);
   for (size_t i : muon) cost[i] = newton_schulz_flops(items[i].shape, items[i].muon_ns_steps);
@@ -78,7 +149,7 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
   for (size_t i : muon) {
     int best = 0;
     for (int r = 1; r < world; r++)
-      if (p.ns_flops[size_t(r)] < p.ns_flops[size_t(best)]) best = r;
+      if (lighter(r, best)) best = r;
     assign(i, best);
   }
   // The rest: largest state first, to the rank with the least state so far (Muon's included);
@@ -87,6 +158,9 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
     const int64_t s = state_floats(items[i]);
     return s > 0 ? s : items[i].numel;
   };
+  std::stable_sort(split_adamw.begin(), split_adamw.end(),
+                   [&](size_t a, size_t b) { return weight(a) > weight(b); });
+  for (size_t i : split_adamw) slice(i, less_state);
   std::stable_sort(rest.begin(), rest.end(),
                    [&](size_t a, size_t b) { return weight(a) > weight(b); });
   for (size_t i : rest) {
@@ -110,9 +184,10 @@ std::vector<SegmentPiece> segment_pieces(const Zero1Plan& plan, const std::vecto
   std::vector<SegmentPiece> out;
   int64_t j = 0;
   for (size_t i = 0; i < items.size(); i++) {
-    if (plan.owner[i] != rank) continue;
-    out.push_back({flat_offsets[i], j, items[i].numel});
-    j += items[i].numel;
+    const auto [off, len] = plan.part(items, i, rank);
+    if (len == 0) continue;
+    out.push_back({flat_offsets[i] + off, j, len});
+    j += len;
   }
   return out;
 }

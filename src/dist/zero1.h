@@ -1,23 +1,29 @@
 // ZeRO-1 ownership and the bucketed layout of the gradient reduce-scatter / weight all-gather.
 //
-// Ownership is by whole tensor, so Muon always sees a whole, fully reduced matrix (a matrix whose
+// Ownership is by whole matrix, so Muon always sees a whole, fully reduced matrix (a matrix whose
 // gradient straddles two ranks' contiguous shards, orthogonalised from a partly reduced gradient,
-// cannot happen by construction). Muon tensors are assigned first, longest-processing-time greedy
-// on their Newton–Schulz FLOPs (largest first, to the least loaded rank); then AdamW (and
-// untrained) tensors, LPT-greedy on optimizer-state floats, so that the state bytes per rank come
-// out close to total / N. Tensors without a gradient (the balancing biases) are owned by no rank:
-// every rank updates them identically from all-reduced routing counts.
+// cannot happen by construction). With split_slices, a 3-D Muon tensor [E, rows, cols] (E whole
+// matrices) is cut along dim 0 into min(E, N) contiguous expert slices of sizes differing by at
+// most one, the larger slices to the ranks with the least Newton–Schulz load, each rank at most
+// one slice (so its part is one contiguous run). Then the other Muon tensors, longest-processing-
+// time greedy on their Newton–Schulz FLOPs (largest first, to the least loaded rank; equal loads
+// to the one with less state); then AdamW tensors whose state is above an eighth of a rank's
+// share are sliced the same way (by rows, to the ranks with the least state), and the other AdamW
+// (and untrained) tensors go LPT-greedy on optimizer-state floats, so that the state bytes per
+// rank come out close to total / N. Tensors without a gradient (the balancing biases) are owned
+// by no rank: every rank updates them identically from all-reduced routing counts.
 //
 // Layout: rank r's segment is its owned tensors' elements in layout order, padded to the longest
 // segment `seg`; the packed buffer is `buckets` buckets, bucket k holding chunk k (bucket_elems
 // elements, the last one shorter) of every rank's segment in rank order, so each bucket is one
 // reduce_scatter (recvcount = chunk) and one all_gather with the communicator's block layout.
-// Deliberately not here: moving bytes (engine/data_parallel_step.cpp) or splitting a 3-D expert
-// tensor between ranks (its E matrices stay with one owner).
+// Deliberately not here: moving bytes (engine/data_parallel_step.cpp); splitting a Muon matrix
+// itself, or slicing along any dimension but the first.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zaya {
@@ -38,9 +44,17 @@ double newton_schulz_flops(const std::vector<int64_t>& shape, int ns_steps);
 // Optimizer-state floats of a tensor: 2·numel (AdamW), numel (Muon momentum), 0 otherwise.
 int64_t state_floats(const Zero1Item& it);
 
+// The dim-0 indices [first, first + count) of a tensor that one rank owns (count 0: none): the
+// experts of a 3-D Muon tensor, the rows of an AdamW one.
+struct Dim0Slice {
+  int64_t first = 0, count = 0;
+};
+
 struct Zero1Plan {
+  static constexpr int kSplit = -2;
   int world = 1;
-  std::vector<int> owner;               // per item; -1: owned by none (no gradient)
+  std::vector<int> owner;  // per item; -1: owned by none (no gradient); kSplit: by dim-0 slices
+  std::vector<std::vector<Dim0Slice>> slices;  // per item: per rank when kSplit, else empty
   std::vector<double> ns_flops;         // per rank: Newton–Schulz FLOPs of its Muon matrices
   std::vector<int64_t> state_floats;    // per rank: optimizer-state floats
   std::vector<int64_t> segment_floats;  // per rank: gradient elements it owns
@@ -54,15 +68,19 @@ struct Zero1Plan {
     const int64_t k = j / bucket_elems;
     return int64_t(world) * k * bucket_elems + int64_t(rank) * chunk(k) + (j - k * bucket_elems);
   }
-  std::vector<bool> mask(int rank) const;  // owned[i] for this rank
+  std::vector<bool> mask(int rank) const;  // owned[i] for this rank (all or part of item i)
+  // Rank r's part of item i in elements of the tensor: {offset, length}; {0, 0} when none.
+  std::pair<int64_t, int64_t> part(const std::vector<Zero1Item>& items, size_t i, int r) const;
   std::string describe(const std::vector<Zero1Item>& items) const;  // per-rank loads
 };
 
 // LPT-greedy ownership of `items` over `world` ranks (deterministic: ties go to the lower index
-// and the lower rank). bucket_elems >= 1.
-Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t bucket_elems);
+// and the lower rank). bucket_elems >= 1. split_slices: expert tensors and big AdamW tensors by
+// dim-0 slices (see above).
+Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t bucket_elems,
+                     bool split_slices = false);
 
-// A contiguous run of one owned tensor inside a rank's segment.
+// A contiguous run of one owned tensor (or expert slice) inside a rank's segment.
 struct SegmentPiece {
   int64_t flat_offset = 0;  // in the step's flat buffers
   int64_t seg_offset = 0;   // in the rank's segment

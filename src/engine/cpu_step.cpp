@@ -25,8 +25,8 @@ int64_t round_up(int64_t n, int64_t m) {
 class CpuStep final : public TrainStep {
  public:
   CpuStep(ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing,
-          const ParamMask& owned_state)
-      : model_(model), owned_state_(owned_state) {
+          const ParamMask& owned_state, const std::vector<std::pair<int64_t, int64_t>>& slices)
+      : model_(model), owned_state_(owned_state), slices_(slices) {
     auto slots = model.tensor_slots();
     int64_t total = 0;
     for (auto& [name, t] : slots) {
@@ -54,6 +54,9 @@ class CpuStep final : public TrainStep {
     ZAYA_CHECK(owned_state_.empty() || owned_state_.size() == params_.size(),
                "train step: the state ownership mask has {} entries for {} parameters",
                owned_state_.size(), params_.size());
+    ZAYA_CHECK(slices_.empty() || slices_.size() == params_.size(),
+               "train step: the owned-slices list has {} entries for {} parameters",
+               slices_.size(), params_.size());
     opt_ = std::make_unique<Optimizer>(owned_state_.empty() ? params_ : subset(owned_state_), optim);
     balance_ = std::make_unique<BalancingBiasUpdater>(
         BalancingBiasUpdater::from_params(params_, balancing));
@@ -143,13 +146,28 @@ class CpuStep final : public TrainStep {
                "train step: the ownership mask has {} entries for {} parameters", owned.size(),
                params_.size());
     std::vector<ParamRef> out;
-    for (size_t i = 0; i < params_.size(); i++)
-      if (owned[i]) out.push_back(params_[i]);
+    for (size_t i = 0; i < params_.size(); i++) {
+      if (!owned[i]) continue;
+      const ParamRef& p = params_[i];
+      if (slices_.empty() || slices_[i].second < 0) {
+        out.push_back(p);
+        continue;
+      }
+      // A dim-0 slice (experts of a 3-D tensor, rows of a 2-D one): contiguous, so the optimizer
+      // updates it in place; its state is [count, ...] under the tensor's name.
+      const auto [first, count] = slices_[i];
+      ZAYA_CHECK(p.value.dim() >= 1 && count > 0 && first + count <= p.value.shape()[0],
+                 "train step: slice [{}, {}) of '{}' (shape {})", first, first + count, p.name,
+                 shape_str(p.value.shape()));
+      out.push_back({p.name, p.value.slice(0, first, first + count),
+                     p.grad.slice(0, first, first + count)});
+    }
     return out;
   }
 
   ZayaModel& model_;
   ParamMask owned_state_;
+  std::vector<std::pair<int64_t, int64_t>> slices_;
   std::vector<ParamSlot> layout_;
   Tensor master_, grad_;
   ModelGrads grads_;
@@ -162,8 +180,10 @@ class CpuStep final : public TrainStep {
 
 std::unique_ptr<TrainStep> make_cpu_step(ZayaModel& model, const OptimizerSettings& optim,
                                          const BalancingSettings& balancing,
-                                         const ParamMask& owned_state) {
-  return std::make_unique<CpuStep>(model, optim, balancing, owned_state);
+                                         const ParamMask& owned_state,
+                                         const std::vector<std::pair<int64_t, int64_t>>&
+                                             owned_slices) {
+  return std::make_unique<CpuStep>(model, optim, balancing, owned_state, owned_slices);
 }
 
 }  // namespace zaya

@@ -1,6 +1,7 @@
 // DataParallelStep (data_parallel_step.h): ZeRO-1 around an inner TrainStep.
 #include "engine/data_parallel_step.h"
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
@@ -35,17 +36,22 @@ std::vector<Zero1Item> zero1_items(ZayaModel& model, const OptimizerSettings& op
 
 namespace {
 
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 class DpStep final : public DataParallelStep {
  public:
   DpStep(std::unique_ptr<TrainStep> inner, std::vector<Zero1Item> items, Zero1Plan plan,
-         Communicator& comm, Communicator& host, bool state_sharded)
+         Communicator& comm, Communicator& host)
       : inner_(std::move(inner)),
         items_(std::move(items)),
         plan_(std::move(plan)),
         comm_(comm),
         host_(host),
-        rank_(comm.rank()),
-        state_sharded_(state_sharded) {
+        rank_(comm.rank()) {
     const auto& lay = inner_->layout();
     ZAYA_CHECK(lay.size() == items_.size(), "data parallel: the step has {} tensors, not {}",
                lay.size(), items_.size());
@@ -92,6 +98,7 @@ class DpStep final : public DataParallelStep {
   const Zero1Plan& plan() const override { return plan_; }
   const std::vector<Zero1Item>& items() const override { return items_; }
   int64_t reduce_scatters() const override { return reduce_scatters_; }
+  const DataParallelTimes& last_times() const override { return times_; }
   DataParallelMemory memory() const override {
     DataParallelMemory m;
     m.masters = m.grads = flat_floats_ * int64_t(sizeof(float));
@@ -130,7 +137,9 @@ class DpStep final : public DataParallelStep {
   void optimizer_step(double lr, float grad_scale, const ParamMask& owned) override {
     ZAYA_CHECK(owned.empty(), "data parallel: optimizer_step takes no mask (ownership is the plan's)");
     reduce_grads();
+    const double t0 = now_ms();
     inner_->optimizer_step(lr, grad_scale, mask_);
+    times_.update = now_ms() - t0;
     gather_weights();
   }
   int64_t optimizer_steps() const override { return inner_->optimizer_steps(); }
@@ -156,6 +165,28 @@ class DpStep final : public DataParallelStep {
     for (size_t i = 0; i < items_.size(); i++) {
       const int owner = plan_.owner[i];
       for (const std::string& nm : state_names(items_[i])) {
+        if (owner == Zero1Plan::kSplit) {  // dim-0 slices, assembled on rank 0 in rank order
+          Tensor whole = rank_ == 0 ? Tensor::zeros(items_[i].shape) : Tensor();
+          for (int r = 0; r < plan_.world; r++) {
+            const auto [off, len] = plan_.part(items_, i, r);
+            if (len == 0 || (r != rank_ && rank_ != 0)) continue;
+            if (r == rank_) {
+              auto it = mine.find(nm);
+              ZAYA_CHECK(it != mine.end() && it->second.numel() == len,
+                         "data parallel: rank {} owns {} elements of '{}' but has no such '{}'",
+                         rank_, len, items_[i].name, nm);
+              Tensor t = it->second.to(DType::F32);
+              if (rank_ == 0)
+                std::memcpy(whole.f32() + off, t.f32(), size_t(len) * sizeof(float));
+              else
+                host_.send(t.f32(), size_t(len), DType::F32, 0);
+            } else {
+              host_.recv(whole.f32() + off, size_t(len), DType::F32, r);
+            }
+          }
+          if (rank_ == 0) out.emplace_back(nm, whole);
+          continue;
+        }
         if (rank_ == owner) {
           auto it = mine.find(nm);
           ZAYA_CHECK(it != mine.end(), "data parallel: rank {} owns '{}' but has no '{}'", rank_,
@@ -178,14 +209,26 @@ class DpStep final : public DataParallelStep {
 
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
                   int64_t balancing_steps) override {
-    if (!state_sharded_) return inner_->load_state(state, opt_steps, balancing_steps);
     std::set<std::string> keep;
-    for (size_t i = 0; i < items_.size(); i++)
+    std::map<std::string, size_t> sliced;  // state name → item whose dim-0 slice this rank keeps
+    for (size_t i = 0; i < items_.size(); i++) {
       if (plan_.owner[i] == rank_)
         for (const std::string& nm : state_names(items_[i])) keep.insert(nm);
+      if (plan_.owner[i] == Zero1Plan::kSplit && plan_.part(items_, i, rank_).second > 0)
+        for (const std::string& nm : state_names(items_[i])) sliced[nm] = i;
+    }
     NamedTensors mine;
-    for (const auto& kv : state)
-      if (kv.first.rfind("balance.", 0) == 0 || keep.count(kv.first)) mine.push_back(kv);
+    for (const auto& kv : state) {
+      if (kv.first.rfind("balance.", 0) == 0 || keep.count(kv.first)) {
+        mine.push_back(kv);
+      } else if (auto it = sliced.find(kv.first); it != sliced.end()) {
+        const Dim0Slice e = plan_.slices[it->second][size_t(rank_)];
+        ZAYA_CHECK(kv.second.shape() == items_[it->second].shape,
+                   "data parallel: state '{}' has shape {}, expected {}", kv.first,
+                   shape_str(kv.second.shape()), shape_str(items_[it->second].shape));
+        mine.emplace_back(kv.first, kv.second.slice(0, e.first, e.first + e.count).clone());
+      }
+    }
     inner_->load_state(mine, opt_steps, balancing_steps);
   }
 
@@ -207,6 +250,7 @@ class DpStep final : public DataParallelStep {
 
   void reduce_grads() {
     if (reduced_) return;
+    const double t0 = now_ms();
     const FlatBuffer g = inner_->grads();
     float* work = g.data;
     if (mirror_) {
@@ -231,9 +275,11 @@ class DpStep final : public DataParallelStep {
         copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset, size_t(p.len) * sizeof(float));
     }
     reduced_ = true;
+    times_.reduce_scatter = now_ms() - t0;
   }
 
   void gather_weights() {
+    const double t0 = now_ms();
     const FlatBuffer m = inner_->masters();
     float* work = m.data;
     if (mirror_) {
@@ -256,6 +302,7 @@ class DpStep final : public DataParallelStep {
     }
     if (mirror_) copy_step_bytes(m.data, host_m_, size_t(m.numel) * sizeof(float));
     inner_->weights_changed();
+    times_.all_gather = now_ms() - t0;
   }
 
   std::unique_ptr<TrainStep> inner_;
@@ -264,13 +311,13 @@ class DpStep final : public DataParallelStep {
   Communicator& comm_;
   Communicator& host_;
   int rank_ = 0;
-  bool state_sharded_ = false;
   std::vector<std::vector<SegmentPiece>> pieces_;
   ParamMask mask_;
   int64_t flat_floats_ = 0;
   bool device_work_ = false, mirror_ = false, reduced_ = false;
   float *packed_ = nullptr, *seg_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;
   int64_t reduce_scatters_ = 0;
+  DataParallelTimes times_;
 };
 
 }  // namespace
@@ -287,12 +334,18 @@ std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
              comm.backend(), comm.rank(), comm.size(), host.rank(), host.size());
   ZAYA_CHECK(!host.buffer_on_device(), "data parallel: the host communicator must be MPI");
   std::vector<Zero1Item> items = zero1_items(model, optim);
-  Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems);
+  // Dim-0 slices where the inner step can keep them (the CPU step; the CUDA one owns whole
+  // tensors).
+  Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems, options.device == "cpu");
   options.owned_state = plan.mask(comm.rank());
-  const bool sharded = options.device == "cpu";
+  options.owned_slices.assign(items.size(), {0, -1});
+  for (size_t i = 0; i < items.size(); i++)
+    if (plan.owner[i] == Zero1Plan::kSplit) {
+      const Dim0Slice e = plan.slices[i][size_t(comm.rank())];
+      if (e.count > 0) options.owned_slices[i] = {e.first, e.count};
+    }
   auto inner = make_train_step(model, optim, balancing, options);
-  return std::make_unique<DpStep>(std::move(inner), std::move(items), std::move(plan), comm, host,
-                                  sharded);
+  return std::make_unique<DpStep>(std::move(inner), std::move(items), std::move(plan), comm, host);
 }
 
 }  // namespace zaya

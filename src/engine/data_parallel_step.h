@@ -6,9 +6,11 @@
 //      each rank holds the fully reduced gradients of the tensors it owns;
 //   2. grad_sq_norm returns the global Σg² (each rank's owned part, all-reduced), so clipping and
 //      the NaN/Inf decision are the same on every rank;
-//   3. optimizer_step updates the owned tensors only (the CPU step keeps optimizer state only for
+//   3. optimizer_step updates the owned tensors only (the inner step keeps optimizer state only for
 //      them) and all-gathers the updated masters, then weights_changed() refreshes device copies.
-// Ownership is by whole tensor (dist/zero1.h): each Muon matrix is orthogonalised exactly once per
+// Ownership is by whole matrix (dist/zero1.h): on the CPU a 3-D Muon expert tensor (and a big
+// AdamW tensor) may be split into dim-0 slices between ranks (the CPU step keeps and updates
+// just its slice); on the GPU tensors stay whole. Each Muon matrix is orthogonalised exactly once per
 // step, by its owner, from its fully reduced gradient. The loss scale of forward_backward must
 // already include 1/ranks (the caller averages over the global batch); the gradients are summed.
 // The routed counts given to update_balancing must be summed over ranks by the caller.
@@ -19,7 +21,8 @@
 // state() is collective: rank 0 receives every owner's optimizer state (whole tensors, for the
 // single-writer checkpoint); the other ranks get an empty list. load_state keeps each rank's own.
 // Deliberately not here: overlap of the reduce-scatter with the backward (buckets are reduced
-// after it), splitting a 3-D expert tensor between owners, and element-sharded AdamW tensors.
+// after it), slices on the GPU (CudaOptimizer keeps whole tensors), and element-sharded
+// AdamW tensors.
 #pragma once
 #include <memory>
 #include <string>
@@ -35,6 +38,15 @@ struct DataParallelMemory {
   int64_t masters = 0, grads = 0, optimizer_state = 0, comm_buffers = 0, staging = 0;
 };
 
+// Wall-clock milliseconds of the last step's data-parallel stages on this rank (each ends
+// synchronised): the gradient reduce-scatter (packing, the collectives, unpacking, and the host
+// staging copies when there are any), the inner optimizer update of the owned tensors, and the
+// weight all-gather (packing, the collectives, unpacking; weights_changed() is issued, not waited for: on the GPU its
+// refresh of the bf16 copies lands in the next forward's time).
+struct DataParallelTimes {
+  double reduce_scatter = 0, update = 0, all_gather = 0;
+};
+
 class DataParallelStep : public TrainStep {
  public:
   virtual const Zero1Plan& plan() const = 0;
@@ -42,6 +54,7 @@ class DataParallelStep : public TrainStep {
   virtual DataParallelMemory memory() const = 0;
   // Collective reductions the step performed (reduce-scatter buckets, all-gather buckets).
   virtual int64_t reduce_scatters() const = 0;
+  virtual const DataParallelTimes& last_times() const = 0;
 };
 
 // `comm` carries the gradients and weights (MPI: host buffers; NCCL: the rank's GPU); `host`

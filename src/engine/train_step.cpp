@@ -68,7 +68,7 @@ std::unique_ptr<TrainStep> make_train_step(ZayaModel& model, const OptimizerSett
                                            const TrainStepOptions& options) {
   check_train_device(options);
   if (options.device == "cuda") return make_cuda_step(model, optim, balancing, options);
-  return make_cpu_step(model, optim, balancing, options.owned_state);
+  return make_cpu_step(model, optim, balancing, options.owned_state, options.owned_slices);
 }
 
 }  // namespace zaya

@@ -73,10 +73,15 @@ struct TrainStepOptions {
   int64_t max_seq = 0;         // longest sequence (CUDA)
   bool recompute = false;      // activation recomputation in backward (CUDA)
   bool ns_bf16 = true;         // Muon's Newton–Schulz GEMMs in bf16, else fp32 (CUDA)
-  // ZeRO-1: the parameters whose optimizer state this step keeps (empty: all). The CPU step
-  // allocates moments and momentum only for these, and its optimizer_step updates exactly them;
-  // the CUDA step keeps state for all and updates the ones in optimizer_step's mask.
+  // ZeRO-1: the parameters whose optimizer state this step keeps (empty: all). Both steps
+  // allocate moments and momentum only for these (the CUDA one also sizes its Muon scratch by
+  // them), and optimizer_step may update only them; state() and load_state() cover just them.
   ParamMask owned_state;
+  // With owned_state, per parameter: the dim-0 slice [first, first + count) (experts of a 3-D
+  // tensor, rows of a 2-D one) that the step keeps and updates, its state then being of shape
+  // [count, ...] under the tensor's name (count < 0, or an empty list: the whole tensor). The
+  // CPU step only; the CUDA step refuses a partial tensor.
+  std::vector<std::pair<int64_t, int64_t>> owned_slices;
 };
 
 class TrainStep {

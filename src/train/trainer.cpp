@@ -136,6 +136,16 @@ void injected_failure(const Job& job, int64_t step) {
     fail("injected failure (ZAYA_TEST_FAIL_AT={}) at step {}", v, step);
 }
 
+// Fault injection for the mixed-GPU-count check (tests/cli/train_dp_mpi.sh): ZAYA_TEST_GPUS =
+// "RANK:COUNT" makes that rank see COUNT GPUs instead of `actual`.
+int test_visible_gpus(const Job& job, int actual) {
+  const char* v = std::getenv("ZAYA_TEST_GPUS");
+  if (!v || !*v) return actual;
+  int r = -1, n = -1;
+  if (std::sscanf(v, "%d:%d", &r, &n) == 2 && r == job.rank) return n;
+  return actual;
+}
+
 std::string fmt_mib(double bytes) {
   return fmt::format("{:.2f} MiB", bytes / double(1 << 20));
 }
@@ -170,9 +180,20 @@ TrainResult train(const TrainOptions& opts) {
   so.max_seq = max_seq_len(rc) + 1;  // evaluation scores S+1 tokens per row
   so.max_tokens = rc.train.micro_batch * so.max_seq;
   job.agree("the start-up checks", [&] {
-    par = rc.resolve_parallel(job.world);
     // GPU = local rank; over MPI several ranks may share a GPU (local rank modulo the devices).
-    const int gpus = so.device == "cuda" ? visible_cuda_devices() : 0;
+    const int gpus = so.device == "cuda" ? test_visible_gpus(job, visible_cuda_devices()) : 0;
+    if (job.parallel() && so.device == "cuda") {  // collective: before anything that may throw
+      const auto all = job.host->host_all_gather(fmt::format("{} {}", gpus, local_host_name()));
+      std::vector<std::string> hosts;
+      std::vector<int> counts;
+      for (const std::string& x : all) {
+        const size_t sp = x.find(' ');
+        counts.push_back(std::stoi(x.substr(0, sp)));
+        hosts.push_back(x.substr(sp + 1));
+      }
+      check_gpus_per_node(hosts, counts);
+    }
+    par = rc.resolve_parallel(job.world);
     if (job.parallel() && par.backend == "mpi" && gpus > 0) so.device_index %= gpus;
     if (job.parallel() && so.device == "cuda")
       ZAYA_CHECK(so.device_index < gpus,

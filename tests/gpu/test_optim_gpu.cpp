@@ -5,6 +5,8 @@
 // norm, the bf16 copies, and a state export/import that continues bit-exactly.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include <cmath>
 #include <cstring>
 
@@ -206,6 +208,50 @@ TEST(OptimizerCuda, StateRoundTripContinuesBitExactly) {
   st.pop_back();
   EXPECT_THROW(ob.load_state(st, 3), Error);
   EXPECT_EQ(ob.steps(), 3);
+}
+
+// ZeRO-1 on the GPU: an optimizer given an owned subset keeps state for just that subset (less
+// memory, only those names in its state) and updates those parameters bit for bit as the
+// optimizer that keeps everything does under the same mask.
+TEST(OptimizerCuda, OwnedStateKeepsOnlyTheOwnedSubset) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  Fixture a(5), b(5);
+  GemmContext gemm;
+  std::vector<bool> owned(a.dev.size());
+  for (size_t i = 0; i < owned.size(); i++) owned[i] = i % 2 == 0;
+  CudaOptimizer full(a.dev, settings(), gemm, a.st);
+  CudaOptimizerOptions oo;
+  oo.owned_state = owned;
+  CudaOptimizer part(b.dev, settings(), gemm, b.st, oo);
+  EXPECT_LT(part.state_bytes(), full.state_bytes());
+  Rng r1(31), r2(31);
+  for (int s = 0; s < 3; s++) {
+    a.new_grads(r1);
+    b.new_grads(r2);
+    full.step(2e-3, 1.0f, owned);
+    part.step(2e-3, 1.0f, owned);
+  }
+  for (size_t i = 0; i < a.dev.size(); i++) {
+    const auto ma = a.master(i), mb = b.master(i);
+    EXPECT_EQ(0, std::memcmp(ma.data(), mb.data(), ma.size() * 4)) << a.dev[i].name;
+  }
+  std::set<std::string> names;
+  for (auto& [n, t] : part.state_tensors()) names.insert(n);
+  std::set<std::string> want;
+  for (size_t i = 0; i < a.dev.size(); i++)
+    if (owned[i])
+      for (const char* pre : {"optim.adamw.exp_avg.", "optim.adamw.exp_avg_sq.",
+                              "optim.muon.momentum."})
+        want.insert(pre + a.dev[i].name);
+  size_t kept = 0;
+  for (auto& [n, t] : full.state_tensors()) {
+    EXPECT_EQ(names.count(n) == 1, want.count(n) == 1) << n;
+    kept += want.count(n);
+  }
+  EXPECT_EQ(kept, names.size());
+  EXPECT_GT(kept, 0u);
+  // Updating a parameter whose state it does not keep is refused.
+  EXPECT_THROW(part.step(2e-3), Error);
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ struct CudaOptimizer::Impl {
     float* exp_avg_sq = nullptr;
     float* momentum = nullptr;  // Muon
     int64_t mats = 1, rows = 0, cols = 0;
+    bool has_state = true;  // options.owned_state (ZeRO-1): this rank keeps and updates it
   };
 
   OptimizerSettings settings;
@@ -177,6 +178,10 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
   I.st = stream;
   I.params = &params;
   const auto rules = I.settings.effective_rules();
+  const std::vector<bool>& keep = options.owned_state;
+  ZAYA_CHECK(keep.empty() || keep.size() == params.size(),
+             "optimizer: the owned-state mask has {} entries for {} parameters", keep.size(),
+             params.size());
   std::set<std::string> seen;
   size_t state_floats = 0, max_muon = 0, max_x = 0, max_gram = 0, max_ws = 0, max_mats = 1;
   for (auto& p : params) {
@@ -191,6 +196,7 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
     Impl::Entry e;
     e.p = &p;
     e.a = assign_param(p.name, p.shape, rules, I.settings.weight_decay);
+    e.has_state = keep.empty() || keep[size_t(&p - params.data())];
     if (e.a.optimizer == OptimizerKind::Muon) {
       const size_t dim = p.shape.size();
       ZAYA_CHECK(dim == 2 || dim == 3,
@@ -201,6 +207,10 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
       e.mats = dim == 3 ? p.shape[0] : 1;
       e.rows = p.shape[dim - 2];
       e.cols = p.shape[dim - 1];
+      if (!e.has_state) {  // another rank's: no momentum, no scratch sized for it
+        I.entries.push_back(e);
+        continue;
+      }
       const int64_t m = std::min(e.rows, e.cols);
       state_floats += round_up(size_t(p.numel), kAlignFloats);
       max_muon = std::max(max_muon, size_t(p.numel));
@@ -208,7 +218,7 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
       max_gram = std::max(max_gram, size_t(m * m));
       max_mats = std::max(max_mats, size_t(e.mats));
       max_ws = std::max(max_ws, sumsq_workspace_bytes(e.rows * e.cols));
-    } else if (e.a.optimizer == OptimizerKind::AdamW) {
+    } else if (e.a.optimizer == OptimizerKind::AdamW && e.has_state) {
       state_floats += 2 * round_up(size_t(p.numel), kAlignFloats);
     }
     I.entries.push_back(e);
@@ -223,6 +233,7 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
     return r;
   };
   for (auto& e : I.entries) {
+    if (!e.has_state) continue;
     if (e.a.optimizer == OptimizerKind::Muon) {
       e.momentum = carve(e.p->numel);
     } else if (e.a.optimizer == OptimizerKind::AdamW) {
@@ -280,7 +291,11 @@ void CudaOptimizer::step(double lr, float grad_scale, const std::vector<bool>& o
              "optimizer: the ownership mask has {} entries for {} parameters", owned.size(),
              I.params->size());
   auto mine = [&](const Impl::Entry& e) {
-    return owned.empty() || owned[size_t(e.p - I.params->data())];
+    const bool m = owned.empty() || owned[size_t(e.p - I.params->data())];
+    ZAYA_CHECK(!m || e.has_state || e.a.optimizer == OptimizerKind::None,
+               "optimizer: asked to update '{}', whose state this optimizer does not keep",
+               e.p->name);
+    return m;
   };
   const int64_t t = I.steps + 1;
   const auto& as = I.settings.adamw;

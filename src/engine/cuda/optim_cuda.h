@@ -17,7 +17,8 @@
 //
 // Deliberately not here: gradient accumulation and the forward/backward (CudaModel), the
 // learning-rate schedule (the caller passes lr), the balancing-bias update (optim/balancing.h, on
-// the host), ZeRO sharding and gradient all-reduce (dist/). Gradient clipping is folded into
+// the host), the ZeRO-1 collectives and ownership plan (dist/, engine/data_parallel_step.h; this
+// class only keeps the state of the owned subset it is given). Gradient clipping is folded into
 // step(): the caller computes the global norm with grad_sq_norm() and passes the clip factor as
 // grad_scale, which every kernel applies as it reads a gradient (no extra pass over the grads).
 #pragma once
@@ -40,6 +41,10 @@ struct CudaOptimizerOptions {
   // in practice and about 15× faster than fp32 on Hopper) or fp32 (no TF32; matches the CPU
   // reference to fp32 rounding, for tests).
   bool ns_bf16 = true;
+  // ZeRO-1: the parameters (indices into `params`) whose moments or momentum this optimizer keeps
+  // and may update; empty means all. The others get no state and no Muon scratch, so a rank's
+  // optimizer memory follows what it owns; step() with a mask outside this set is an error.
+  std::vector<bool> owned_state;
 };
 
 // Milliseconds spent in the last step(), by part (measured with CUDA events on the stream).
@@ -83,7 +88,8 @@ class CudaOptimizer {
   const OptimizerStepTimes& last_times() const;
   size_t state_bytes() const;  // device bytes of optimizer state and scratch
 
-  // Host copies of the state (fp32 tensors), in the CPU Optimizer's order and names.
+  // Host copies of the state (fp32 tensors), in the CPU Optimizer's order and names (only the
+  // parameters in options.owned_state when it is set; load_state expects exactly those).
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
   // Uploads a saved state (every expected tensor present with its shape; unknown names are errors;
   // validated before anything is copied) and sets the step count.

@@ -127,6 +127,36 @@ void add_embedding(Cases& cs, uint64_t seed, int64_t N, int64_t V, int64_t D, DT
   c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
     cpu::embedding_backward(g[0].data(), dy[0].data(), ids.data(), N, D, V);
   };
+#if ZAYA_OP_TESTS_CUDA
+  if (dt == DType::BF16) {
+    // The CUDA embedding is fused with the input affine (embed_affine_fwd/bwd): with s = 1 and
+    // b = 0 it is the plain lookup (exact products), and its dtable is embedding_backward's.
+    CudaVariant v;
+    v.out_bf16 = {false};
+    v.fwd = [=](const Bufs& in) {
+      test_util::DeviceArena dv;
+      float* h = dv.alloc<float>(sz(N * D));
+      int32_t* flag = dv.up(std::vector<int32_t>{0});
+      cuda::embed_affine_fwd(h, dv.up(ids), dv.up_bf16(in[0]), dv.up(Buf(sz(D), 1.0f)),
+                             dv.up(Buf(sz(D), 0.0f)), flag, N, D, V, nullptr);
+      sync();
+      EXPECT_EQ(test_util::download(flag, 1)[0], 0) << "no id is out of range";
+      return Bufs{get(h, N * D)};
+    };
+    v.bwd_repeatable = true;  // tokens sorted by id, each row summed in token order
+    v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+      test_util::DeviceArena dv;
+      cuda::Workspace ws = workspace(dv, cuda::embed_affine_bwd_workspace_bytes(N, D, V));
+      float* dtable = dv.up(g[0]);
+      cuda::embed_affine_bwd(dtable, dv.alloc<float>(sz(D)), dv.alloc<float>(sz(D)),
+                             dv.up(dy[0]), dv.up(ids), dv.up_bf16(in[0]), dv.up(Buf(sz(D), 1.0f)),
+                             dv.up(Buf(sz(D), 0.0f)), N, D, V, ws, nullptr);
+      sync();
+      g[0] = get(dtable, V * D);
+    };
+    c.cuda.push_back(v);
+  }
+#endif
   cs.push_back(c);
 }
 
@@ -159,6 +189,51 @@ void add_rmsnorm(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
     cpu::rmsnorm_backward(g[0].data(), g[1].data(), dy[0].data(), in[0].data(), in[1].data(),
                           rstd.data(), N, D);
   };
+#if ZAYA_OP_TESTS_CUDA
+  // Two variants, as the model calls them: y bf16 (a GEMM operand) with the backward from a bf16
+  // dy writing dx (=); y fp32 (the router's norm) with the fp32-dy backward accumulating into dx
+  // (+=). Each backward runs on its forward's own rstd; dw (+=) sums are deterministic.
+  for (bool f32 : {false, true}) {
+    CudaVariant v;
+    v.name = f32 ? "f32" : "bf16";
+    v.out_bf16 = {!f32, false};
+    v.fwd = [=](const Bufs& in) {
+      test_util::DeviceArena dv;
+      float* rstd = dv.alloc<float>(sz(N));
+      Buf y;
+      if (f32) {  // y from a call that does not save rstd (rstd null), rstd from a second one
+        float *yd = dv.alloc<float>(sz(N * D)), *x = dv.up(in[0]), *w = dv.up(in[1]);
+        cuda::rmsnorm_fwd_f32(yd, nullptr, x, w, eps, N, D, nullptr);
+        cuda::rmsnorm_fwd_f32(dv.alloc<float>(sz(N * D)), rstd, x, w, eps, N, D, nullptr);
+        sync();
+        y = get(yd, N * D);
+      } else {
+        bf16* yd = dv.alloc<bf16>(sz(N * D));
+        cuda::rmsnorm_fwd(yd, rstd, dv.up(in[0]), dv.up(in[1]), eps, N, D, nullptr);
+        sync();
+        y = get(yd, N * D);
+      }
+      return Bufs{y, get(rstd, N)};
+    };
+    v.grads = {f32 ? Grad::Accumulate : Grad::Overwrite, Grad::Accumulate};
+    v.bwd_repeatable = true;
+    v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+      test_util::DeviceArena dv;
+      cuda::Workspace ws = workspace(dv, cuda::rmsnorm_bwd_workspace_bytes(N, D));
+      float *x = dv.up(in[0]), *w = dv.up(in[1]), *rstd = dv.alloc<float>(sz(N));
+      float *dx = dv.up(g[0]), *dw = dv.up(g[1]);
+      cuda::rmsnorm_fwd_f32(dv.alloc<float>(sz(N * D)), rstd, x, w, eps, N, D, nullptr);
+      if (f32)
+        cuda::rmsnorm_bwd_f32(dx, dw, dv.up(dy[0]), x, w, rstd, true, N, D, ws, nullptr);
+      else
+        cuda::rmsnorm_bwd(dx, dw, dv.up_bf16(dy[0]), x, w, rstd, false, N, D, ws, nullptr);
+      sync();
+      g[0] = get(dx, N * D);
+      g[1] = get(dw, D);
+    };
+    c.cuda.push_back(v);
+  }
+#endif
   cs.push_back(c);
 }
 
@@ -166,7 +241,8 @@ void add_residual_scale(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
   Rng r(seed);
   OpCase c;
   c.name = fmt::format("residual_scale_N{}_D{}", N, D);
-  c.in = {{"a", randn(r, N * D), Grad::Overwrite}, {"h", randn(r, N * D), Grad::Overwrite},
+  // a on the bf16 grid: the CUDA kernels read the block output a in bf16.
+  c.in = {{"a", randn_bf16(r, N * D), Grad::Overwrite}, {"h", randn(r, N * D), Grad::Overwrite},
           {"hs", randn(r, D), Grad::Accumulate},   {"hb", randn(r, D), Grad::Accumulate},
           {"rs", randn(r, D), Grad::Accumulate},   {"rb", randn(r, D), Grad::Accumulate}};
   c.out = {{"out"}};
@@ -190,6 +266,36 @@ void add_residual_scale(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
                                  g[5].data(), dy[0].data(), in[0].data(), in[1].data(),
                                  in[2].data(), in[3].data(), in[4].data(), in[5].data(), N, D);
   };
+#if ZAYA_OP_TESTS_CUDA
+  // Forward: the fused residual + norm kernel without its norm (y null); backward: da bf16 (=),
+  // dh fp32 (=), the four parameter sums (+=, deterministic).
+  CudaVariant v;
+  v.out_bf16 = {false};
+  v.fwd = [=](const Bufs& in) {
+    test_util::DeviceArena dv;
+    float* out = dv.alloc<float>(sz(N * D));
+    cuda::residual_scale_rmsnorm_fwd(out, nullptr, nullptr, dv.up_bf16(in[0]), dv.up(in[1]),
+                                     dv.up(in[2]), dv.up(in[3]), dv.up(in[4]), dv.up(in[5]),
+                                     nullptr, 1e-5f, N, D, nullptr);
+    sync();
+    return Bufs{get(out, N * D)};
+  };
+  v.grad_bf16 = {true, false, false, false, false, false};
+  v.bwd_repeatable = true;
+  v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    test_util::DeviceArena dv;
+    cuda::Workspace ws = workspace(dv, cuda::residual_scale_bwd_workspace_bytes(N, D));
+    bf16* da = dv.alloc<bf16>(sz(N * D));
+    float* dh = dv.alloc<float>(sz(N * D));
+    float *dhs = dv.up(g[2]), *dhb = dv.up(g[3]), *drs = dv.up(g[4]), *drb = dv.up(g[5]);
+    cuda::residual_scale_bwd(da, dh, dhs, dhb, drs, drb, dv.up(dy[0]), dv.up_bf16(in[0]),
+                             dv.up(in[1]), dv.up(in[2]), dv.up(in[3]), dv.up(in[4]), dv.up(in[5]),
+                             N, D, ws, nullptr);
+    sync();
+    g = {get(da, N * D), get(dh, N * D), get(dhs, D), get(dhb, D), get(drs, D), get(drb, D)};
+  };
+  c.cuda.push_back(v);
+#endif
   cs.push_back(c);
 }
 
@@ -197,7 +303,7 @@ void add_affine(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
   Rng r(seed);
   OpCase c;
   c.name = fmt::format("affine_N{}_D{}", N, D);
-  c.in = {{"x", randn(r, N * D)}, {"s", randn(r, D)}, {"b", randn(r, D)}};
+  c.in = {{"x", randn_bf16(r, N * D)}, {"s", randn(r, D)}, {"b", randn(r, D)}};  // x: CUDA reads bf16
   c.out = {{"y"}};
   c.op = [=](const Bufs& in) {
     Buf y(sz(N * D), kNaN);
@@ -210,6 +316,24 @@ void add_affine(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
       for (int64_t i = 0; i < D; i++) y[n * D + i] = (in[0][n * D + i] + in[2][i]) * in[1][i];
     return DBufs{y};
   };
+#if ZAYA_OP_TESTS_CUDA
+  // The CUDA affine is fused with the embedding lookup (embed_affine_fwd): x as an N-row bf16
+  // table looked up by the ids 0..N-1 is the affine of x.
+  CudaVariant v;
+  v.out_bf16 = {false};
+  v.fwd = [=](const Bufs& in) {
+    test_util::DeviceArena dv;
+    std::vector<int32_t> ids(sz(N));
+    for (int64_t n = 0; n < N; n++) ids[sz(n)] = int32_t(n);
+    float* y = dv.alloc<float>(sz(N * D));
+    int32_t* flag = dv.up(std::vector<int32_t>{0});
+    cuda::embed_affine_fwd(y, dv.up(ids), dv.up_bf16(in[0]), dv.up(in[1]), dv.up(in[2]), flag, N,
+                           D, N, nullptr);
+    sync();
+    return Bufs{get(y, N * D)};
+  };
+  c.cuda.push_back(v);
+#endif
   cs.push_back(c);
 }
 
@@ -233,6 +357,87 @@ void add_gelu(Cases& cs, uint64_t seed, int64_t n) {
   c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
     cpu::gelu_backward(g[0].data(), dy[0].data(), in[0].data(), n);
   };
+#if ZAYA_OP_TESTS_CUDA
+  // bias_gelu without a bias, over n values as one row.
+  CudaVariant v;
+  v.out_bf16 = {false};
+  v.fwd = [=](const Bufs& in) {
+    test_util::DeviceArena dv;
+    float* y = dv.alloc<float>(sz(n));
+    cuda::bias_gelu_fwd(y, dv.up(in[0]), nullptr, 1, n, nullptr);
+    sync();
+    return Bufs{get(y, n)};
+  };
+  v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    test_util::DeviceArena dv;
+    cuda::Workspace ws = workspace(dv, cuda::bias_gelu_bwd_workspace_bytes(1, n));
+    float* dx = dv.alloc<float>(sz(n));
+    cuda::bias_gelu_bwd(dx, nullptr, dv.up(dy[0]), dv.up(in[0]), nullptr, 1, n, ws, nullptr);
+    sync();
+    g[0] = get(dx, n);
+  };
+  c.cuda.push_back(v);
+#endif
+  cs.push_back(c);
+}
+
+// GELU of x + b with a bias per column (the contract of cuda::bias_gelu_fwd/bwd): the CPU op is
+// cpu::gelu on x + b, its backward cpu::gelu_backward and db += Σ_n dx.
+void add_bias_gelu(Cases& cs, uint64_t seed, int64_t N, int64_t F, bool bias) {
+  Rng r(seed);
+  OpCase c;
+  c.name = fmt::format("bias_gelu_N{}_F{}{}", N, F, bias ? "_bias" : "");
+  c.in = {{"x", randn(r, N * F, 1.5f), Grad::Overwrite},
+          {"b", bias ? randn(r, F, 0.5f) : Buf{}, bias ? Grad::Accumulate : Grad::None}};
+  c.out = {{"y"}};
+  auto shifted = [=](const Bufs& in) {
+    Buf xb = in[0];
+    if (bias)
+      for (int64_t i = 0; i < N * F; i++) xb[sz(i)] += in[1][sz(i % F)];
+    return xb;
+  };
+  c.op = [=](const Bufs& in) {
+    Buf y(sz(N * F), kNaN);
+    cpu::gelu(y.data(), shifted(in).data(), N * F);
+    return Bufs{y};
+  };
+  c.ref = [=](const DBufs& in) {
+    DBuf y(sz(N * F));
+    for (int64_t i = 0; i < N * F; i++) {
+      const double x = in[0][sz(i)] + (bias ? in[1][sz(i % F)] : 0.0);
+      y[sz(i)] = 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    }
+    return DBufs{y};
+  };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    cpu::gelu_backward(g[0].data(), dy[0].data(), shifted(in).data(), N * F);
+    if (bias)
+      for (int64_t i = 0; i < N * F; i++) g[1][sz(i % F)] += g[0][sz(i)];
+  };
+#if ZAYA_OP_TESTS_CUDA
+  CudaVariant v;
+  v.out_bf16 = {false};
+  v.fwd = [=](const Bufs& in) {
+    test_util::DeviceArena dv;
+    float* y = dv.alloc<float>(sz(N * F));
+    cuda::bias_gelu_fwd(y, dv.up(in[0]), bias ? dv.up(in[1]) : nullptr, N, F, nullptr);
+    sync();
+    return Bufs{get(y, N * F)};
+  };
+  v.bwd_repeatable = true;  // db: a deterministic column reduction
+  v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    test_util::DeviceArena dv;
+    cuda::Workspace ws = workspace(dv, cuda::bias_gelu_bwd_workspace_bytes(N, F));
+    float* dx = dv.alloc<float>(sz(N * F));
+    float* db = bias ? dv.up(g[1]) : nullptr;
+    cuda::bias_gelu_bwd(dx, db, dv.up(dy[0]), dv.up(in[0]), bias ? dv.up(in[1]) : nullptr, N, F,
+                        ws, nullptr);
+    sync();
+    g[0] = get(dx, N * F);
+    if (bias) g[1] = get(db, F);
+  };
+  c.cuda.push_back(v);
+#endif
   cs.push_back(c);
 }
 
@@ -282,7 +487,10 @@ void add_swiglu(Cases& cs, uint64_t seed, int64_t N, int64_t I) {
   cs.push_back(c);
 }
 
-void add_cross_entropy(Cases& cs, uint64_t seed, int64_t N, int64_t V) {
+// chunkings: the vocabulary splits [v0, v1, ..., V] that the CUDA variants fold chunk by chunk
+// (one variant per splitting; none: the CPU op only).
+void add_cross_entropy(Cases& cs, uint64_t seed, int64_t N, int64_t V,
+                       const std::vector<std::vector<int64_t>>& chunkings = {}) {
   Rng r(seed);
   OpCase c;
   c.name = fmt::format("cross_entropy_N{}_V{}", N, V);
@@ -290,6 +498,15 @@ void add_cross_entropy(Cases& cs, uint64_t seed, int64_t N, int64_t V) {
   for (int64_t n = 0; n < N; n++) tgt[n] = n % 3 == 1 ? -100 : int32_t(randint(r, V));
   tgt[sz(N - 1)] = -1;  // both -1 and -100 style ignore indices
   c.in = {{"logits", randn(r, N * V, 3.0f), Grad::Overwrite}};
+  // Counted targets whose row loss (lse − target logit) is below 0.5 are redrawn: a mean of such
+  // losses is a small difference of large fp32 values, which no fp32 kernel gives to 1e-5.
+  for (int64_t n = 0; n < N; n++) {
+    const float* l = c.in[0].data.data() + n * V;
+    double mx = l[0], z = 0;
+    for (int64_t v = 1; v < V; v++) mx = std::max(mx, double(l[v]));
+    for (int64_t v = 0; v < V; v++) z += std::exp(double(l[v]) - mx);
+    while (tgt[n] >= 0 && mx + std::log(z) - l[tgt[n]] < 0.5) tgt[n] = int32_t(randint(r, V));
+  }
   c.out = {{"loss"}};
   c.op = [=](const Bufs& in) {
     return Bufs{{float(cpu::cross_entropy(nullptr, in[0].data(), tgt.data(), N, V))}};
@@ -304,13 +521,82 @@ void add_cross_entropy(Cases& cs, uint64_t seed, int64_t N, int64_t V) {
       sum += std::log(z) - in[0][n * V + tgt[n]];
       count++;
     }
-    return DBufs{{sum / count}};
+    return DBufs{{count ? sum / count : 0.0}};  // every target ignored: 0 (the op's contract)
   };
   c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
     // dlogits is d(mean loss)/dlogits; L = w·loss scales it by w.
     cpu::cross_entropy(g[0].data(), in[0].data(), tgt.data(), N, V);
     for (float& x : g[0]) x *= dy[0][0];
   };
+#if ZAYA_OP_TESTS_CUDA
+  // The chunked CUDA kernels composed into the op's contract: ce_init, ce_chunk_stats per chunk
+  // (each chunk's logits a separate [N, Vc] buffer, as the LM-head GEMM produces them),
+  // ce_finalize and sum_loss give the mean (0 without counted targets); backward, ce_chunk_grad
+  // per chunk with scale = dL/dloss / count writes dlogits in bf16.
+  int64_t count = 0;
+  for (int32_t t : tgt) count += t >= 0;
+  for (const std::vector<int64_t>& edges : chunkings) {
+    auto chunk = [=](const Buf& l, size_t k) {
+      const int64_t v0 = edges[k], Vc = edges[k + 1] - v0;
+      Buf out(sz(N * Vc));
+      for (int64_t n = 0; n < N; n++)
+        std::copy_n(l.data() + n * V + v0, Vc, out.data() + n * Vc);
+      return out;
+    };
+    // Runs the statistics pass; returns the chunks' device logits and fills lse.
+    auto stats = [=](test_util::DeviceArena& dv, const Buf& l, const int32_t* t, float* loss,
+                     float* lse) {
+      float *mx = dv.alloc<float>(sz(N)), *se = dv.alloc<float>(sz(N)),
+            *tl = dv.alloc<float>(sz(N));
+      std::vector<float*> chunks;
+      cuda::ce_init(mx, se, tl, N, nullptr);
+      for (size_t k = 0; k + 1 < edges.size(); k++) {
+        chunks.push_back(dv.up(chunk(l, k)));
+        cuda::ce_chunk_stats(mx, se, tl, chunks.back(), t, edges[k], N, edges[k + 1] - edges[k],
+                             nullptr);
+      }
+      cuda::ce_finalize(loss, lse, mx, se, tl, t, N, nullptr);
+      return chunks;
+    };
+    CudaVariant v;
+    v.name = fmt::format("chunks{}", edges.size() - 1);
+    v.out_bf16 = {false};
+    v.fwd = [=](const Bufs& in) {
+      test_util::DeviceArena dv;
+      int32_t* t = dv.up(tgt);
+      float *loss = dv.alloc<float>(sz(N)), *lse = dv.alloc<float>(sz(N));
+      stats(dv, in[0], t, loss, lse);
+      cuda::Workspace ws = workspace(dv, size_t(1) << 20);
+      double* sum = dv.alloc<double>(1);
+      int32_t* cnt = dv.alloc<int32_t>(1);
+      cuda::sum_loss(sum, cnt, loss, t, N, ws, nullptr);
+      sync();
+      const int32_t got_count = test_util::download(cnt, 1)[0];
+      EXPECT_EQ(got_count, int32_t(count)) << "sum_loss count";
+      const double total = test_util::download(sum, 1)[0];
+      if (count == 0) EXPECT_EQ(total, 0.0) << "sum_loss without counted targets";
+      return Bufs{{float(got_count ? total / got_count : 0.0)}};
+    };
+    v.grad_bf16 = {true};
+    v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+      test_util::DeviceArena dv;
+      int32_t* t = dv.up(tgt);
+      float *loss = dv.alloc<float>(sz(N)), *lse = dv.alloc<float>(sz(N));
+      const std::vector<float*> chunks = stats(dv, in[0], t, loss, lse);
+      const float scale = count ? dy[0][0] / float(count) : 0.0f;
+      for (size_t k = 0; k + 1 < edges.size(); k++) {
+        const int64_t v0 = edges[k], Vc = edges[k + 1] - v0;
+        bf16* dl = dv.alloc<bf16>(sz(N * Vc));
+        cuda::ce_chunk_grad(dl, chunks[k], lse, t, scale, v0, N, Vc, nullptr);
+        sync();
+        const Buf got = get(dl, N * Vc);
+        for (int64_t n = 0; n < N; n++)
+          std::copy_n(got.data() + n * Vc, Vc, g[0].data() + n * V + v0);
+      }
+    };
+    c.cuda.push_back(v);
+  }
+#endif
   cs.push_back(c);
 }
 
@@ -342,9 +628,11 @@ void add_cca_mean_skip(Cases& cs, uint64_t seed, int64_t N, int64_t Hq, int64_t 
 
 // Independent CCA conv reference: builds the padded input explicitly (history or zeros), then the
 // depthwise conv over every padded window (so the intermediate at padded positions carries the
-// depthwise bias), then the grouped conv. Returns {y [B,S,C], mid [B,M,C]}.
+// depthwise bias), then the grouped conv. Returns {y [B,S,C], mid [B,M,C]}. With bf16_operands the
+// grouped conv reads mid and wg rounded to bf16 (the naive bf16 computation of the CUDA kernel's
+// tensor-core GEMM; mid is returned unrounded).
 DBufs ref_cca_conv(const DBufs& in, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
-                   int64_t t1) {
+                   int64_t t1, bool bf16_operands = false) {
   const DBuf &x = in[0], &wdw = in[1], &bdw = in[2], &wg = in[3], &bg = in[4], &hist = in[5];
   const int64_t P = (t0 - 1) + (t1 - 1), L = S + P, M = L - t0 + 1;
   DBuf pad(sz(B * L * C), 0.0), mid(sz(B * M * C)), y(sz(B * S * C));
@@ -360,6 +648,8 @@ DBufs ref_cca_conv(const DBufs& in, int64_t B, int64_t S, int64_t C, int64_t d, 
         for (int64_t j = 0; j < t0; j++) s += wdw[c * t0 + j] * pad[(b * L + i + j) * C + c];
         mid[(b * M + i) * C + c] = s;
       }
+  const DBuf midg = bf16_operands ? rounded_bf16(mid) : mid;
+  const DBuf wgg = bf16_operands ? rounded_bf16(wg) : wg;
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < S; t++)
       for (int64_t c = 0; c < C; c++) {
@@ -367,7 +657,7 @@ DBufs ref_cca_conv(const DBufs& in, int64_t B, int64_t S, int64_t C, int64_t d, 
         double s = bg[c];
         for (int64_t ci = 0; ci < d; ci++)
           for (int64_t j = 0; j < t1; j++)
-            s += wg[(c * d + ci) * t1 + j] * mid[(b * M + t + j) * C + g0 + ci];
+            s += wgg[(c * d + ci) * t1 + j] * midg[(b * M + t + j) * C + g0 + ci];
         y[(b * S + t) * C + c] = s;
       }
   return {y, mid};
@@ -383,7 +673,7 @@ void add_cca_conv(Cases& cs, uint64_t seed, int64_t B, int64_t S, int64_t C, int
   // Gradients only without history (backward is training-only).
   const Grad ow = with_hist ? Grad::None : Grad::Overwrite;
   const Grad ac = with_hist ? Grad::None : Grad::Accumulate;
-  c.in = {{"x", randn(r, B * S * C), ow},
+  c.in = {{"x", randn_bf16(r, B * S * C), ow},  // the CUDA kernel reads x from bf16 rows
           {"wdw", randn(r, C * t0, 0.7f), ac},
           {"bdw", randn(r, C, 0.5f), ac},
           {"wg", randn(r, C * d * t1, 1.0f / std::sqrt(float(d * t1))), ac},
@@ -406,6 +696,81 @@ void add_cca_conv(Cases& cs, uint64_t seed, int64_t B, int64_t S, int64_t C, int
                              dy[0].data(), in[0].data(), mid.data(), in[1].data(), in[3].data(), B,
                              S, C, d, t0, t1);
     };
+#if ZAYA_OP_TESTS_CUDA
+  if (d % 32 == 0) {  // the head dims cca_conv_fwd/bwd support
+    // The CUDA kernels read x as the first C channels of bf16 packed-projection rows (row stride
+    // ld, here with 8 spare channels) and run the grouped conv (forward, and its data gradient
+    // in backward) as tensor-core GEMMs on bf16-rounded operands with fp32 accumulation; the
+    // naive bf16 computation rounds those operands (mid, wg; dy is on the bf16 grid already), as
+    // tests/gpu/test_cuda_cca.cpp does for the CCA pipeline. The parameter gradients' fp32 term
+    // is 1e-3·max|ref| there and here (sums over all tokens). Backward: the kernel ADDS dx into
+    // dqkv's channels (bf16 read-add-write); here onto zeros, so the variant's dx is (=); the
+    // add onto the mean-skip gradient is tested with the pipeline (test_cuda_cca.cpp).
+    const int64_t ld = C + 8;
+    auto pack = [=](const Buf& x) {
+      Buf q(sz(B * S * ld), 0.0f);
+      for (int64_t n = 0; n < B * S; n++) std::copy_n(x.data() + n * C, C, q.data() + n * ld);
+      return q;
+    };
+    c.naive_bf16 = [=](const DBufs& in) { return ref_cca_conv(in, B, S, C, d, t0, t1, true); };
+    c.bf16_bwd_rel = 1e-3;
+    if (!with_hist)
+      c.naive_bf16_grads = [=](const Bufs& in, const Bufs& dy) {
+        auto rb = [](Buf v) {
+          for (float& x : v) x = round_bf16(x);
+          return v;
+        };
+        Buf y(sz(B * S * C)), mid(sz(B * M * C)), dx(sz(B * S * C));
+        Buf dwdw(sz(C * t0), 0.0f), dbdw(sz(C), 0.0f), dwg(sz(C * d * t1), 0.0f), dbg(sz(C), 0.0f);
+        cpu::cca_conv(y.data(), mid.data(), in[0].data(), nullptr, in[1].data(), in[2].data(),
+                      in[3].data(), in[4].data(), B, S, C, d, t0, t1);
+        cpu::cca_conv_backward(dx.data(), dwdw.data(), dbdw.data(), dwg.data(), dbg.data(),
+                               rb(dy[0]).data(), in[0].data(), rb(mid).data(), in[1].data(),
+                               rb(in[3]).data(), B, S, C, d, t0, t1);
+        return widen({rb(dx), dwdw, dbdw, dwg, dbg, Buf{}});
+      };
+    CudaVariant v;
+    v.out_bf16 = {true, false};  // y from bf16 operands; mid (the depthwise output) fp32
+    v.fwd = [=](const Bufs& in) {
+      test_util::DeviceArena dv;
+      float *y = dv.alloc<float>(sz(B * S * C)), *mid = dv.alloc<float>(sz(B * M * C));
+      cuda::cca_conv_fwd(y, mid, dv.up_bf16(pack(in[0])), ld, with_hist ? dv.up(in[5]) : nullptr,
+                         false, dv.up(in[1]), dv.up(in[2]), dv.up(in[3]), dv.up(in[4]), B, S, C,
+                         d, t0, t1, nullptr);
+      sync();
+      return Bufs{get(y, B * S * C), get(mid, B * M * C)};
+    };
+    if (!with_hist) {
+      v.grads = {Grad::Overwrite, Grad::Accumulate, Grad::Accumulate, Grad::Accumulate,
+                 Grad::Accumulate, Grad::None};
+      v.grad_bf16 = {true, true, true, true, true, false};
+      v.bwd_repeatable = true;  // deterministic parameter-gradient reductions
+      v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+        test_util::DeviceArena dv;
+        cuda::Workspace ws =
+            workspace(dv, cuda::cca_conv_bwd_workspace_bytes(B, S, C, d, t0, t1));
+        bf16* qkv = dv.up_bf16(pack(in[0]));
+        float *wdw = dv.up(in[1]), *bdw = dv.up(in[2]), *wg = dv.up(in[3]), *bg = dv.up(in[4]);
+        float* mid = dv.alloc<float>(sz(B * M * C));
+        cuda::cca_conv_fwd(dv.alloc<float>(sz(B * S * C)), mid, qkv, ld, nullptr, false, wdw, bdw,
+                           wg, bg, B, S, C, d, t0, t1, nullptr);
+        bf16* dqkv = dv.up_bf16(Buf(sz(B * S * ld), 0.0f));
+        float *dwdw = dv.up(g[1]), *dbdw = dv.up(g[2]), *dwg = dv.up(g[3]), *dbg = dv.up(g[4]);
+        cuda::cca_conv_bwd(dqkv, ld, dwdw, dbdw, dwg, dbg, dv.up(dy[0]), qkv, mid, wdw, wg, B, S,
+                           C, d, t0, t1, ws, nullptr);
+        sync();
+        const Buf rows = get(dqkv, B * S * ld);
+        for (int64_t n = 0; n < B * S; n++)
+          std::copy_n(rows.data() + n * ld, C, g[0].data() + n * C);
+        g[1] = get(dwdw, C * t0);
+        g[2] = get(dbdw, C);
+        g[3] = get(dwg, C * d * t1);
+        g[4] = get(dbg, C);
+      };
+    }
+    c.cuda.push_back(v);
+  }
+#endif
   cs.push_back(c);
 }
 
@@ -709,6 +1074,20 @@ void add_router_select(Cases& cs, uint64_t seed, int64_t N, int64_t E1, bool bia
     }
     return DBufs{p, ch, gate};
   };
+#if ZAYA_OP_TESTS_CUDA
+  CudaVariant v;  // choices exact (the inputs have no near-ties), probabilities and gates fp32
+  v.out_bf16 = {false, false, false};
+  v.fwd = [=](const Bufs& in) {
+    test_util::DeviceArena dv;
+    float *p = dv.alloc<float>(sz(N * E1)), *gate = dv.alloc<float>(sz(N));
+    int32_t* ch = dv.up(std::vector<int32_t>(sz(N), -7));
+    cuda::router_select(p, ch, gate, dv.up(in[0]), bias ? dv.up(in[1]) : nullptr, N, E1, nullptr);
+    sync();
+    const std::vector<int32_t> choice = test_util::download(ch, sz(N));
+    return Bufs{get(p, N * E1), Buf(choice.begin(), choice.end()), get(gate, N)};
+  };
+  c.cuda.push_back(v);
+#endif
   cs.push_back(c);
 }
 
@@ -726,21 +1105,41 @@ Cases make_cases() {
   add_linear(cs, s++, 7, 5, 3, DType::F16, true, false);
   add_embedding(cs, s++, 9, 5, 7, DType::F32);
   add_embedding(cs, s++, 20, 7, 16, DType::BF16);
+  add_embedding(cs, s++, 77, 50, 68, DType::BF16);   // CUDA: 4-wide rows, repeated ids
+  add_embedding(cs, s++, 45, 1000, 30, DType::BF16);  // CUDA: scalar rows, mostly distinct ids
+  add_embedding(cs, s++, 3, 90, 2048, DType::BF16);   // CUDA decode: a row split over warps
   add_rmsnorm(cs, s++, 4, 16);
   add_rmsnorm(cs, s++, 3, 37);
   add_rmsnorm(cs, s++, 1, 7);
+  add_rmsnorm(cs, s++, 37, 64);    // CUDA: 4-wide rows
+  add_rmsnorm(cs, s++, 5, 33);     // CUDA: scalar rows
+  add_rmsnorm(cs, s++, 300, 2048); // CUDA: the model's width
   add_residual_scale(cs, s++, 5, 12);
   add_residual_scale(cs, s++, 3, 7);
+  add_residual_scale(cs, s++, 50, 128);
+  add_residual_scale(cs, s++, 301, 37);
   add_affine(cs, s++, 4, 9);
+  add_affine(cs, s++, 33, 64);
   add_gelu(cs, s++, 37);
+  // bias GELU: 4-wide and scalar rows, no bias, and many row chunks in the column reduction.
+  add_bias_gelu(cs, s++, 64, 256, true);
+  add_bias_gelu(cs, s++, 129, 31, true);
+  add_bias_gelu(cs, s++, 20, 16, false);
+  add_bias_gelu(cs, s++, 9000, 12, true);
   add_swiglu(cs, s++, 3, 5);
   add_swiglu(cs, s++, 4, 16);
   add_swiglu(cs, s++, 33, 20);
   add_swiglu(cs, s++, 7, 13);
   add_swiglu(cs, s++, 70000, 8);  // more rows than one CUDA grid dimension holds
-  add_cross_entropy(cs, s++, 6, 11);
-  add_cross_entropy(cs, s++, 9, 32);
-  add_cross_entropy(cs, s++, 4, 3);
+  add_cross_entropy(cs, s++, 6, 11, {{0, 11}, {0, 4, 5, 11}});
+  add_cross_entropy(cs, s++, 9, 32, {{0, 32}});
+  add_cross_entropy(cs, s++, 4, 3, {{0, 3}});
+  // The CUDA kernels' paths: a 4-wide full-vocabulary chunk, uneven chunks with v0 > 0 and a
+  // 1-wide chunk, the real vocabulary width, and every target ignored (N = 1: count 0).
+  add_cross_entropy(cs, s++, 37, 1000, {{0, 1000}, {0, 333, 334, 801, 1000}});
+  add_cross_entropy(cs, s++, 4, 262272, {{0, 262272}});
+  add_cross_entropy(cs, s++, 1, 5, {{0, 2, 5}});
+  add_cross_entropy(cs, s++, 2, 5, {{0, 2, 5}});
   // CCA: GQA ratios 1, 2, 4.
   add_cca_mean_skip(cs, s++, 3, 4, 4, 5);
   add_cca_mean_skip(cs, s++, 4, 4, 2, 8);
@@ -752,6 +1151,15 @@ Cases make_cases() {
   add_cca_conv(cs, s++, 1, 4, 9, 3, 3, 3, false);
   add_cca_conv(cs, s++, 2, 5, 12, 4, 2, 2, true);
   add_cca_conv(cs, s++, 1, 1, 10, 5, 3, 3, true);
+  // The CUDA kernels' head dims (multiples of 32): B·S <= 16 (the direct forward kernel), the
+  // banded GEMMs with d 32/64/128 and several row chunks, a decode step and a prefill with
+  // history.
+  add_cca_conv(cs, s++, 2, 7, 96, 32, 2, 2, false);
+  add_cca_conv(cs, s++, 2, 70, 128, 64, 3, 2, false);
+  add_cca_conv(cs, s++, 1, 40, 256, 128, 2, 3, false);
+  add_cca_conv(cs, s++, 1, 300, 64, 32, 3, 2, false);
+  add_cca_conv(cs, s++, 2, 1, 96, 32, 3, 3, true);
+  add_cca_conv(cs, s++, 1, 30, 64, 32, 2, 2, true);
   add_qk_norm(cs, s++, 3, 4, 8, true);
   add_qk_norm(cs, s++, 2, 3, 5, false);
   add_qk_norm(cs, s++, 1, 2, 16, true);
@@ -807,6 +1215,9 @@ Cases make_cases() {
   add_router_select(cs, s++, 16, 17, true);
   add_router_select(cs, s++, 7, 5, true);
   add_router_select(cs, s++, 9, 2, false);
+  add_router_select(cs, s++, 333, 17, true);  // CUDA: one warp per token, E1 < 32
+  add_router_select(cs, s++, 40, 65, true);   // E1 > 64: three values per lane
+  add_router_select(cs, s++, 8, 1, true);     // a single class
   return cs;
 }
 

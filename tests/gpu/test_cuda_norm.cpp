@@ -1,5 +1,5 @@
-// GPU tests of backend/cuda/kernels/norm.cu beyond the RMSNorm and residual cases of
-// test_cuda_pointwise.cpp: the fused rmsnorm_residual_bwd against the CPU reference composition
+// GPU tests of backend/cuda/kernels/norm.cu beyond the RMSNorm and residual cases of the op-test
+// registry (tests/backend/op_cases.cpp) and test_cuda_pointwise.cpp: the fused rmsnorm_residual_bwd against the CPU reference composition
 // (cpu::rmsnorm_backward, then cpu::residual_scale_backward on acc + dx) and bit for bit against
 // the two separate calls it replaces in the model (rmsnorm_bwd_f32 accumulating into a buffer, then
 // residual_scale_bwd from it; CudaModel relies on this for recompute on/off agreement), in place

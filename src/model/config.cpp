@@ -72,6 +72,11 @@ void ZayaConfig::validate(const std::string& where) const {
   pos("router_hidden_size", router_hidden_size);
   pos("cca_time0", cca_time0);
   pos("cca_time1", cca_time1);
+  // Bounds far beyond any model that exists, so that a config cannot ask for per-layer tables
+  // (layer types, RoPE settings) or buffers larger than memory before anything is allocated.
+  constexpr int64_t kMaxLayers = 4096;
+  ZAYA_CHECK(num_hidden_layers <= kMaxLayers, "{}: num_hidden_layers = {} exceeds {}", where,
+             num_hidden_layers, kMaxLayers);
   // Every product of sizes the model forms (the parameter counts cover them all) must fit 64 bits
   // before anything below multiplies them.
   try {

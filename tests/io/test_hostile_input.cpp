@@ -119,6 +119,8 @@ TEST(HostileInput, NumericEdgeCasesAreErrors) {
   expect_config_error(d, config_with("vocab_size", "18446744073709551615"), "vocab_size");
   expect_config_error(d, config_with("head_dim", "4611686018427387904"), "too large");
   expect_config_error(d, config_with("num_experts", "4611686018427387904"), "too large");
+  // Found by fuzz_model_config: 4e12 layers fit the parameter count but not memory (layer_types).
+  expect_config_error(d, config_with("num_hidden_layers", "4000000000000"), "num_hidden_layers");
   // An integral float still reads as before.
   write_raw(d / "config.json", config_with("hidden_size", "128.0"));
   EXPECT_EQ(ZayaConfig::load(d / "config.json").hidden_size, 128);

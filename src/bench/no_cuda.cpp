@@ -13,19 +13,30 @@ namespace zaya::bench {
 #if !defined(ZAYA_HAVE_CUDA)
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
-  fail("{}: this zaya was built without CUDA (configure with -DZAYA_CUDA=ON on a machine with nvcc)",
-       what);
+  fail(
+      "{}: this zaya was built without CUDA (configure with -DZAYA_CUDA=ON on a machine with nvcc)",
+      what);
 }
 }  // namespace
 
-DeviceInfo query_device(int) { no_cuda("the GPU benchmarks"); }
-std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions&) { no_cuda("zaya bench gemm"); }
-std::vector<MemResult> run_mem_bench(const MemBenchOptions&, double) { no_cuda("zaya bench mem"); }
+DeviceInfo query_device(int) {
+  no_cuda("the GPU benchmarks");
+}
+std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions&) {
+  no_cuda("zaya bench gemm");
+}
+std::vector<MemResult> run_mem_bench(const MemBenchOptions&, double) {
+  no_cuda("zaya bench mem");
+}
 std::vector<KernelTiming> run_kernel_bench(const KernelBenchOptions&, const DeviceInfo&) {
   no_cuda("zaya bench kernels");
 }
-int run_infer_bench(const InferBenchOptions&) { no_cuda("zaya bench infer"); }
-int run_train_bench(const TrainBenchOptions&) { no_cuda("zaya bench train"); }
+int run_infer_bench(const InferBenchOptions&) {
+  no_cuda("zaya bench infer");
+}
+int run_train_bench(const TrainBenchOptions&) {
+  no_cuda("zaya bench train");
+}
 #endif
 
 }  // namespace zaya::bench

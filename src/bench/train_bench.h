@@ -20,8 +20,8 @@ namespace zaya::bench {
 
 struct TrainBenchOptions {
   std::string preset = "zaya1-base", json, ns_precision = "bf16", optimizer = "adamw", hardware;
-  std::string dp;                     // "" (the plain step), "nccl" or "mpi"
-  int64_t bucket_elems = 1 << 24;     // data-parallel bucket, fp32 elements per rank
+  std::string dp;                  // "" (the plain step), "nccl" or "mpi"
+  int64_t bucket_elems = 1 << 24;  // data-parallel bucket, fp32 elements per rank
   int64_t layers = 8, batch = 4, seq = 4096, steps = 10, warmup = 3;
   uint64_t seed = 1234;
   double peak_tflops = 790.0, lr = 1e-4;

@@ -1,8 +1,6 @@
 // The CUDA training-step benchmark (bench/train_bench.h): CudaModel forward + backward, the global
 // gradient norm and CudaOptimizer's AdamW/Muon on random weights and tokens, timed, profiled by op
 // class, and compared with the sizing cost model.
-#include "bench/train_bench.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,6 +11,7 @@
 #include "bench/bench_common.h"
 #include "bench/bench_model.h"
 #include "bench/profile.h"
+#include "bench/train_bench.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/parallel.h"
@@ -20,14 +19,14 @@
 #include "core/rng.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
+#include "engine/cuda/model_cuda.h"
+#include "engine/cuda/optim_cuda.h"
 #include "engine/data_parallel_step.h"
 #include "model/config.h"
 #include "model/zaya.h"
 #include "sizing/cost_model.h"
 #include "sizing/hardware.h"
 #include "sizing/model_shape.h"
-#include "engine/cuda/model_cuda.h"
-#include "engine/cuda/optim_cuda.h"
 
 namespace zaya::bench {
 
@@ -217,8 +216,8 @@ int run_train_bench(const TrainBenchOptions& a_in) {
         i < a.warmup ? "warmup" : "step  ", i < a.warmup ? i : i - a.warmup, ss.loss, gnorm,
         st.fwd_bwd, st.norm, st.optim, st.total);
     if (!a.dp.empty())
-      fmt::print("  [reduce-scatter {:.2f}, update {:.2f}, all-gather {:.2f} ms]", st.dp.reduce_scatter,
-                 st.dp.update, st.dp.all_gather);
+      fmt::print("  [reduce-scatter {:.2f}, update {:.2f}, all-gather {:.2f} ms]",
+                 st.dp.reduce_scatter, st.dp.update, st.dp.all_gather);
     fmt::print("\n");
   };
   DataParallelMemory dp_mem;
@@ -261,8 +260,8 @@ int run_train_bench(const TrainBenchOptions& a_in) {
     so.recompute = a.recompute;
     so.ns_bf16 = oo.ns_bf16;
     Communicator& gc = nccl_comm ? *nccl_comm : *host_comm;
-    auto step = make_data_parallel_step(host, os, BalancingSettings{}, so, gc, *host_comm,
-                                        a.bucket_elems);
+    auto step =
+        make_data_parallel_step(host, os, BalancingSettings{}, so, gc, *host_comm, a.bucket_elems);
     const double setup_s = now_s() - t0;
     fmt::print("# host init {:.1f} s, device setup (upload, arena, optimizer state) {:.1f} s\n",
                init_s, setup_s);
@@ -352,7 +351,8 @@ int run_train_bench(const TrainBenchOptions& a_in) {
     fmt::print(
         "device memory       {:.2f} GiB in use on this GPU; rank 0 owns {} tensors: optimizer "
         "state {:.2f} GiB, communication buffers {:.2f} GiB, host staging {:.2f} GiB\n",
-        double(in_use) / double(1 << 30), dp_owned, double(dp_mem.optimizer_state) / double(1 << 30),
+        double(in_use) / double(1 << 30), dp_owned,
+        double(dp_mem.optimizer_state) / double(1 << 30),
         double(dp_mem.comm_buffers) / double(1 << 30), double(dp_mem.staging) / double(1 << 30));
   }
   if (have_prof) {
@@ -443,6 +443,5 @@ int run_train_bench(const TrainBenchOptions& a_in) {
   }
   return 0;
 }
-
 
 }  // namespace zaya::bench

@@ -280,7 +280,6 @@ void print_shapes(const std::vector<GemmShape>& shapes) {
   fmt::print("# {} shapes, {:.1f} GFLOP per training step (counts applied)\n", shapes.size(), step);
 }
 
-
 // Fills fractions and returns the peaks used (given > device spec > best measured).
 std::pair<double, double> apply_peaks(std::vector<GemmResult>& rs, const DeviceInfo& dev,
                                       double given_bf16, double given_fp8) {
@@ -326,7 +325,6 @@ std::string gemm_svg(const std::vector<GemmResult>& rs, const std::string& devic
   if (by_size) p.logx = false;
   return render_svg(p);
 }
-
 
 int bench_gemm_cli(int argc, char** argv) {
   CLI::App app{"zaya bench gemm: cuBLASLt GEMM throughput (bf16, fp8)", "zaya bench gemm"};

@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "ckpt/model_io.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "core/log.h"
-#include "ckpt/model_io.h"
 #include "data/tokenizer.h"
 #include "engine/decoder.h"
 #include "model/zaya.h"
@@ -108,7 +108,8 @@ int run_generate(int argc, char** argv) {
   if (!print_ids && !tok) tok = model_tokenizer(tokenizer, model, m.cfg);
   const int32_t stop = int32_t(m.cfg.eos_token_id);
   // Built first: a missing GPU fails before any output.
-  const auto dec = make_decoder(m, {.device = device, .max_context = int64_t(ids.size()) + max_new});
+  const auto dec =
+      make_decoder(m, {.device = device, .max_context = int64_t(ids.size()) + max_new});
   if (!print_ids)
     std::fputs(prompt.empty() ? tok->decode(ids, true).c_str() : prompt.c_str(), stdout);
   std::vector<int32_t> pending;
@@ -159,7 +160,8 @@ int run_eval(int argc, char** argv) {
   check_ids(ids, m.cfg.vocab_size, src);
   ZAYA_CHECK(ids.size() >= 2, "{}: need at least 2 tokens to score next-token prediction", src);
   const int64_t n = int64_t(ids.size());
-  const auto dec = make_decoder(m, {.device = device, .max_context = seq > 1 ? std::min(seq, n) : n});
+  const auto dec =
+      make_decoder(m, {.device = device, .max_context = seq > 1 ? std::min(seq, n) : n});
   const EvalResult r = evaluate(*dec, ids, seq);
   std::printf("{\"loss\": %.8f, \"perplexity\": %.6f, \"tokens\": %lld, \"scored\": %lld}\n",
               r.loss, std::exp(r.loss), (long long)n, (long long)r.scored);

@@ -8,6 +8,7 @@
 // error. The input is one text (a file is not split into lines or documents: `zaya data prepare`
 // does that). Not here: batching of many documents, or writing datasets.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
@@ -16,7 +17,6 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <unistd.h>
 
 #include "cli/command.h"
 #include "core/error.h"

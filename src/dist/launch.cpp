@@ -86,9 +86,10 @@ void check_gpus_per_node(const std::vector<std::string>& hosts, const std::vecto
       for (int r : ranks) list += (list.empty() ? "" : ",") + std::to_string(r);
       parts += fmt::format("{}{} GPU(s) for rank(s) {}", parts.empty() ? "" : "; ", count, list);
     }
-    fail("mixed GPU counts on host {}: {} (ranks on one node must see the same devices: check "
-         "CUDA_VISIBLE_DEVICES and the launcher's GPU binding)",
-         host, parts);
+    fail(
+        "mixed GPU counts on host {}: {} (ranks on one node must see the same devices: check "
+        "CUDA_VISIBLE_DEVICES and the launcher's GPU binding)",
+        host, parts);
   }
 }
 

@@ -62,7 +62,8 @@ std::string Zero1Plan::describe(const std::vector<Zero1Item>& items) const {
 Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t bucket_elems,
                      bool split_slices) {
   ZAYA_CHECK(world >= 1, "ZeRO-1: world size {} must be >= 1", world);
-  ZAYA_CHECK(bucket_elems >= 1, "ZeRO-1: bucket of {} elements must hold at least one", bucket_elems);
+  ZAYA_CHECK(bucket_elems >= 1, "ZeRO-1: bucket of {} elements must hold at least one",
+             bucket_elems);
   Zero1Plan p;
   p.world = world;
   p.bucket_elems = bucket_elems;

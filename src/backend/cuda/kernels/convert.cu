@@ -163,7 +163,6 @@ void axpby_f32(float* y, float a, const float* x, float b, int64_t n, cudaStream
   launch_axpby(y, a, x, b, true, b != 0.f, n, st);
 }
 
-
 void add_bias_rows(void* C, int64_t ldc, bool c_bf16, const float* bias_N, int64_t M, int64_t N,
                    cudaStream_t st) {
   if (M <= 0 || N <= 0) return;

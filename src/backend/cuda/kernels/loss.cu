@@ -207,8 +207,8 @@ void ce_chunk_grad(bf16* dlogits_NVc, const float* logits_NVc, const float* lse_
                    cudaStream_t st) {
   if (!check_sizes("ce_chunk_grad", __LINE__, N, Vc)) return;
   if (N > int64_t(INT32_MAX)) fail_arg("ce_chunk_grad", __LINE__, "too many rows");
-  auto* kernel = vec4_ok(Vc, {dlogits_NVc, logits_NVc}) ? ce_chunk_grad_kernel<4>
-                                                          : ce_chunk_grad_kernel<1>;
+  auto* kernel =
+      vec4_ok(Vc, {dlogits_NVc, logits_NVc}) ? ce_chunk_grad_kernel<4> : ce_chunk_grad_kernel<1>;
   kernel<<<unsigned(N), kCeThreads, 0, st>>>(dlogits_NVc, logits_NVc, lse_N, targets_N, scale, v0,
                                              Vc);
   ZAYA_KERNEL_CHECK();

@@ -1,16 +1,22 @@
 // Training checkpoints. See checkpoint.h.
 #include "ckpt/checkpoint.h"
 
+#include <unistd.h>
+#include <xxhash.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
+#include <random>
 
 #include "ckpt/model_io.h"
 #include "core/error.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "dist/comm.h"
 #include "io/atomic.h"
 #include "io/manifest.h"
-#include "io/safetensors.h"
 
 namespace zaya {
 
@@ -18,6 +24,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+constexpr const char* kStagingPrefix = ".tmp-step-";
 
 // The step-* directories under root, oldest first (the names sort by step).
 std::vector<std::string> step_dirs(const std::string& root) {
@@ -46,7 +54,9 @@ json TrainerState::to_json() const {
           {"optimizer_steps", optimizer_steps},
           {"balancing_steps", balancing_steps},
           {"data_cursor", data_cursor},
-          {"config", config_toml}};
+          {"config", config_toml},
+          {"world", world},
+          {"save_id", save_id}};
 }
 
 TrainerState TrainerState::from_json(const json& j, const std::string& where) {
@@ -68,9 +78,12 @@ TrainerState TrainerState::from_json(const json& j, const std::string& where) {
   integer("skipped_steps", &t.skipped_steps, false);
   integer("optimizer_steps", &t.optimizer_steps, true);
   integer("balancing_steps", &t.balancing_steps, true);
+  integer("world", &t.world, false);
+  ZAYA_CHECK(t.world >= 1, "{}: world: expected an integer >= 1, found {}", where, t.world);
   try {
     t.data_cursor = j.at("data_cursor");
     t.config_toml = j.value("config", std::string());
+    t.save_id = j.value("save_id", std::string());
   } catch (const json::exception& e) {
     fail("{}: {}", where, e.what());
   }
@@ -81,42 +94,208 @@ std::string checkpoint_dir_name(int64_t step) {
   return fmt::format("step-{:08d}", step);
 }
 
-std::string save_checkpoint(const std::string& root, const ZayaModel& model,
-                            const std::vector<NamedState>& state, const TrainerState& trainer,
-                            int64_t keep_last) {
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const auto& s : state) {
-    // One process holds every tensor whole; slices come with sharded checkpoints.
-    ZAYA_CHECK(s.is_whole(), "checkpoint: state '{}' is a slice of a {} tensor", s.name,
-               shape_str(s.global_shape));
-    tensors.emplace_back(s.name, s.tensor);
+double SaveStats::percentile_ms(double p) const {
+  if (blocking_ms.empty()) return 0;
+  std::vector<double> v = blocking_ms;
+  std::sort(v.begin(), v.end());
+  // Nearest rank.
+  const double r = std::ceil(p / 100.0 * double(v.size()));
+  const size_t i = size_t(std::clamp(r, 1.0, double(v.size()))) - 1;
+  return v[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Checkpointer::Checkpointer(std::string root, int64_t keep_last, size_t staging_bytes,
+                           StagingMemory mem, Communicator* comm, std::string tag)
+    : root_(std::move(root)),
+      keep_last_(std::max<int64_t>(1, keep_last)),
+      comm_(comm),
+      tag_(std::move(tag)),
+      writer_(std::make_unique<AsyncWriter>(staging_bytes, mem)) {
+  ZAYA_CHECK(!tag_.empty(), "checkpoint: empty job tag");
+  const bool lead = !comm_ || comm_->rank() == 0;
+  std::string err;
+  if (lead) {
+    // Staging directories of earlier jobs (interrupted saves) are never checkpoints.
+    std::error_code ec;
+    fs::create_directories(root_, ec);
+    if (ec) err = fmt::format("cannot create {}: {}", root_, ec.message());
+    fs::directory_iterator it(root_, ec), end;
+    for (; !ec && it != end; it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (name.rfind(kStagingPrefix, 0) == 0) {
+        std::error_code rm;
+        fs::remove_all(it->path(), rm);
+        if (!rm) ZAYA_INFO("checkpoint: removed {} (an interrupted save)", it->path().string());
+      }
+    }
   }
-  fs::create_directories(root);
-  const std::string final_dir = root + "/" + checkpoint_dir_name(trainer.step);
-  AtomicDirCommit commit(final_dir);
-  const std::string s = commit.staging();
-  save_model(model, s + "/model", DType::F32);
-  save_safetensors(s + "/optimizer.safetensors", tensors);
-  write_file_atomic(s + "/trainer.json", trainer.to_json().dump(1) + "\n");
-  write_manifest(s, {{"step", trainer.step}, {"kind", "zaya-train"}});
-  commit.commit(AtomicDirCommit::IfExists::Replace);
-  // Keep the newest keep_last checkpoints (the one just written among them).
-  const auto all = step_dirs(root);
-  const int64_t keep = std::max<int64_t>(1, keep_last);
-  for (int64_t i = 0; i + keep < int64_t(all.size()); i++) fs::remove_all(all[size_t(i)]);
+  if (comm_) {
+    const auto errs = comm_->host_all_gather(err);
+    err = errs[0];
+  }
+  if (!err.empty()) fail("{}", err);
+}
+
+Checkpointer::~Checkpointer() = default;  // the writer waits for its thread
+
+std::string Checkpointer::new_save_id(int64_t step) {
+  std::random_device rd;
+  const uint64_t parts[4] = {
+      uint64_t(::getpid()),
+      uint64_t(std::chrono::system_clock::now().time_since_epoch().count()), uint64_t(step),
+      (uint64_t(rd()) << 32) ^ uint64_t(rd())};
+  return hex64(xxh64_bytes(parts, sizeof(parts)));
+}
+
+std::string Checkpointer::staging_for(int64_t step) const {
+  return root_ + "/" + kStagingPrefix + checkpoint_dir_name(step).substr(5) + "-" + tag_;
+}
+
+void Checkpointer::begin(int64_t step, const RankContribution& c, const std::string& save_id) {
+  finish();
+  step_ = step;
+  save_id_ = save_id;
+  const std::string staging = staging_for(step);
+  std::error_code ec;
+  fs::create_directories(staging, ec);
+  if (ec) fail("cannot create the staging directory {}: {}", staging, ec.message());
+  std::vector<StreamFile> files = rank_checkpoint_files(staging, c);
+  writer_->submit(std::move(files));
+  in_flight_ = true;
+}
+
+std::string Checkpointer::poll() {
+  if (!in_flight_) return "";
+  double st = writer_->done() ? 1.0 : 0.0;
+  if (comm_) comm_->host_all_reduce(&st, 1, RedOp::Min);
+  if (st == 0) return "";
+  return commit();
+}
+
+std::string Checkpointer::finish() {
+  if (!in_flight_) return "";
+  return commit();
+}
+
+std::string Checkpointer::commit() {
+  // Every rank's writer is done (or this waits for it).
+  std::string err;
+  std::vector<WrittenFile> files;
+  try {
+    files = writer_->wait();
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  in_flight_ = false;
+  stats_.write_s.push_back(writer_->last_write_seconds());
+  stats_.bytes.push_back(writer_->last_bytes());
+  const int rank = comm_ ? comm_->rank() : 0;
+  const std::string final_dir = root_ + "/" + checkpoint_dir_name(step_);
+  const std::string staging = staging_for(step_);
+  json mine = {{"error", err}, {"host", comm_ ? comm_->host_name() : std::string()}};
+  json list = json::array();
+  for (const WrittenFile& f : files) list.push_back({f.rel, f.size, hex64(f.xxh64)});
+  mine["files"] = list;
+  std::vector<std::string> all = comm_ ? comm_->host_all_gather(mine.dump())
+                                       : std::vector<std::string>{mine.dump()};
+  // The first rank whose writer failed names the reason for every rank.
+  std::string failure;
+  for (size_t r = 0; r < all.size() && failure.empty(); r++) {
+    const json j = json::parse(all[r]);
+    const std::string e = j["error"].get<std::string>();
+    if (!e.empty())
+      failure = comm_ ? fmt::format("rank {} ({}): {}", r, j["host"].get<std::string>(), e) : e;
+  }
+  std::string lead_err;
+  if (rank == 0) {
+    try {
+      if (!failure.empty()) {
+        std::error_code ec;
+        fs::remove_all(staging, ec);
+      } else {
+        std::vector<ManifestEntry> entries;
+        for (const std::string& s : all)
+          for (const json& f : json::parse(s)["files"])
+            entries.push_back({f[0].get<std::string>(), f[1].get<uint64_t>(),
+                               std::stoull(f[2].get<std::string>(), nullptr, 16)});
+        write_manifest_entries(staging, std::move(entries),
+                               {{"step", step_},
+                                {"kind", "zaya-train"},
+                                {"world", int64_t(all.size())},
+                                {"save_id", save_id_}});
+        AtomicDirCommit commit(final_dir, tag_);
+        commit.commit(AtomicDirCommit::IfExists::Replace);
+        // Keep the newest keep_last checkpoints (the one just committed among them).
+        const auto dirs = step_dirs(root_);
+        for (int64_t i = 0; i + keep_last_ < int64_t(dirs.size()); i++)
+          fs::remove_all(dirs[size_t(i)]);
+      }
+    } catch (const Error& e) {
+      lead_err = e.what();
+      std::error_code ec;
+      fs::remove_all(staging, ec);
+    }
+  }
+  if (comm_) lead_err = comm_->host_all_gather(lead_err)[0];
+  if (failure.empty() && !lead_err.empty())
+    failure = comm_ ? fmt::format("rank 0 ({}): {}", comm_->host_name(), lead_err) : lead_err;
+  if (!failure.empty())
+    fail("checkpoint {} was not saved (the earlier checkpoints are intact): {}", final_dir,
+         failure);
   return final_dir;
 }
 
-LoadedCheckpoint load_checkpoint(const std::string& dir) {
+// ---------------------------------------------------------------------------------------------
+
+LoadedCheckpoint load_checkpoint(const std::string& dir, bool verify) {
   LoadedCheckpoint c;
-  c.model = load_model(dir + "/model");
+  c.manifest = read_manifest(dir);
+  if (verify) {
+    verify_checkpoint_files(dir, c.manifest, std::string(kCheckpointModelDir) + "/");
+    verify_checkpoint_files(dir, c.manifest, kCheckpointTrainerFile);
+  }
+  c.model = load_model(dir + "/" + kCheckpointModelDir);
   // Training writes the weights in place: owned fp32 copies of the memory-mapped tensors.
   for (auto& [name, t] : c.model.tensor_slots())
     if (t->defined()) *t = t->to(DType::F32);
-  auto f = SafetensorsFile::open(dir + "/optimizer.safetensors");
-  for (auto& ti : f->tensors()) c.state.emplace_back(ti.name, f->get(ti.name));
-  const std::string tj_path = dir + "/trainer.json";
+  c.state = ShardedState::open(dir, c.manifest, verify);
+  const std::string tj_path = dir + "/" + kCheckpointTrainerFile;
   c.trainer = TrainerState::from_json(parse_json(read_file(tj_path), tj_path), tj_path);
+  return c;
+}
+
+ManifestCheck check_checkpoint(const std::string& dir, bool check_hashes) {
+  ManifestCheck c = verify_manifest(dir, check_hashes);
+  if (!c.ok) return c;
+  const auto refuse = [&](std::string why) {
+    c.ok = false;
+    c.reason = why;
+    c.problems.insert(c.problems.begin(), std::move(why));
+  };
+  const std::string tj_path = dir + "/" + kCheckpointTrainerFile;
+  TrainerState t;
+  try {
+    t = TrainerState::from_json(parse_json(read_file(tj_path), tj_path), tj_path);
+  } catch (const Error& e) {
+    refuse(e.what());
+    return c;
+  }
+  const json& x = c.manifest.extra;
+  const std::string name = fs::path(dir).lexically_normal().filename().string();
+  if (x.contains("step") && (!x["step"].is_number_integer() || x["step"].get<int64_t>() != t.step))
+    refuse(fmt::format(
+        "{}: the manifest is of step {}, but trainer.json of step {} (a manifest from another "
+        "checkpoint)",
+        kManifestName, x["step"].dump(), t.step));
+  else if (x.value("save_id", std::string()) != t.save_id)
+    refuse(fmt::format(
+        "{}: the manifest is of save {}, but trainer.json of save {} (a manifest from another "
+        "checkpoint)",
+        kManifestName, x.value("save_id", std::string("(none)")), t.save_id));
+  else if (!name.empty() && name.rfind("step-", 0) == 0 && name != checkpoint_dir_name(t.step))
+    refuse(fmt::format("{} holds the checkpoint of step {} (renamed?)", name, t.step));
   return c;
 }
 
@@ -124,7 +303,7 @@ std::string find_resumable_checkpoint(const std::string& root, std::vector<std::
   auto dirs = step_dirs(root);
   std::reverse(dirs.begin(), dirs.end());
   for (auto& d : dirs) {
-    ManifestCheck c = verify_manifest(d);
+    ManifestCheck c = check_checkpoint(d);
     if (c.ok) return d;
     if (skipped) skipped->push_back(d + ": " + c.reason);
   }
@@ -140,7 +319,7 @@ std::string resolve_resume(const std::string& root, const std::string& resume) {
     return dir;
   }
   if (!resume.empty()) {
-    ManifestCheck c = verify_manifest(resume);
+    ManifestCheck c = check_checkpoint(resume);
     ZAYA_CHECK(c.ok, "cannot resume from {}: {}", resume, c.reason);
     return resume;
   }

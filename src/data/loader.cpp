@@ -73,11 +73,15 @@ void DataLoader::set_batch_size(int64_t b) {
 
 void DataLoader::next(int32_t* out) {
   const int64_t lb = local_batch_size(), first = opts_.rank * lb, row = row_len();
+  last_samples_.clear();
   for (int64_t r = 0; r < opts_.batch_size; r++) {
     const int s = blender_.next();
     const int64_t n = blender_.counts()[size_t(s)] - 1;
     // Other ranks' rows only advance the blend; their tokens are never read here.
-    if (r >= first && r < first + lb) sources_[size_t(s)]->sample(n, out + (r - first) * row);
+    if (r >= first && r < first + lb) {
+      sources_[size_t(s)]->sample(n, out + (r - first) * row);
+      last_samples_.emplace_back(s, n);
+    }
   }
 }
 

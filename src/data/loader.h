@@ -21,6 +21,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -82,6 +83,11 @@ class DataLoader {
   // The next batch as a CPU int32 tensor [local_batch_size, seq_len+1].
   Tensor next_tensor();
 
+  // This rank's rows of the last batch as global sample ids: (source, that source's sample
+  // number), the same ids whatever the world size (for checking that resumes neither skip nor
+  // repeat samples).
+  const std::vector<std::pair<int, int64_t>>& last_samples() const { return last_samples_; }
+
   DataCursor cursor() const;
   // Continues from a cursor made by a loader with the same sources, seq_len, seed and split. An
   // Error names the field that disagrees.
@@ -98,6 +104,7 @@ class DataLoader {
   DataLoaderOptions opts_;
   std::vector<std::unique_ptr<PackedSource>> sources_;
   Blender blender_;
+  std::vector<std::pair<int, int64_t>> last_samples_;
 };
 
 }  // namespace zaya

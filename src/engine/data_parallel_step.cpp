@@ -207,6 +207,87 @@ class DpStep final : public DataParallelStep {
     return join_step_state(std::move(out), bal);
   }
 
+  void sync() override { inner_->sync(); }
+
+  // This rank's pieces: the state of the tensors it owns, whole or its dim-0 slice, and (rank 0
+  // alone) the balancing moments every rank holds alike.
+  std::vector<NamedState> owned_state() override {
+    auto [opt, bal] = split_step_state(inner_->state());
+    std::map<std::string, Tensor> mine(opt.begin(), opt.end());
+    std::vector<NamedState> out;
+    for (size_t i = 0; i < items_.size(); i++) {
+      const int owner = plan_.owner[i];
+      std::vector<int64_t> offset(items_[i].shape.size(), 0);
+      if (owner == Zero1Plan::kSplit) {
+        const Dim0Slice e = plan_.slices[i][size_t(rank_)];
+        if (e.count == 0) continue;
+        offset[0] = e.first;
+      } else if (owner != rank_) {
+        continue;
+      }
+      for (const std::string& nm : state_names(items_[i])) {
+        auto it = mine.find(nm);
+        ZAYA_CHECK(it != mine.end(), "data parallel: rank {} owns (part of) '{}' but has no '{}'",
+                   rank_, items_[i].name, nm);
+        out.push_back({nm, it->second.to(DType::F32), items_[i].shape, offset});
+      }
+    }
+    if (rank_ == 0)
+      for (auto& piece : whole_tensors(bal)) out.push_back(std::move(piece));
+    return out;
+  }
+
+  // A tensor owned whole is written by its owner, a sliced one by the rank with the largest
+  // slice, the rest (balancing biases, untrained tensors) by rank 0.
+  std::vector<int> weight_writers() const override {
+    std::vector<int> w(items_.size(), 0);
+    for (size_t i = 0; i < items_.size(); i++) {
+      const int owner = plan_.owner[i];
+      if (owner >= 0) {
+        w[i] = owner;
+      } else if (owner == Zero1Plan::kSplit) {
+        int64_t best = -1;
+        for (int r = 0; r < plan_.world; r++)
+          if (plan_.slices[i][size_t(r)].count > best) {
+            best = plan_.slices[i][size_t(r)].count;
+            w[i] = r;
+          }
+      }
+    }
+    return w;
+  }
+
+  // Reads exactly the pieces this rank owns now, whatever world size wrote them.
+  void load_state_from(const StateSource& source, int64_t opt_steps,
+                       int64_t balancing_steps) override {
+    NamedTensors mine;
+    std::set<std::string> known;
+    for (size_t i = 0; i < items_.size(); i++) {
+      const int owner = plan_.owner[i];
+      for (const std::string& nm : state_names(items_[i])) {
+        known.insert(nm);
+        if (owner == rank_) {
+          mine.emplace_back(nm, source.read_whole(nm));
+        } else if (owner == Zero1Plan::kSplit) {
+          const Dim0Slice e = plan_.slices[i][size_t(rank_)];
+          if (e.count == 0) continue;
+          ZAYA_CHECK(source.global_shape(nm) == items_[i].shape,
+                     "data parallel: the checkpoint's '{}' has shape {}, expected {}", nm,
+                     shape_str(source.global_shape(nm)), shape_str(items_[i].shape));
+          mine.emplace_back(nm, source.read_rows(nm, e.first, e.count));
+        }
+      }
+    }
+    for (const std::string& n : source.names()) {
+      if (n.rfind("balance.", 0) == 0)
+        mine.emplace_back(n, source.read_whole(n));
+      else
+        ZAYA_CHECK(known.count(n), "the checkpoint's state '{}' belongs to no tensor of this model",
+                   n);
+    }
+    inner_->load_state(mine, opt_steps, balancing_steps);
+  }
+
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
                   int64_t balancing_steps) override {
     std::set<std::string> keep;

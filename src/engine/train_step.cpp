@@ -11,6 +11,21 @@
 
 namespace zaya {
 
+std::vector<NamedState> TrainStep::owned_state() {
+  return whole_tensors(state());
+}
+
+std::vector<int> TrainStep::weight_writers() const {
+  return std::vector<int>(layout().size(), 0);
+}
+
+void TrainStep::load_state_from(const StateSource& source, int64_t optimizer_steps,
+                                int64_t balancing_steps) {
+  NamedTensors all;
+  for (const std::string& n : source.names()) all.emplace_back(n, source.read_whole(n));
+  load_state(all, optimizer_steps, balancing_steps);
+}
+
 #if !defined(ZAYA_HAVE_CUDA)
 void check_cuda_step_available(int) {
   fail(

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "ckpt/named_state.h"
 #include "core/tensor.h"
 #include "model/backward.h"
 #include "model/zaya.h"
@@ -133,6 +134,17 @@ class TrainStep {
   // missing names are errors.
   virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state,
                           int64_t optimizer_steps, int64_t balancing_steps) = 0;
+
+  // Sharded checkpoints (ckpt/sharded.h). The state pieces this process stores, each placed in
+  // its global tensor (default: state() as whole tensors); which rank writes each weight,
+  // per layout() slot (default: 0 for all); and restoring from a source that serves any piece of
+  // any tensor, whichever world size wrote it (default: every name whole, through load_state).
+  virtual std::vector<NamedState> owned_state();
+  virtual std::vector<int> weight_writers() const;
+  virtual void load_state_from(const StateSource& source, int64_t optimizer_steps,
+                               int64_t balancing_steps);
+  // Waits until the masters() hold the last update (the GPU step's stream); no-op on the CPU.
+  virtual void sync() {}
 };
 
 // A step's named state is the optimizer's (optim.*) followed by the balancing update's (balance.*).

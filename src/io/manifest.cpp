@@ -83,14 +83,35 @@ bool parse_hex64(const std::string& s, uint64_t* v) {
 
 }  // namespace
 
-Manifest write_manifest(const std::string& dir, const json& extra) {
+namespace {
+
+// manifest.json for `m`, atomically.
+void write_manifest_file(const std::string& dir, const Manifest& m) {
+  json files = json::array();
+  for (const ManifestEntry& e : m.files)
+    files.push_back({{"path", e.path}, {"size", e.size}, {"xxh64", hex64(e.xxh64)}});
+  nlohmann::ordered_json doc;
+  doc["format"] = kFormatTag;
+  doc["version"] = kManifestVersion;
+  doc["hash"] = "xxh64";
+  doc["files"] = files;
+  doc["extra"] = m.extra;
+  write_file_atomic((fs::path(dir) / kManifestName).string(), doc.dump(2) + "\n");
+}
+
+void check_extra(const std::string& dir, const json& extra) {
   ZAYA_CHECK(extra.is_object(), "writing the manifest of {}: extra must be a JSON object, found {}",
              dir, extra.type_name());
   std::error_code ec;
   ZAYA_CHECK(fs::is_directory(dir, ec), "writing the manifest of {}: not a directory", dir);
+}
+
+}  // namespace
+
+Manifest write_manifest(const std::string& dir, const json& extra) {
+  check_extra(dir, extra);
   Manifest m;
   m.extra = extra;
-  json files = json::array();
   for (const std::string& rel : list_files(dir)) {
     const std::string full = (fs::path(dir) / rel).string();
     struct stat st;
@@ -102,16 +123,37 @@ Manifest write_manifest(const std::string& dir, const json& extra) {
           "{} changed while its checksum was computed; write the manifest after all files are "
           "complete",
           full);
-    files.push_back({{"path", e.path}, {"size", e.size}, {"xxh64", hex64(e.xxh64)}});
     m.files.push_back(std::move(e));
   }
-  nlohmann::ordered_json doc;
-  doc["format"] = kFormatTag;
-  doc["version"] = kManifestVersion;
-  doc["hash"] = "xxh64";
-  doc["files"] = files;
-  doc["extra"] = extra;
-  write_file_atomic((fs::path(dir) / kManifestName).string(), doc.dump(2) + "\n");
+  write_manifest_file(dir, m);
+  return m;
+}
+
+Manifest write_manifest_entries(const std::string& dir, std::vector<ManifestEntry> files,
+                                const json& extra) {
+  check_extra(dir, extra);
+  std::sort(files.begin(), files.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; });
+  for (size_t i = 0; i < files.size(); i++) {
+    const ManifestEntry& e = files[i];
+    ZAYA_CHECK(!e.path.empty() && e.path != kManifestName && e.path[0] != '/' &&
+                   e.path.find("..") == std::string::npos,
+               "writing the manifest of {}: '{}' is not a relative path of a checkpoint file", dir,
+               e.path);
+    ZAYA_CHECK(i == 0 || files[i - 1].path != e.path,
+               "writing the manifest of {}: '{}' is listed twice", dir, e.path);
+    const std::string full = (fs::path(dir) / e.path).string();
+    struct stat st;
+    if (::stat(full.c_str(), &st) != 0)
+      fail("writing the manifest of {}: {} is missing: {}", dir, e.path, std::strerror(errno));
+    ZAYA_CHECK(uint64_t(st.st_size) == e.size,
+               "writing the manifest of {}: {} has {} bytes, but its writer recorded {}", dir,
+               e.path, uint64_t(st.st_size), e.size);
+  }
+  Manifest m;
+  m.files = std::move(files);
+  m.extra = extra;
+  write_manifest_file(dir, m);
   return m;
 }
 

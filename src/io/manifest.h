@@ -35,6 +35,13 @@ struct Manifest {
 Manifest write_manifest(const std::string& dir,
                         const nlohmann::json& extra = nlohmann::json::object());
 
+// Writes the manifest of files whose sizes and checksums were computed as they were written
+// (each rank of a sharded save hashes its own files): every entry must exist under `dir` with its
+// size (checked with stat; the bytes are not read again) and no path may repeat. Entries are
+// sorted by path. An Error names the first entry that does not match.
+Manifest write_manifest_entries(const std::string& dir, std::vector<ManifestEntry> files,
+                                const nlohmann::json& extra = nlohmann::json::object());
+
 // Parses `dir`/manifest.json; an Error names the file and the malformed field.
 Manifest read_manifest(const std::string& dir);
 

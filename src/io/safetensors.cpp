@@ -327,14 +327,45 @@ Tensor SafetensorsFile::get(const std::string& name) const {
 }
 
 // ---------------------------------------------------------------------------------------------
+std::string safetensors_header(const std::vector<TensorSpec>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               const std::string& what) {
+  std::set<std::string> seen;
+  nlohmann::ordered_json hdr = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    auto& m = hdr["__metadata__"] = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) m[k] = v;
+  }
+  size_t offset = 0;
+  for (const TensorSpec& t : tensors) {
+    ZAYA_CHECK(t.name != "__metadata__",
+               "writing {}: '__metadata__' is reserved and cannot name a tensor", what);
+    ZAYA_CHECK(seen.insert(t.name).second, "writing {}: tensor name '{}' appears twice", what,
+               t.name);
+    const size_t bytes = size_t(shape_numel(t.shape)) * dtype_size(t.dtype);
+    nlohmann::ordered_json e;
+    e["dtype"] = std::string(dtype_name(t.dtype));
+    e["shape"] = t.shape;
+    e["data_offsets"] = {offset, offset + bytes};
+    offset += bytes;
+    hdr[t.name] = std::move(e);
+  }
+  std::string text;
+  try {
+    text = hdr.dump();
+  } catch (const nlohmann::json::exception& e) {
+    fail("writing {}: a tensor name or metadata string is not valid UTF-8 ({})", what, e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; i++) out[size_t(i)] = char(uint8_t(uint64_t(text.size()) >> (8 * i)));
+  return out + text;
+}
+
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  std::set<std::string> seen;
   for (const auto& [name, t] : tensors) {
-    ZAYA_CHECK(name != "__metadata__",
-               "writing {}: '__metadata__' is reserved and cannot name a tensor", path);
-    ZAYA_CHECK(seen.insert(name).second, "writing {}: tensor name '{}' appears twice", path, name);
     ZAYA_CHECK(t.defined(), "writing {}: tensor '{}' is undefined", path, name);
     ZAYA_CHECK(t.device() == Device::CPU,
                "writing {}: tensor '{}' is on a device; copy it to the host first", path, name);
@@ -344,35 +375,16 @@ void save_safetensors(const std::string& path,
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return dtype_size(tensors[a].second.dtype()) > dtype_size(tensors[b].second.dtype());
   });
-
-  nlohmann::ordered_json hdr = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    auto& m = hdr["__metadata__"] = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : metadata) m[k] = v;
-  }
-  size_t offset = 0;
+  std::vector<TensorSpec> specs;
+  size_t data_bytes = 0;
   for (size_t i : order) {
-    const auto& [name, t] = tensors[i];
-    nlohmann::ordered_json e;
-    e["dtype"] = std::string(dtype_name(t.dtype()));
-    e["shape"] = t.shape();
-    e["data_offsets"] = {offset, offset + t.nbytes()};
-    offset += t.nbytes();
-    hdr[name] = std::move(e);
+    specs.push_back({tensors[i].first, tensors[i].second.dtype(), tensors[i].second.shape()});
+    data_bytes += tensors[i].second.nbytes();
   }
-  std::string text;
-  try {
-    text = hdr.dump();
-  } catch (const nlohmann::json::exception& e) {
-    fail("writing {}: a tensor name or metadata string is not valid UTF-8 ({})", path, e.what());
-  }
-  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::string head = safetensors_header(specs, metadata, path);
 
   AtomicFileWriter w(path);
-  unsigned char len[8];
-  for (int i = 0; i < 8; i++) len[i] = uint8_t(uint64_t(text.size()) >> (8 * i));
-  w.write(len, 8);
-  w.write(text);
+  w.write(head);
   for (size_t i : order) {
     const Tensor& t = tensors[i].second;
     if (t.numel() == 0) continue;
@@ -383,7 +395,7 @@ void save_safetensors(const std::string& path,
       w.write(c.raw(), c.nbytes());
     }
   }
-  ZAYA_ASSERT(w.bytes_written() == 8 + text.size() + offset);
+  ZAYA_ASSERT(w.bytes_written() == head.size() + data_bytes);
   w.commit();
 }
 

@@ -64,6 +64,21 @@ class SafetensorsFile {
   size_t data_start_ = 0;
 };
 
+// The name, dtype and shape of a tensor to be written, for headers built before the data exists.
+struct TensorSpec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+
+// The bytes a safetensors file starts with for `tensors` stored in the given order with no gaps:
+// the u64 length and the JSON header (metadata first when not empty) padded with spaces to a
+// multiple of 8. The data section that follows is the tensors' bytes in the same order. An Error
+// names `what` (the file being written) for a reserved or repeated name or non-UTF-8 text.
+std::string safetensors_header(const std::vector<TensorSpec>& tensors,
+                               const std::map<std::string, std::string>& metadata,
+                               const std::string& what);
+
 // Writes `tensors` to `path` atomically (temp file, fsync, rename). Tensors are laid out by
 // element size, largest first, so every tensor is aligned to its element size when the file is
 // mapped; within one element size the given order is kept (the reference writer sorts by name

@@ -267,6 +267,8 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
     k.get("every", &c.checkpoint.every);
     k.get("keep_last", &c.checkpoint.keep_last);
     k.get("dir", &c.checkpoint.dir);
+    k.get("async", &c.checkpoint.async);
+    k.get("staging_mb", &c.checkpoint.staging_mb);
   });
   r.table("train", [&](Reader& t) {
     t.get("seed", &c.train.seed);
@@ -346,7 +348,9 @@ toml::table to_table(const RunConfig& c) {
   root.insert("eval", toml::table{{"every", c.eval.every}, {"batches", c.eval.batches}});
   root.insert("checkpoint", toml::table{{"every", c.checkpoint.every},
                                         {"keep_last", c.checkpoint.keep_last},
-                                        {"dir", c.checkpoint.dir}});
+                                        {"dir", c.checkpoint.dir},
+                                        {"async", c.checkpoint.async},
+                                        {"staging_mb", c.checkpoint.staging_mb}});
   root.insert("train", toml::table{{"seed", c.train.seed},
                                    {"micro_batch", c.train.micro_batch},
                                    {"grad_accum", c.train.grad_accum},
@@ -693,6 +697,8 @@ void RunConfig::validate() const {
         "an integer >= 0 (0: only at the end)");
   check(checkpoint.keep_last >= 1, "checkpoint.keep_last", checkpoint.keep_last, "an integer >= 1");
   check(!checkpoint.dir.empty(), "checkpoint.dir", "\"\"", "a directory path");
+  check(checkpoint.staging_mb >= 0 && checkpoint.staging_mb <= (int64_t(1) << 30),
+        "checkpoint.staging_mb", checkpoint.staging_mb, "an integer from 0 to 2^30 (MiB; 0: one save's size)");
   // Parallel.
   check(parallel.dp >= 0, "parallel.dp", parallel.dp, "an integer >= 0 (0: the world size)");
   check(parallel.backend == "auto" || parallel.backend == "nccl" || parallel.backend == "mpi",

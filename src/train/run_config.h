@@ -58,6 +58,8 @@ struct CheckpointSection {
   int64_t every = 500;  // steps; 0: only at the end
   int64_t keep_last = 3;
   std::string dir = "checkpoints";
+  bool async = true;           // write in the background after the snapshot (false: wait for it)
+  int64_t staging_mb = 0;      // host memory for the snapshot per rank, MiB; 0: one save's size
 };
 
 struct TrainSection {

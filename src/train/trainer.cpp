@@ -10,6 +10,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include "core/log.h"
 #include "core/source_dir.h"
 #include "core/plot.h"
@@ -146,6 +148,27 @@ int test_visible_gpus(const Job& job, int actual) {
   return actual;
 }
 
+// The sample trace for the checkpoint-reshaping tests (tests/cli/train_ckpt_reshard.sh):
+// ZAYA_TRACE_SAMPLES = PATH makes each rank append, per micro-batch, a line "STEP SOURCE:SAMPLE
+// ..." of the global sample ids it trained on to PATH.rankR.
+class SampleTrace {
+ public:
+  explicit SampleTrace(int rank) {
+    const char* v = std::getenv("ZAYA_TRACE_SAMPLES");
+    if (v && *v) out_.open(fmt::format("{}.rank{}", v, rank), std::ios::app);
+  }
+  void add(int64_t step, const std::vector<std::pair<int, int64_t>>& ids) {
+    if (!out_.is_open()) return;
+    out_ << step;
+    for (const auto& [s, n] : ids) out_ << ' ' << s << ':' << n;
+    out_ << '\n';
+    out_.flush();
+  }
+
+ private:
+  std::ofstream out_;
+};
+
 std::string fmt_mib(double bytes) {
   return fmt::format("{:.2f} MiB", bytes / double(1 << 20));
 }
@@ -245,9 +268,12 @@ TrainResult train(const TrainOptions& opts) {
   DataParallelStep* dstep = nullptr;
   double base_theta = 0;
   job.agree("the model set-up", [&] {
-  resume_from = resolve_resume(ckpt_root, opts.resume);
+  // The lead rank picks (and fully verifies) the checkpoint; the others check the bytes they read.
+  std::string chosen;
+  if (job.lead()) chosen = resolve_resume(ckpt_root, opts.resume);
+  resume_from = job.parallel() ? job.host->host_all_gather(chosen)[0] : chosen;
   if (!resume_from.empty()) {
-    ck = load_checkpoint(resume_from);
+    ck = load_checkpoint(resume_from, /*verify=*/!job.lead());
     model = std::move(ck.model);
     st.step = ck.trainer.step;
     st.tokens = ck.trainer.tokens;
@@ -255,7 +281,8 @@ TrainResult train(const TrainOptions& opts) {
     st.skipped = ck.trainer.skipped_steps;
     st.cursor = ck.trainer.data_cursor;
     if (job.lead())
-      ZAYA_INFO("resuming from {} (step {}, {} tokens)", resume_from, st.step, st.tokens);
+      ZAYA_INFO("resuming from {} (step {}, {} tokens, written by {} rank{})", resume_from,
+                st.step, st.tokens, ck.trainer.world, ck.trainer.world == 1 ? "" : "s");
   } else {
     model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
   }
@@ -272,9 +299,26 @@ TrainResult train(const TrainOptions& opts) {
   } else {
     step = make_train_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so);
   }
+  // Each rank reads the pieces it owns now, whatever world size wrote the checkpoint.
   if (!resume_from.empty())
-    step->load_state(ck.state, ck.trainer.optimizer_steps, ck.trainer.balancing_steps);
-  ck.state.clear();
+    step->load_state_from(*ck.state, ck.trainer.optimizer_steps, ck.trainer.balancing_steps);
+  ck.state.reset();
+  });
+
+  // Checkpoints: every rank writes its own files, in the background after the snapshot.
+  std::unique_ptr<Checkpointer> ckpt;
+  job.agree("the checkpoint set-up", [&] {
+    const std::string mine = fmt::format("{:x}-{:x}", uint64_t(::getpid()),
+                                         uint64_t(std::chrono::system_clock::now()
+                                                      .time_since_epoch()
+                                                      .count()) & 0xffffffffffULL);
+    const std::string tag = job.parallel() ? job.host->host_all_gather(mine)[0] : mine;
+    StagingMemory mem;
+    if (step->masters().device == Device::CUDA) mem = {alloc_pinned_host, free_pinned_host,
+                                                       copy_step_bytes};
+    ckpt = std::make_unique<Checkpointer>(ckpt_root, rc.checkpoint.keep_last,
+                                          size_t(rc.checkpoint.staging_mb) << 20, mem,
+                                          job.parallel() ? job.host.get() : nullptr, tag);
   });
 
   const ScheduleSettings sched = rc.resolved_schedule();
@@ -337,32 +381,60 @@ TrainResult train(const TrainOptions& opts) {
     return acc.total / double(acc.count);
   };
 
+  // Starts a checkpoint of this step: the snapshot of this rank's weights and state pieces, then
+  // (async) the background write; the commit happens at a later step boundary (poll) or, for the
+  // final one and with checkpoint.async = false, right here.
+  std::string last_ckpt;
   auto save = [&](bool final_one) -> std::string {
-    step->export_weights(model);
-    NamedTensors state = step->state();  // collective: the lead rank gathers every owner's part
-    if (!job.lead()) return checkpoint_dir_name(st.step);
-    TrainerState ts;
-    ts.step = st.step;
-    ts.tokens = st.tokens;
-    ts.phase = st.phase;
-    ts.skipped_steps = st.skipped;
-    ts.optimizer_steps = step->optimizer_steps();
-    ts.balancing_steps = step->balancing_steps();
-    ts.data_cursor = loader ? loader->cursor().to_json() : json();
-    ts.config_toml = rc.to_toml();
-    const std::string dir =
-        save_checkpoint(ckpt_root, model, whole_tensors(state), ts, rc.checkpoint.keep_last);
-    if (!opts.quiet || final_one) ZAYA_INFO("checkpoint {}", dir);
+    const auto t0 = std::chrono::steady_clock::now();
+    step->sync();
+    RankContribution c;
+    c.rank = job.rank;
+    c.world = job.world;
+    c.state = step->owned_state();
+    const FlatBuffer m = step->masters();
+    const std::vector<ParamSlot>& lay = step->layout();
+    const std::vector<int> writers = step->weight_writers();
+    for (size_t i = 0; i < lay.size(); i++) {
+      if (writers[i] == job.rank) c.weights.push_back({lay[i].name, lay[i].shape, m.data + lay[i].offset});
+      if (job.lead()) c.placements.push_back({lay[i].name, lay[i].shape, writers[i]});
+    }
+    std::string save_id;
+    if (job.lead()) {
+      save_id = Checkpointer::new_save_id(st.step);
+      TrainerState ts;
+      ts.step = st.step;
+      ts.tokens = st.tokens;
+      ts.phase = st.phase;
+      ts.skipped_steps = st.skipped;
+      ts.optimizer_steps = step->optimizer_steps();
+      ts.balancing_steps = step->balancing_steps();
+      ts.data_cursor = loader ? loader->cursor().to_json() : json();
+      ts.config_toml = rc.to_toml();
+      ts.world = job.world;
+      ts.save_id = save_id;
+      c.trainer_json = ts.to_json().dump(1) + "\n";
+      json cj = model.cfg.to_json();
+      cj["dtype"] = "float32";
+      c.config_json = cj.dump(2) + "\n";
+    }
+    ckpt->begin(st.step, c, save_id);
+    ckpt->record_blocking(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::string dir;
+    if (final_one || !rc.checkpoint.async) dir = ckpt->finish();
+    if (!dir.empty()) {
+      last_ckpt = dir;
+      if (job.lead() && (!opts.quiet || final_one)) ZAYA_INFO("checkpoint {}", dir);
+    }
     return dir;
   };
-  // A save that fails (disk full, I/O error) has removed its staging directory by the time the
-  // error arrives here, and committed checkpoints are never touched: say which one failed.
-  auto save_checkpoint_or_fail = [&](bool final_one) -> std::string {
-    try {
-      return save(final_one);
-    } catch (const Error& e) {
-      fail("checkpoint {}/{} was not saved (the earlier checkpoints are intact): {}", ckpt_root,
-           checkpoint_dir_name(st.step), e.what());
+  // Commits a save in flight once every rank's files are durable (collective, cheap).
+  auto poll_checkpoint = [&] {
+    const std::string dir = ckpt->poll();
+    if (!dir.empty()) {
+      last_ckpt = dir;
+      if (job.lead() && !opts.quiet) ZAYA_INFO("checkpoint {}", dir);
     }
   };
 
@@ -410,6 +482,7 @@ TrainResult train(const TrainOptions& opts) {
     fmt::print(stderr, "device: {}, {:.1f} GiB in use; MFU against {:.0f} TFLOP/s\n",
                step->name(), double(step->device_bytes()) / double(1 << 30), opts.peak_tflops);
   const int64_t start_step = st.step;
+  SampleTrace trace(job.rank);
   auto t_loop = std::chrono::steady_clock::now();
   int64_t tokens_at_loop = st.tokens;
   bool first = true;
@@ -445,6 +518,7 @@ TrainResult train(const TrainOptions& opts) {
     std::vector<int32_t> ids(size_t(mb * S)), tgt(size_t(mb * S));
     for (int64_t m = 0; m < micro; m++) {
       std::vector<int32_t> rows = loader->next();
+      trace.add(st.step + 1, loader->last_samples());
       for (int64_t r = 0; r < mb; r++)
         for (int64_t t = 0; t < S; t++) {
           ids[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t)];
@@ -543,8 +617,9 @@ TrainResult train(const TrainOptions& opts) {
           step->reports_mfu() ? fmt::format(" (step {:.0f}, MFU {:.1f}%)", step_tps, 100.0 * mfu)
                               : std::string(),
           fmt_duration(eta));
+    poll_checkpoint();
     if (rc.checkpoint.every > 0 && st.step % rc.checkpoint.every == 0 && st.step < total_steps)
-      save_checkpoint_or_fail(false);
+      save(false);
   }
   res.steps = st.step;
   res.tokens = st.tokens;
@@ -554,7 +629,25 @@ TrainResult train(const TrainOptions& opts) {
     make_loaders(phase);
     if (!st.cursor.is_null()) loader->restore(DataCursor::from_json(st.cursor));
   }
-  res.final_checkpoint = save_checkpoint_or_fail(true);
+  res.final_checkpoint = save(true);
+  {
+    const SaveStats& ss = ckpt->stats();
+    if (job.lead() && !ss.blocking_ms.empty()) {
+      uint64_t bytes = 0;
+      double secs = 0;
+      for (size_t i = 0; i < ss.bytes.size(); i++) {
+        bytes += ss.bytes[i];
+        secs += ss.write_s[i];
+      }
+      fmt::print(stderr,
+                 "checkpoints: {} saved; the loop blocked p50 {:.1f} ms, p99 {:.1f} ms per save; "
+                 "rank 0 wrote {} at {:.0f} MiB/s\n",
+                 ss.blocking_ms.size(), ss.percentile_ms(50), ss.percentile_ms(99),
+                 fmt_mib(double(bytes)), double(bytes) / double(1 << 20) / std::max(secs, 1e-9));
+    }
+    res.save_blocking_p50_ms = ss.percentile_ms(50);
+    res.save_blocking_p99_ms = ss.percentile_ms(99);
+  }
   // The trained model, ready for `zaya generate --model`.
   res.model_dir = opts.out_dir + "/model";
   if (!job.lead()) {
@@ -562,6 +655,7 @@ TrainResult train(const TrainOptions& opts) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     return res;
   }
+  step->export_weights(model);
   save_model(model, res.model_dir, DType::F32);
   if (tok->name() == "bytes")
     write_file_atomic(res.model_dir + "/tokenizer.txt", "bytes\n");

@@ -34,6 +34,7 @@ struct TrainResult {
   double seconds = 0;
   int64_t skipped_steps = 0;
   std::string final_checkpoint, model_dir;
+  double save_blocking_p50_ms = 0, save_blocking_p99_ms = 0;  // the loop's stall per checkpoint
 };
 
 TrainResult train(const TrainOptions& opts);

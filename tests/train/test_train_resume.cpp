@@ -79,7 +79,7 @@ TEST(TrainResume, AutoResumeSkipsACorruptCheckpoint) {
   const std::string root = d + "/r/checkpoints";
   ASSERT_TRUE(verify_manifest(root + "/step-00000006").ok);
   // Flip one byte of the newest checkpoint's weights.
-  const std::string f = root + "/step-00000006/model/model.safetensors";
+  const std::string f = root + "/step-00000006/model/model-00001-of-00001.safetensors";
   {
     std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
     io.seekp(-5, std::ios::end);
@@ -92,7 +92,7 @@ TEST(TrainResume, AutoResumeSkipsACorruptCheckpoint) {
   std::vector<std::string> skipped;
   EXPECT_EQ(find_resumable_checkpoint(root, &skipped), root + "/step-00000003");
   ASSERT_EQ(skipped.size(), 1u);
-  EXPECT_NE(skipped[0].find("model/model.safetensors"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[0].find("model/model-00001-of-00001.safetensors"), std::string::npos) << skipped[0];
   EXPECT_NE(skipped[0].find("checksum"), std::string::npos) << skipped[0];
   // An explicit resume from the corrupt one is refused with the reason.
   try {

@@ -77,6 +77,7 @@ class CudaStep final : public TrainStep {
     return {model_->params().front().master, flat_numel_, Device::CUDA};
   }
   void weights_changed() override { model_->refresh_copies(); }
+  void sync() override { ZAYA_CUDA_CHECK(cudaStreamSynchronize(model_->stream())); }
 
   void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) override {
     // Every row has S1 − 1 predictions, so the batch mean weighs them as the CPU's row loop does.

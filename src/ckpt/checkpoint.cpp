@@ -216,10 +216,12 @@ std::string Checkpointer::commit() {
         fs::remove_all(staging, ec);
       } else {
         std::vector<ManifestEntry> entries;
-        for (const std::string& s : all)
-          for (const json& f : json::parse(s)["files"])
+        for (const std::string& s : all) {
+          const json j = json::parse(s);
+          for (const json& f : j["files"])
             entries.push_back({f[0].get<std::string>(), f[1].get<uint64_t>(),
                                std::stoull(f[2].get<std::string>(), nullptr, 16)});
+        }
         write_manifest_entries(staging, std::move(entries),
                                {{"step", step_},
                                 {"kind", "zaya-train"},
@@ -274,6 +276,14 @@ ManifestCheck check_checkpoint(const std::string& dir, bool check_hashes) {
     c.reason = why;
     c.problems.insert(c.problems.begin(), std::move(why));
   };
+  for (const std::string need :
+       {std::string(kCheckpointTrainerFile), std::string(kCheckpointModelDir) + "/config.json"})
+    if (std::none_of(c.manifest.files.begin(), c.manifest.files.end(),
+                     [&](const ManifestEntry& e) { return e.path == need; })) {
+      refuse(fmt::format("{}: does not list {} (not a training checkpoint, or cut short)",
+                         kManifestName, need));
+      return c;
+    }
   const std::string tj_path = dir + "/" + kCheckpointTrainerFile;
   TrainerState t;
   try {

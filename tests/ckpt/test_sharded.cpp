@@ -184,7 +184,7 @@ TEST(ShardedState, RefusesAMissingRankFileAndCorruptBytes) {
       if (e.path != state_file_rel(1, 3)) kept.push_back(e);
     m.files = kept;
     expect_error([&] { ShardedState::open(d.path(), m, true); },
-                 {"optim.muon.momentum.w", "cover 3 of its 72 elements"});
+                 {"optim.muon.momentum.w", "cover 36 of its 72 elements"});
   }
   // A flipped byte in rank 2's data: refused, naming the file, when its rows are read.
   const std::string f = d / state_file_rel(2, 3);
@@ -247,6 +247,17 @@ TEST(Checkpointer, OneProcessSavesCommitsAndPrunes) {
       const std::string dir = ck.finish();
       EXPECT_EQ(dir, root + "/" + checkpoint_dir_name(step));
       EXPECT_TRUE(check_checkpoint(dir).ok) << check_checkpoint(dir).reason;
+      // Every file is in the manifest: the weight shard, the index, the config, the state file
+      // and trainer.json.
+      const Manifest m = read_manifest(dir);
+      std::vector<std::string> paths;
+      for (const auto& e : m.files) paths.push_back(e.path);
+      EXPECT_EQ(paths, (std::vector<std::string>{"model/config.json",
+                                                 "model/model-00001-of-00001.safetensors",
+                                                 "model/model.safetensors.index.json",
+                                                 "state/rank-00000-of-00001.safetensors",
+                                                 "trainer.json"}));
+      EXPECT_TRUE(verify_manifest(dir).unlisted.empty());
     }
     EXPECT_EQ(ck.stats().blocking_ms.size(), 0u);  // recorded by the caller
     EXPECT_EQ(ck.stats().bytes.size(), 3u);

@@ -24,37 +24,11 @@ trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 mpi() { timeout 300 mpirun -np "$1" --oversubscribe "${@:2}"; }
 
-"$zaya" data prepare --input "$src/README.md" "$src/docs/TRAINING.md" --output-prefix "$T/ds" \
-  --tokenizer bytes > "$T/prep.log" 2>&1 || { cat "$T/prep.log"; fail "data prepare"; }
+# shellcheck source=tests/cli/lib/tiny_run.sh
+source "$src/tests/cli/lib/tiny_run.sh"
+tiny_run_data "$T/ds" "$src" || fail "data prepare"
 # Two phases (a sequence-length change) with the same global batch of 12 sequences.
-cat > "$T/run.toml" <<EOT
-[model]
-config = "tiny"
-[data]
-tokenizer = "bytes"
-[[data.blend]]
-prefix = "$T/ds"
-[eval]
-every = 0
-[checkpoint]
-every = 0
-[schedule]
-warmup_steps = 5
-[train]
-micro_batch = 1
-seq_len = 32
-steps = 30
-log_every = 10
-[[phase]]
-name = "short"
-steps = 15
-seq_len = 24
-batch_size = 12
-[[phase]]
-name = "long"
-seq_len = 32
-batch_size = 12
-EOT
+tiny_run_toml "$T/ds" 30 15 > "$T/run.toml"
 run() {  # run NAME NP : trains into $T/NAME (NP = 0: no launcher)
   local name="$1" np="$2" cmd=("$zaya" train --config "$T/run.toml" --out "$T/$1" --quiet)
   if [ "$np" = 0 ]; then "${cmd[@]}" > "$T/$name.log" 2>&1

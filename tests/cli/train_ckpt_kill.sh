@@ -1,0 +1,76 @@
+#!/bin/bash
+# kill -9 of a random rank at a random moment of a data-parallel run that saves a checkpoint every
+# step asynchronously (mpirun -np 2, CPU ranks), KILL_TRIALS times (default 20; seed KILL_SEED):
+#  - every committed checkpoint the killed run left verifies (`--resume auto` skips none);
+#  - `--resume auto` continues from the newest one (or starts fresh when the kill came before the
+#    first commit) and ends with the uninterrupted run's final weights and losses, bit for bit;
+#  - an interrupted save leaves only its staging directory, which the resumed job removes.
+# Prints how many kills landed with a save in flight (a staging directory left behind).
+# Usage: bash train_ckpt_kill.sh <zaya-binary> <source-dir>   (skips, exit 0, without MPI)
+set -u
+zaya="$1"
+src="$2"
+if ! "$zaya" version | grep -q "mpi: yes"; then echo "SKIP: zaya built without MPI"; exit 0; fi
+if ! command -v mpirun >/dev/null; then echo "SKIP: no mpirun"; exit 0; fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+T="$(mktemp -d)"
+trap 'pkill -9 -f -- "--out $T/" 2>/dev/null; rm -rf "$T"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=tests/cli/lib/tiny_run.sh
+source "$src/tests/cli/lib/tiny_run.sh"
+tiny_run_data "$T/ds" "$src" || fail "data prepare"
+tiny_run_toml "$T/ds" 10 4 1 > "$T/run.toml"   # a checkpoint every step
+trials="${KILL_TRIALS:-20}"
+RANDOM="${KILL_SEED:-2026}"
+train() {  # train NAME ARGS... (foreground, -np 2)
+  local name="$1"
+  shift
+  timeout 300 mpirun -np 2 --oversubscribe "$zaya" train --config "$T/run.toml" --out "$T/$name" \
+    --quiet "$@"
+}
+
+t0=$SECONDS
+train ref > "$T/ref.log" 2>&1 || { tail -20 "$T/ref.log"; fail "the uninterrupted run"; }
+ref_s=$((SECONDS - t0))
+[ "$ref_s" -ge 1 ] || ref_s=1
+echo "uninterrupted run: ${ref_s} s"
+
+resumed=0 fresh=0 midsave=0 finished=0
+for ((i = 1; i <= trials; i++)); do
+  out="$T/k$i"
+  timeout 300 mpirun -np 2 --oversubscribe "$zaya" train --config "$T/run.toml" --out "$out" \
+    --quiet > "$T/k$i.log" 2>&1 &
+  tpid=$!
+  # A random moment of the run: from 30% of its length (start-up is about a third) to its end.
+  sleep "$(awk -v r="$RANDOM" -v s="$ref_s" 'BEGIN { printf "%.2f", s * (0.3 + 0.7 * (r % 100) / 100) }')"
+  mp=$(pgrep -P "$tpid" | head -1)
+  ranks=($( [ -n "$mp" ] && pgrep -P "$mp"))
+  if [ ${#ranks[@]} -gt 0 ]; then
+    victim=${ranks[$((RANDOM % ${#ranks[@]}))]}
+    kill -9 "$victim" 2>/dev/null
+  fi
+  wait "$tpid"
+  rc=$?
+  if [ "$rc" = 0 ]; then finished=$((finished + 1)); fi
+  ls -a "$out/checkpoints" 2>/dev/null | grep -q '^\.tmp-step-' && midsave=$((midsave + 1))
+  # Resume to the end.
+  train "k$i" --resume auto > "$T/r$i.log" 2>&1 || { tail -20 "$T/r$i.log"; fail "trial $i: the resumed run"; }
+  if grep -q "resume: skipping" "$T/r$i.log"; then
+    grep "resume: skipping" "$T/r$i.log"
+    fail "trial $i: the killed run left a committed checkpoint that does not verify"
+  fi
+  if grep -q "resuming from" "$T/r$i.log"; then resumed=$((resumed + 1)); else fresh=$((fresh + 1)); fi
+  ls -a "$out/checkpoints" | grep -q '^\.tmp-step-' && fail "trial $i: a staging directory survived the resumed run"
+  cmp -s "$T/ref/model/model.safetensors" "$out/model/model.safetensors" ||
+    fail "trial $i: the final weights differ from the uninterrupted run's"
+  python3 - "$T/ref/metrics.jsonl" "$out/metrics.jsonl" <<'PY' || fail "trial $i: losses differ"
+import json, sys
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
+assert len(a) == 10 and a == b, (a, b)
+PY
+done
+echo "kill trials: $trials (rc 0 before the kill: $finished); resumed from a checkpoint: $resumed," \
+  "fresh: $fresh; a save in flight when killed: $midsave; every resumed run bit-identical"
+[ "$resumed" -gt 0 ] || fail "no trial resumed from a checkpoint"
+echo "train_ckpt_kill: ok"

@@ -27,6 +27,7 @@ using namespace zaya::bench;
 namespace zaya::cli {
 int bench_train_cli(int argc, char** argv);  // cmd_bench_train.cpp
 int bench_infer_cli(int argc, char** argv);  // cmd_bench_infer.cpp
+int bench_ckpt_cli(int argc, char** argv);   // cmd_bench_ckpt.cpp
 }  // namespace zaya::cli
 
 namespace {
@@ -580,6 +581,7 @@ int run_bench(int argc, char** argv) {
       "  profile  run gemm and mem and write a zaya.hardware/1 profile\n"
       "  train    the CUDA training step: tokens/s, model TFLOP/s, memory, time by op class\n"
       "  infer    GPU inference: prefill tokens/s, decode step vs the bandwidth roofline\n"
+      "  ckpt     training checkpoints: the loop's stall per save, write vs disk bandwidth\n"
       "  kernels  the model's attention/CCA/norm/loss/optimizer kernels: efficiencies for the "
       "cost model\n";
   if (argc < 2) {
@@ -597,6 +599,7 @@ int run_bench(int argc, char** argv) {
   if (sub == "profile") return bench_profile_cli(argc - 1, argv + 1);
   if (sub == "train") return zaya::cli::bench_train_cli(argc - 1, argv + 1);
   if (sub == "infer") return zaya::cli::bench_infer_cli(argc - 1, argv + 1);
+  if (sub == "ckpt") return zaya::cli::bench_ckpt_cli(argc - 1, argv + 1);
   if (sub == "kernels") return bench_kernels_cli(argc - 1, argv + 1);
   std::fprintf(stderr, "zaya bench: unknown sub-command '%s'\n%s", sub.c_str(), usage.c_str());
   return 2;
@@ -604,5 +607,5 @@ int run_bench(int argc, char** argv) {
 
 }  // namespace
 
-ZAYA_COMMAND("bench", "characterize the cluster: comm, gemm, mem, profile, kernels, train, infer",
+ZAYA_COMMAND("bench", "characterize the cluster: comm, gemm, mem, profile, kernels, train, infer, ckpt",
              run_bench);

@@ -19,6 +19,28 @@ std::vector<int> TrainStep::weight_writers() const {
   return std::vector<int>(layout().size(), 0);
 }
 
+RankContribution checkpoint_contribution(TrainStep& step, int rank, int world) {
+  RankContribution c;
+  c.rank = rank;
+  c.world = world;
+  c.state = step.owned_state();
+  const FlatBuffer m = step.masters();
+  const std::vector<ParamSlot>& lay = step.layout();
+  const std::vector<int> writers = step.weight_writers();
+  ZAYA_CHECK(writers.size() == lay.size(), "checkpoint: {} weight writers for {} tensors",
+             writers.size(), lay.size());
+  for (size_t i = 0; i < lay.size(); i++) {
+    if (writers[i] == rank) c.weights.push_back({lay[i].name, lay[i].shape, m.data + lay[i].offset});
+    if (rank == 0) c.placements.push_back({lay[i].name, lay[i].shape, writers[i]});
+  }
+  return c;
+}
+
+StagingMemory checkpoint_staging(TrainStep& step) {
+  if (step.masters().device != Device::CUDA) return {};
+  return {alloc_pinned_host, free_pinned_host, copy_step_bytes};
+}
+
 void TrainStep::load_state_from(const StateSource& source, int64_t optimizer_steps,
                                 int64_t balancing_steps) {
   NamedTensors all;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "ckpt/named_state.h"
+#include "ckpt/sharded.h"
 #include "core/tensor.h"
 #include "model/backward.h"
 #include "model/zaya.h"
@@ -169,6 +170,15 @@ void copy_step_bytes(void* dst, const void* src, size_t bytes);
 int visible_cuda_devices();
 void* alloc_pinned_host(size_t bytes);
 void free_pinned_host(void* p);
+
+// This rank's part of a sharded checkpoint (ckpt/sharded.h) from a step: the weights it writes
+// (weight_writers(), read from masters(), host or GPU), its state pieces (owned_state()), and on
+// rank 0 every weight's placement. The caller adds config_json and trainer_json (rank 0). Call
+// after sync(); the sources stay valid until the step changes its masters.
+RankContribution checkpoint_contribution(TrainStep& step, int rank, int world);
+// How a checkpoint writer may copy from the step's memory: page-locked staging and
+// copy_step_bytes for a GPU step, ordinary memory and memcpy for a CPU one.
+StagingMemory checkpoint_staging(TrainStep& step);
 
 // Throws zaya::Error unless options.device can train here (for "cuda": the build has the CUDA
 // backend and the machine has the device). The loop calls it first, before any data or model work.

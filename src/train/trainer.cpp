@@ -313,11 +313,9 @@ TrainResult train(const TrainOptions& opts) {
                                                       .time_since_epoch()
                                                       .count()) & 0xffffffffffULL);
     const std::string tag = job.parallel() ? job.host->host_all_gather(mine)[0] : mine;
-    StagingMemory mem;
-    if (step->masters().device == Device::CUDA) mem = {alloc_pinned_host, free_pinned_host,
-                                                       copy_step_bytes};
     ckpt = std::make_unique<Checkpointer>(ckpt_root, rc.checkpoint.keep_last,
-                                          size_t(rc.checkpoint.staging_mb) << 20, mem,
+                                          size_t(rc.checkpoint.staging_mb) << 20,
+                                          checkpoint_staging(*step),
                                           job.parallel() ? job.host.get() : nullptr, tag);
   });
 
@@ -388,17 +386,7 @@ TrainResult train(const TrainOptions& opts) {
   auto save = [&](bool final_one) -> std::string {
     const auto t0 = std::chrono::steady_clock::now();
     step->sync();
-    RankContribution c;
-    c.rank = job.rank;
-    c.world = job.world;
-    c.state = step->owned_state();
-    const FlatBuffer m = step->masters();
-    const std::vector<ParamSlot>& lay = step->layout();
-    const std::vector<int> writers = step->weight_writers();
-    for (size_t i = 0; i < lay.size(); i++) {
-      if (writers[i] == job.rank) c.weights.push_back({lay[i].name, lay[i].shape, m.data + lay[i].offset});
-      if (job.lead()) c.placements.push_back({lay[i].name, lay[i].shape, writers[i]});
-    }
+    RankContribution c = checkpoint_contribution(*step, job.rank, job.world);
     std::string save_id;
     if (job.lead()) {
       save_id = Checkpointer::new_save_id(st.step);

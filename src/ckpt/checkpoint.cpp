@@ -109,10 +109,7 @@ std::string save_checkpoint(const std::string& root, const ZayaModel& model,
 
 LoadedCheckpoint load_checkpoint(const std::string& dir) {
   LoadedCheckpoint c;
-  c.model = load_model(dir + "/model");
-  // Training writes the weights in place: owned fp32 copies of the memory-mapped tensors.
-  for (auto& [name, t] : c.model.tensor_slots())
-    if (t->defined()) *t = t->to(DType::F32);
+  c.model = load_model_f32(dir + "/model");  // training writes the weights in place
   auto f = SafetensorsFile::open(dir + "/optimizer.safetensors");
   for (auto& ti : f->tensors()) c.state.emplace_back(ti.name, f->get(ti.name));
   const std::string tj_path = dir + "/trainer.json";

@@ -258,10 +258,8 @@ LoadedCheckpoint load_checkpoint(const std::string& dir, bool verify) {
     verify_checkpoint_files(dir, c.manifest, std::string(kCheckpointModelDir) + "/");
     verify_checkpoint_files(dir, c.manifest, kCheckpointTrainerFile);
   }
-  c.model = load_model(dir + "/" + kCheckpointModelDir);
-  // Training writes the weights in place: owned fp32 copies of the memory-mapped tensors.
-  for (auto& [name, t] : c.model.tensor_slots())
-    if (t->defined()) *t = t->to(DType::F32);
+  // Training writes the weights in place: owned fp32 copies.
+  c.model = load_model_f32(dir + "/" + kCheckpointModelDir);
   c.state = ShardedState::open(dir, c.manifest, verify);
   const std::string tj_path = dir + "/" + kCheckpointTrainerFile;
   c.trainer = TrainerState::from_json(parse_json(read_file(tj_path), tj_path), tj_path);

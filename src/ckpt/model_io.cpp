@@ -114,42 +114,67 @@ ZayaConfig config_for_original(const nlohmann::json& j, const std::string& where
   return ZayaConfig::from_json(k, where);
 }
 
-}  // namespace
+// A checkpoint directory before its weights are read: the tensor index, the layout, and the model
+// config (for the original layout, with the stack depth counted from the tensor names).
+struct OpenedCheckpoint {
+  std::shared_ptr<TensorStore> store;
+  bool original = false;
+  int64_t stages = 0;  // original layout: alternating attention/MoE stages
+  ZayaConfig cfg;
+};
 
-ZayaModel load_model(const std::string& dir) {
+OpenedCheckpoint open_checkpoint(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   ZAYA_CHECK(fs::is_directory(dir, ec), "model directory '{}' does not exist", dir);
   const std::string cfg_path = (fs::path(dir) / "config.json").string();
   ZAYA_CHECK(fs::exists(cfg_path, ec), "{}: missing config.json", dir);
-  auto store = TensorStore::open(dir);
-  const bool original = store->has("model.layers.0.self_attn.qkv.linear_q.weight");
+  OpenedCheckpoint o;
+  o.store = TensorStore::open(dir);
+  o.original = o.store->has("model.layers.0.self_attn.qkv.linear_q.weight");
+  if (!o.original) {
+    o.cfg = ZayaConfig::load(cfg_path);
+    return o;
+  }
+  const nlohmann::json j = read_json_file(cfg_path, "malformed JSON");
+  // The stage count comes from the tensors (the config's num_hidden_layers may be stale).
+  int64_t last_stage = -1;
+  static const std::regex re(R"(^model\.layers\.(\d+)\.)");
+  for (auto& n : o.store->names()) {
+    std::smatch mm;
+    if (std::regex_search(n, mm, re))
+      last_stage = std::max<int64_t>(last_stage, name_number(mm[1], n));
+  }
+  // Every stage holds tensors, so a stage number beyond the tensor count is a corrupt name (and
+  // would size the model's layer list).
+  ZAYA_CHECK(last_stage < int64_t(o.store->names().size()),
+             "{}: a tensor name numbers stage {}, but the checkpoint holds only {} tensors", dir,
+             last_stage, o.store->names().size());
+  o.stages = last_stage + 1;
+  ZAYA_CHECK(o.stages % 2 == 0 && o.stages > 0,
+             "{}: original layout with {} stages (expected an even "
+             "number of alternating attention/MoE stages)",
+             dir, o.stages);
+  o.cfg = config_for_original(j, cfg_path, o.stages);
+  return o;
+}
+
+}  // namespace
+
+ZayaConfig load_model_config(const std::string& dir) {
+  return open_checkpoint(dir).cfg;
+}
+
+ZayaModel load_model(const std::string& dir) {
+  OpenedCheckpoint o = open_checkpoint(dir);
+  const auto& store = o.store;
+  const int64_t stages = o.stages;
   ZayaModel m;
+  m.cfg = o.cfg;
   std::map<std::string, Tensor> by_name;
-  if (!original) {
-    m.cfg = ZayaConfig::load(cfg_path);
+  if (!o.original) {
     for (auto& n : store->names()) by_name[n] = store->get(n);
   } else {
-    const nlohmann::json j = read_json_file(cfg_path, "malformed JSON");
-    // The stage count comes from the tensors (the config's num_hidden_layers may be stale).
-    int64_t last_stage = -1;
-    static const std::regex re(R"(^model\.layers\.(\d+)\.)");
-    for (auto& n : store->names()) {
-      std::smatch mm;
-      if (std::regex_search(n, mm, re))
-        last_stage = std::max<int64_t>(last_stage, name_number(mm[1], n));
-    }
-    // Every stage holds tensors, so a stage number beyond the tensor count is a corrupt name (and
-    // would size the model's layer list).
-    ZAYA_CHECK(last_stage < int64_t(store->names().size()),
-               "{}: a tensor name numbers stage {}, but the checkpoint holds only {} tensors", dir,
-               last_stage, store->names().size());
-    const int64_t stages = last_stage + 1;
-    ZAYA_CHECK(stages % 2 == 0 && stages > 0,
-               "{}: original layout with {} stages (expected an even "
-               "number of alternating attention/MoE stages)",
-               dir, stages);
-    m.cfg = config_for_original(j, cfg_path, stages);
     static const std::regex ex(
         R"(^model\.layers\.(\d+)\.zaya_block\.experts\.local_experts\.(\d+)\.linear_fc([12])\.weight$)");
     std::map<std::string, std::vector<std::pair<int64_t, Tensor>>> experts;
@@ -211,6 +236,13 @@ ZayaModel load_model(const std::string& dir) {
   }
   if (m.embed.dtype() != DType::F32 && c.vocab_size * c.hidden_size < (int64_t(1) << 24))
     m.embed = m.embed.to(DType::F32);
+  return m;
+}
+
+ZayaModel load_model_f32(const std::string& dir) {
+  ZayaModel m = load_model(dir);
+  for (auto& [name, t] : m.tensor_slots())
+    if (t->defined()) *t = t->to(DType::F32);
   return m;
 }
 

@@ -18,6 +18,14 @@ namespace zaya {
 // Loads a checkpoint directory (config.json + safetensors, sharded or not) in either layout.
 ZayaModel load_model(const std::string& dir);
 
+// load_model with every tensor replaced by an owned fp32 copy: what training needs, since it writes
+// the weights in place (the memory map is read-only) and keeps fp32 masters.
+ZayaModel load_model_f32(const std::string& dir);
+
+// The model config load_model(dir) would give, from config.json and the safetensors headers (the
+// original layout's stack depth comes from its tensor names), without reading any weights.
+ZayaConfig load_model_config(const std::string& dir);
+
 // Writes config.json and the weights in the `transformers` layout, staged and renamed into `dir`
 // (an existing directory is replaced only once the new one is complete). Balancing biases stay
 // fp32; the other tensors take `dtype`. Shards hold at most `max_shard_bytes` (0: 5 GiB).

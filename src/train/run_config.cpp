@@ -18,9 +18,11 @@
 #include <charconv>
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "ckpt/model_io.h"
 #include "core/checked.h"
 #include "core/error.h"
 #include "io/atomic.h"
@@ -101,6 +103,7 @@ class Reader {
     used_.insert(key);
     return t_.get(key);
   }
+  bool has(const char* key) const { return t_.get(key) != nullptr; }
   std::string where(const char* key) const { return join_path(path_, key); }
   [[noreturn]] void bad_type(const char* key, const toml::node& n, const char* expected) const {
     fail("{}: {} must be {}, found {}{}", file_, where(key), expected, type_name(n), line_of(n));
@@ -213,7 +216,12 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
   RunConfig c;
   c.source = file;
   Reader r(root, "", file);
-  r.table("model", [&](Reader& m) { m.get("config", &c.model.config); });
+  r.table("model", [&](Reader& m) {
+    m.get("init", &c.model.init);
+    // With a checkpoint to start from, an unset config means "the checkpoint's".
+    if (!c.model.init.empty() && !m.has("config")) c.model.config.clear();
+    m.get("config", &c.model.config);
+  });
   r.table("optim", [&](Reader& o) {
     auto& s = c.optim;
     o.get("lr", &s.lr);
@@ -309,7 +317,7 @@ toml::array blend_to_toml(const std::vector<BlendEntry>& blend) {
 
 toml::table to_table(const RunConfig& c) {
   toml::table root;
-  root.insert("model", toml::table{{"config", c.model.config}});
+  root.insert("model", toml::table{{"config", c.model.config}, {"init", c.model.init}});
   const auto& o = c.optim;
   toml::table optim{{"lr", o.lr},
                     {"min_lr", o.min_lr},
@@ -642,8 +650,23 @@ void RunConfig::validate() const {
   auto check = [&](bool ok, const std::string& field, const auto& value, const char* expected) {
     if (!ok) fail("{}: {} = {} is invalid: expected {}", f, field, value, expected);
   };
-  check(!model.config.empty(), "model.config", "\"\"", "a preset name or a config.json path");
-  {
+  check(!model.config.empty() || !model.init.empty(), "model.config", "\"\"",
+        "a preset name or a config.json path (\"\" only with model.init)");
+  if (!model.init.empty()) {
+    // Checked here, before any work, so a typo does not surface after the data preparation.
+    std::error_code ec;
+    if (!std::filesystem::is_directory(model.init, ec))
+      fail(
+          "{}: model.init = \"{}\" is not a directory (expected a Hugging Face checkpoint: "
+          "config.json and safetensors)",
+          f, model.init);
+    if (!std::filesystem::is_regular_file(std::filesystem::path(model.init) / "config.json", ec))
+      fail(
+          "{}: model.init = \"{}\" has no config.json (expected a Hugging Face checkpoint "
+          "directory)",
+          f, model.init);
+  }
+  if (!model.config.empty()) {
     const auto presets = ZayaConfig::preset_names();
     const bool preset = std::find(presets.begin(), presets.end(), model.config) != presets.end();
     std::error_code ec;
@@ -767,8 +790,8 @@ RunConfig::ResolvedParallel RunConfig::resolve_parallel(int64_t world) const {
         "{}: parallel.dp = {} with {} ranks: the other factor ({}) would be tensor, pipeline or "
         "expert parallelism, which zaya does not have; set parallel.dp = {} or leave it 0",
         source, r.dp, world, world / r.dp, world);
-  r.backend = parallel.backend == "auto" ? (train.device == "cuda" ? "nccl" : "mpi")
-                                         : parallel.backend;
+  r.backend =
+      parallel.backend == "auto" ? (train.device == "cuda" ? "nccl" : "mpi") : parallel.backend;
   r.bucket_elems = std::max<int64_t>(1, int64_t(parallel.bucket_mb * double(1 << 20) / 4.0));
   const int64_t quantum = train.micro_batch * r.dp;
   for (size_t i = 0; i < phases.size(); i++) {
@@ -782,11 +805,60 @@ RunConfig::ResolvedParallel RunConfig::resolve_parallel(int64_t world) const {
   return r;
 }
 
-ZayaConfig RunConfig::resolve_model() const {
-  const auto presets = ZayaConfig::preset_names();
-  if (std::find(presets.begin(), presets.end(), model.config) != presets.end())
-    return ZayaConfig::preset(model.config);
-  return ZayaConfig::load(model.config);
+// config.json fields that decide a tensor's shape (expected_tensor_shapes) or the stack: a
+// checkpoint cannot be trained as a model that differs in one of them.
+constexpr const char* kShapeFields[] = {"vocab_size",
+                                        "hidden_size",
+                                        "num_hidden_layers",
+                                        "num_attention_heads",
+                                        "num_key_value_heads",
+                                        "head_dim",
+                                        "moe_intermediate_size",
+                                        "num_experts",
+                                        "num_experts_per_tok",
+                                        "router_hidden_size",
+                                        "cca_time0",
+                                        "cca_time1",
+                                        "tie_word_embeddings"};
+
+ZayaConfig RunConfig::resolve_model(std::vector<std::string>* notes) const {
+  const auto named = [&] {
+    const auto presets = ZayaConfig::preset_names();
+    if (std::find(presets.begin(), presets.end(), model.config) != presets.end())
+      return ZayaConfig::preset(model.config);
+    return ZayaConfig::load(model.config);
+  };
+  if (model.init.empty()) return named();
+  ZayaConfig ck = load_model_config(model.init);
+  if (model.config.empty()) return ck;
+  // Both given: the checkpoint decides; model.config may only restate its shapes.
+  const nlohmann::json want = named().to_json(), have = ck.to_json();
+  std::vector<std::string> shape_diffs;
+  for (const char* k : kShapeFields)
+    if (want.value(k, nlohmann::json()) != have.value(k, nlohmann::json()))
+      shape_diffs.push_back(fmt::format("{} = {} in model.config, {} in the checkpoint", k,
+                                        want.value(k, nlohmann::json()).dump(),
+                                        have.value(k, nlohmann::json()).dump()));
+  if (!shape_diffs.empty())
+    fail(
+        "{}: model.config = \"{}\" disagrees with the checkpoint of model.init = \"{}\": {}; the "
+        "architecture comes from the checkpoint, so leave model.config out (or \"\") or make it "
+        "agree",
+        source, model.config, model.init, fmt::join(shape_diffs, "; "));
+  if (notes) {
+    std::set<std::string> keys;
+    for (auto& [k, v] : want.items()) keys.insert(k);
+    for (auto& [k, v] : have.items()) keys.insert(k);
+    for (const std::string& k : keys) {
+      const bool shape = std::any_of(std::begin(kShapeFields), std::end(kShapeFields),
+                                     [&](const char* s) { return k == s; });
+      const nlohmann::json w = want.value(k, nlohmann::json()), h = have.value(k, nlohmann::json());
+      if (!shape && k != "dtype" && w != h)
+        notes->push_back(fmt::format("{} = {} in model.config, {} in the checkpoint (used)", k,
+                                     w.dump(), h.dump()));
+    }
+  }
+  return ck;
 }
 
 ScheduleSettings RunConfig::resolved_schedule() const {

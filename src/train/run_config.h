@@ -1,9 +1,10 @@
-// RunConfig: everything a training run needs besides the model weights, as a typed struct with
-// defaults, read from a TOML file (toml++) plus `--section.key=value` command-line overrides, and
-// written back as TOML (printed at start, stored in checkpoints; to_toml/from_toml round-trip).
-// Unknown keys at any level are errors naming the key path and the file; bad values are errors
-// naming the field. The key reference is docs/TRAINING.md. Deliberately not here: running anything
-// (the loop is train/), loading data, or deciding the data-parallel size (passed in).
+// RunConfig: everything a training run needs besides the model weights (model.init may name a
+// checkpoint to start from; the trainer reads it), as a typed struct with defaults, read from a
+// TOML file (toml++) plus `--section.key=value` command-line overrides, and written back as TOML
+// (printed at start, stored in checkpoints; to_toml/from_toml round-trip). Unknown keys at any
+// level are errors naming the key path and the file; bad values are errors naming the field. The
+// key reference is docs/TRAINING.md. Deliberately not here: running anything (the loop is train/),
+// loading data, or deciding the data-parallel size (passed in).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -25,6 +26,11 @@ struct BlendEntry {
 
 struct ModelSection {
   std::string config = "tiny";  // a preset name, or a config.json (or a directory holding one)
+  // Continued pretraining: a Hugging Face checkpoint directory (either ZAYA layout) whose weights
+  // start a fresh run and whose config.json is the architecture. With init set, config may be ""
+  // (the TOML reader sets it so when the file leaves it out); a non-empty config must agree with
+  // the checkpoint on every shape-determining field. A resumed run ignores init.
+  std::string init;
 };
 
 struct OptimSection {
@@ -138,7 +144,11 @@ struct RunConfig {
   };
   ResolvedParallel resolve_parallel(int64_t world) const;
 
-  ZayaConfig resolve_model() const;            // the preset, or config.json from disk
+  // The model architecture: the preset or config.json of model.config, or with model.init the
+  // checkpoint's (a model.config that disagrees on a shape-determining field is an error naming
+  // the fields and both values). `notes`, when given, receives one line per other field in which a
+  // given model.config differs from the checkpoint (the checkpoint's value is used).
+  ZayaConfig resolve_model(std::vector<std::string>* notes = nullptr) const;
   ScheduleSettings resolved_schedule() const;  // total_steps 0 → train.steps
   // Phase of the step about to run, given the tokens consumed before it. `data_parallel` ranks.
   PhaseState phase_at(int64_t step, int64_t tokens, int64_t data_parallel = 1,

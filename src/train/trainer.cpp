@@ -245,7 +245,10 @@ TrainResult train(const TrainOptions& opts) {
        std::any_of(rc.phases.begin(), rc.phases.end(), [](auto& p) { return p.blend.empty(); }));
   // The lead rank prepares the built-in corpus; the others find it once everyone agrees.
   job.agree("the data preparation", [&] {
-    mcfg = rc.resolve_model();
+    std::vector<std::string> model_notes;  // model.config fields the init checkpoint overrides
+    mcfg = rc.resolve_model(&model_notes);
+    for (const std::string& n : model_notes)
+      if (job.lead()) ZAYA_WARN("model.init: {}", n);
     tok = Tokenizer::load(rc.data.tokenizer);
     ZAYA_CHECK(tok->vocab_size() <= mcfg.vocab_size,
                "data.tokenizer '{}' has {} ids but the model's vocab_size is {}",
@@ -283,9 +286,17 @@ TrainResult train(const TrainOptions& opts) {
     if (job.lead())
       ZAYA_INFO("resuming from {} (step {}, {} tokens, written by {} rank{})", resume_from,
                 st.step, st.tokens, ck.trainer.world, ck.trainer.world == 1 ? "" : "s");
+  } else if (!rc.model.init.empty()) {
+    // Continued pretraining: every rank reads the same checkpoint (no broadcast needed).
+    model = load_model_f32(rc.model.init);
   } else {
     model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
   }
+  if (job.lead() && !rc.model.init.empty() && !resume_from.empty())
+    ZAYA_INFO("model.init = {} is ignored: the run resumes from {}, which holds the weights",
+              rc.model.init, resume_from);
+  else if (job.lead() && !rc.model.init.empty())
+    ZAYA_INFO("model.init: starting from the weights of {}", rc.model.init);
   base_theta = model.cfg.rope_hybrid.theta;
   // The step starts with the first phase's RoPE settings (the GPU model takes them at
   // construction).

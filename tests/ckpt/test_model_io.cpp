@@ -9,10 +9,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "ckpt/model_io.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
-#include "ckpt/model_io.h"
 #include "model/zaya.h"
+#include "original_layout.h"
 
 using namespace zaya;
 namespace fs = std::filesystem;
@@ -114,70 +115,11 @@ TEST(ModelIO, Bf16CheckpointKeepsMatricesInBf16) {
   EXPECT_GT(num, 0.0);
 }
 
-// Writes `m` in the original ZAYA1-base release layout, following ZAYA1.md §2 independently of the
-// loader's mapping: stage 2j is layer j's attention, stage 2j+1 its MoE; stage 0's res_scale is the
-// input affine, stage 2j+1's the post-attention set, stage 2j+2's (and the final one) post-MoE.
-void save_original_layout(const ZayaModel& m, const std::string& dir) {
-  fs::create_directories(dir);
-  std::vector<std::pair<std::string, Tensor>> t;
-  auto rs = [&](const std::string& p, const ResidualScaleWeights& w) {
-    t.emplace_back(p + "hidden_states_scale", w.hs);
-    t.emplace_back(p + "hidden_states_bias", w.hb);
-    t.emplace_back(p + "residual_scale", w.rs);
-    t.emplace_back(p + "residual_bias", w.rb);
-  };
-  t.emplace_back("model.embed_tokens.weight", m.embed);
-  t.emplace_back("model.layers.0.res_scale.hidden_states_scale", m.input_scale);
-  t.emplace_back("model.layers.0.res_scale.hidden_states_bias", m.input_bias);
-  t.emplace_back("model.final_norm.weight", m.final_norm);
-  const int64_t L = int64_t(m.layers.size());
-  for (int64_t j = 0; j < L; j++) {
-    const auto& w = m.layers[size_t(j)];
-    const std::string a = "model.layers." + std::to_string(2 * j) + ".";
-    const std::string b = "model.layers." + std::to_string(2 * j + 1) + ".";
-    t.emplace_back(a + "input_norm.weight", w.ln_in);
-    t.emplace_back(a + "self_attn.qkv.linear_q.weight", w.wq);
-    t.emplace_back(a + "self_attn.qkv.linear_k.weight", w.wk);
-    t.emplace_back(a + "self_attn.qkv.val_proj1.weight", w.wv_cur);
-    t.emplace_back(a + "self_attn.qkv.val_proj2.weight", w.wv_del);
-    t.emplace_back(a + "self_attn.qkv.conv_qk.0.weight", w.conv_dw_w);
-    t.emplace_back(a + "self_attn.qkv.conv_qk.0.bias", w.conv_dw_b);
-    t.emplace_back(a + "self_attn.qkv.conv_qk.1.weight", w.conv_g_w);
-    t.emplace_back(a + "self_attn.qkv.conv_qk.1.bias", w.conv_g_b);
-    t.emplace_back(a + "self_attn.qkv.temp", w.temp);
-    t.emplace_back(a + "self_attn.linear_proj.weight", w.wo);
-    if (j > 0) rs(a + "res_scale.", m.layers[size_t(j - 1)].post_mlp);
-    t.emplace_back(b + "input_norm.weight", w.ln_post);
-    rs(b + "res_scale.", w.post_attn);
-    t.emplace_back(b + "zaya_block.router.down_proj.weight", w.r_down_w);
-    t.emplace_back(b + "zaya_block.router.down_proj.bias", w.r_down_b);
-    if (j > 0) t.emplace_back(b + "zaya_block.router.router_states_scale", w.r_states_scale);
-    t.emplace_back(b + "zaya_block.router.rmsnorm_eda.weight", w.r_norm);
-    t.emplace_back(b + "zaya_block.router.router_mlp.0.weight", w.r_fc1_w);
-    t.emplace_back(b + "zaya_block.router.router_mlp.0.bias", w.r_fc1_b);
-    t.emplace_back(b + "zaya_block.router.router_mlp.2.weight", w.r_fc2_w);
-    t.emplace_back(b + "zaya_block.router.router_mlp.2.bias", w.r_fc2_b);
-    t.emplace_back(b + "zaya_block.router.router_mlp.4.weight", w.r_out_w);
-    t.emplace_back(b + "zaya_block.router.balancing_biases", w.balancing_bias);
-    for (int64_t e = 0; e < m.cfg.num_experts; e++) {
-      const std::string x = b + "zaya_block.experts.local_experts." + std::to_string(e) + ".";
-      t.emplace_back(x + "linear_fc1.weight", w.experts_gate_up.select(0, e).clone());
-      t.emplace_back(x + "linear_fc2.weight", w.experts_down.select(0, e).clone());
-    }
-  }
-  rs("model.res_scale.", m.layers[size_t(L - 1)].post_mlp);
-  save_safetensors(dir + "/model.safetensors", t);
-  nlohmann::json c = m.cfg.to_json();
-  c["num_hidden_layers"] = 999;  // stale in the release: the tensors define the stack
-  c.erase("layer_types");
-  write_text(dir + "/config.json", c.dump());
-}
-
 TEST(ModelIO, LoadsTheOriginalReleaseLayout) {
   ZayaConfig c = small_config();
   ZayaModel m = random_model(c, 7);
   const std::string d = tmpdir("orig");
-  save_original_layout(m, d);
+  test_util::save_original_layout(m, d);
   ZayaModel l = load_model(d);
   EXPECT_EQ(l.cfg.num_hidden_layers, 2);
   EXPECT_EQ(l.cfg.skip_output, SkipOutput::ScaledInput);  // the release's skip behaviour
@@ -243,15 +185,13 @@ TEST(ModelIO, BadCheckpointsGiveClearErrors) {
     const std::string d4 = tmpdir("cfg");
     fs::create_directories(d4);
     fs::copy_file(d + "/model.safetensors", d4 + "/model.safetensors");
-    EXPECT_NE(error_of([&] { load_model(d4); }).find("missing config.json"),
-              std::string::npos);
+    EXPECT_NE(error_of([&] { load_model(d4); }).find("missing config.json"), std::string::npos);
     write_text(d4 + "/config.json", "{\"model_type\": \"zaya\", ");
     EXPECT_NE(error_of([&] { load_model(d4); }).find("malformed JSON"), std::string::npos);
     nlohmann::json c = m.cfg.to_json();
     c["model_type"] = "llama";
     write_text(d4 + "/config.json", c.dump());
-    EXPECT_NE(error_of([&] { load_model(d4); }).find("model_type is \"llama\""),
-              std::string::npos);
+    EXPECT_NE(error_of([&] { load_model(d4); }).find("model_type is \"llama\""), std::string::npos);
     c = m.cfg.to_json();
     c["num_attention_heads"] = 3;
     write_text(d4 + "/config.json", c.dump());

@@ -4,22 +4,13 @@
 
 #include "core/error.h"
 #include "train/run_config.h"
+#include "train_test_util.h"
 
 using namespace zaya;
 
 namespace {
 
-// Runs fn, expects a zaya::Error, and returns its message.
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a zaya::Error";
-  return "";
-}
+using test_util::error_of;
 
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -69,14 +60,14 @@ TEST(RunConfigParallel, DefaultsResolveToTheWorldSize) {
 TEST(RunConfigParallel, BadValuesNameTheField) {
   EXPECT_NE(error_of([] { RunConfig::defaults({"--parallel.dp=-1"}); }).find("parallel.dp"),
             std::string::npos);
-  EXPECT_NE(error_of([] { RunConfig::defaults({"--parallel.backend=gloo"}); })
-                .find("parallel.backend"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { RunConfig::defaults({"--parallel.backend=gloo"}); }).find("parallel.backend"),
+      std::string::npos);
   EXPECT_NE(error_of([] { RunConfig::defaults({"--parallel.backend=nccl"}); }).find("NCCL"),
             std::string::npos);
-  EXPECT_NE(error_of([] { RunConfig::defaults({"--parallel.bucket_mb=0"}); })
-                .find("parallel.bucket_mb"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] { RunConfig::defaults({"--parallel.bucket_mb=0"}); }).find("parallel.bucket_mb"),
+      std::string::npos);
 }
 
 TEST(RunConfigParallel, DpMustDivideAndEqualTheWorld) {
@@ -165,9 +156,10 @@ TEST(RunConfig, DefaultsAreValidAndKeyPathsListEveryKey) {
   RunConfig c = RunConfig::defaults();
   EXPECT_EQ(c.model.config, "tiny");
   auto keys = RunConfig::key_paths();
-  for (const char* k : {"optim.lr", "optim.balancing.betas", "optim.rules.N.weight_decay",
-                        "data.blend.N.weight", "phase.N.seq_len", "phase.N.blend.N.prefix",
-                        "train.log_every", "checkpoint.dir", "schedule.decay_shape"})
+  for (const char* k :
+       {"model.init", "optim.lr", "optim.balancing.betas", "optim.rules.N.weight_decay",
+        "data.blend.N.weight", "phase.N.seq_len", "phase.N.blend.N.prefix", "train.log_every",
+        "checkpoint.dir", "schedule.decay_shape"})
     EXPECT_NE(std::find(keys.begin(), keys.end(), k), keys.end()) << k;
 }
 

@@ -1,9 +1,10 @@
-// Helpers for the end-to-end training-loop tests (tests/train/test_train_resume.cpp on the CPU,
-// tests/gpu/test_train_gpu.cpp with train.device = "cuda"): a fresh directory per test, a small
-// model config plus two token datasets with different statistics (so the blend weights matter),
-// the run config text for a two-phase run (sequence length and RoPE theta change) over that blend,
-// one training run in-process, and the metrics.jsonl it wrote. Header-only, CPU-only. The model
-// sizes, run lengths and every expectation stay with the tests.
+// Helpers for the end-to-end training-loop tests (tests/train/test_train_resume.cpp and
+// test_train_init.cpp on the CPU, tests/gpu/test_train_gpu.cpp with train.device = "cuda"): a fresh
+// directory per test, a small model config plus two token datasets with different statistics (so
+// the blend weights matter), the run config text for a two-phase run (sequence length and RoPE
+// theta change) over that blend, one training run in-process, the metrics.jsonl it wrote, and the
+// message of an expected Error. Header-only, CPU-only. The model sizes, run lengths and every
+// expectation stay with the tests.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "data/indexed_dataset.h"
 #include "model/zaya.h"
@@ -91,6 +93,18 @@ inline TrainResult run_training(const std::string& toml, const std::string& out,
   o.resume = resume;
   o.quiet = true;
   return train(o);
+}
+
+// Runs fn, expects a zaya::Error, and returns its message (a failure of the test when none came).
+template <typename F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a zaya::Error";
+  return "";
 }
 
 // The records of <out>/metrics.jsonl, in order (empty when the file does not exist).

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "io/manifest.h"
 #include "ckpt/model_io.h"
@@ -104,6 +106,47 @@ TEST(TrainResume, AutoResumeSkipsACorruptCheckpoint) {
   // A fresh run into a directory with checkpoints is refused (nothing is overwritten).
   EXPECT_THROW(run(d, d + "/r", {}), Error);
   EXPECT_TRUE(verify_manifest(root + "/step-00000003").ok);
+}
+
+// The other corruptions of the newest checkpoint: each is refused naming the file, and resuming
+// falls back to the previous checkpoint.
+TEST(TrainResume, AutoResumeSkipsTruncatedMissingAndForeignFiles) {
+  namespace fs = std::filesystem;
+  const std::string d = setup_dir();
+  run(d, d + "/r", {});
+  const std::string root = d + "/r/checkpoints", last = root + "/step-00000006";
+  const std::string keep = d + "/step6-copy";
+  fs::copy(last, keep, fs::copy_options::recursive);
+  struct Case {
+    const char* what;
+    std::function<void()> damage;
+    const char* expect;  // in the reason
+  };
+  const std::string state = last + "/state/rank-00000-of-00001.safetensors";
+  const std::vector<Case> cases = {
+      {"truncated", [&] { fs::resize_file(state, fs::file_size(state) - 100); },
+       "state/rank-00000-of-00001.safetensors"},
+      {"missing", [&] { fs::remove(state); }, "state/rank-00000-of-00001.safetensors: missing"},
+      {"foreign manifest",
+       [&] {
+         fs::copy_file(root + "/step-00000003/manifest.json", last + "/manifest.json",
+                       fs::copy_options::overwrite_existing);
+       },
+       "expected"},  // the first file whose size or checksum is not the listed one
+  };
+  for (const Case& c : cases) {
+    fs::remove_all(last);
+    fs::copy(keep, last, fs::copy_options::recursive);
+    ASSERT_EQ(find_resumable_checkpoint(root), last) << c.what;
+    c.damage();
+    std::vector<std::string> skipped;
+    EXPECT_EQ(find_resumable_checkpoint(root, &skipped), root + "/step-00000003") << c.what;
+    ASSERT_EQ(skipped.size(), 1u) << c.what;
+    EXPECT_NE(skipped[0].find(c.expect), std::string::npos) << c.what << ": " << skipped[0];
+  }
+  // And the run resumes from step 3 and ends where the straight run does.
+  TrainResult r = run(d, d + "/r", {}, "auto");
+  EXPECT_EQ(r.steps, 6);
 }
 
 TEST(TrainResume, UnwritableOutputIsAnError) {

@@ -85,18 +85,14 @@ int run_ckpt_bench(const CkptBenchOptions& o) {
     }
   } cleanup{o.dir};
 
-  uint64_t save_bytes = 0;
-  {
-    const RankContribution c = checkpoint_contribution(*step, 0, 1);
-    for (const auto& w : c.weights) save_bytes += uint64_t(shape_numel(w.shape)) * 4;
-    for (const auto& s : c.state) save_bytes += s.tensor.nbytes();
-  }
+  const uint64_t save_bytes = contribution_bytes(checkpoint_contribution(*step, 0, 1));
   fmt::print("# zaya bench ckpt: {} with {} layers on {} ({}): one save = {:.1f} MiB ({} saves into {})\n",
              o.preset, o.layers, o.device, step->name(), double(save_bytes) / (1 << 20), o.saves, o.dir);
   const double disk_bps = disk_write_bandwidth(o.dir + "/baseline.bin", save_bytes);
 
   Checkpointer ck(o.dir + "/checkpoints", 1, size_t(o.staging_mb) << 20, checkpoint_staging(*step),
                   nullptr, "bench");
+  ck.reserve(save_bytes);  // as the trainer does before its loop
   std::vector<double> write_bps;
   for (int64_t k = 1; k <= o.saves; k++) {
     const double t0 = now_s();

@@ -79,6 +79,14 @@ void AsyncWriter::ensure_ring(size_t total) {
   cap_ = want;
 }
 
+void AsyncWriter::reserve(size_t total) {
+  std::lock_guard<std::mutex> lk(m_);
+  ZAYA_CHECK(!have_job_ && !busy_, "checkpoint: the staging ring was resized during a save");
+  const bool fresh = !ring_ || cap_ < std::max<size_t>(cap_limit_ ? std::min(cap_limit_, total) : total, 4096);
+  ensure_ring(total);
+  if (fresh) std::memset(ring_, 0, cap_);
+}
+
 void AsyncWriter::submit(std::vector<StreamFile> files) {
   size_t total = 0;
   for (const StreamFile& f : files)

@@ -62,6 +62,9 @@ class AsyncWriter {
   // Starts writing `files` and copies their sources into the ring; returns when every source byte
   // is in the ring. A previous save must be finished (wait() or done()); else an Error.
   void submit(std::vector<StreamFile> files);
+  // Allocates (and touches) the ring for saves of `total` bytes now, so the first snapshot does
+  // not pay for the allocation and page faults. Must not be called with a save in flight.
+  void reserve(size_t total);
   // True when no save is in flight (the last one finished, well or not).
   bool done() const;
   // Waits for the last save. Returns its files, or throws zaya::Error with the first failure

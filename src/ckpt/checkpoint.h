@@ -80,6 +80,8 @@ class Checkpointer {
   // nothing was in flight).
   std::string finish();
   bool in_flight() const { return in_flight_; }
+  // Prepares the staging memory for saves of `bytes` (this rank's part), outside the loop.
+  void reserve(uint64_t bytes) { writer_->reserve(size_t(bytes)); }
 
   // A fresh save id (rank 0 draws it; begin() carries it into the manifest).
   static std::string new_save_id(int64_t step);

@@ -24,6 +24,13 @@ std::string model_file_rel(int rank, int world) {
                      shard_file_name(size_t(rank) + 1, size_t(world)));
 }
 
+uint64_t contribution_bytes(const RankContribution& c) {
+  uint64_t n = 0;
+  for (const WeightSource& w : c.weights) n += uint64_t(shape_numel(w.shape)) * sizeof(float);
+  for (const NamedState& s : c.state) n += s.tensor.nbytes();
+  return n;
+}
+
 std::vector<StreamFile> rank_checkpoint_files(const std::string& dir, const RankContribution& c) {
   ZAYA_CHECK(c.world >= 1 && c.rank >= 0 && c.rank < c.world,
              "checkpoint: rank {} of a world of {}", c.rank, c.world);

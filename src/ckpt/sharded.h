@@ -67,6 +67,9 @@ struct RankContribution {
   std::string config_json, trainer_json;
 };
 
+// The bytes of weights and state a contribution copies into the staging ring.
+uint64_t contribution_bytes(const RankContribution& c);
+
 // The files of `c` under the staging directory `dir`, for AsyncWriter::submit. Creates the model/
 // and state/ subdirectories. A rank without weights writes no model shard.
 std::vector<StreamFile> rank_checkpoint_files(const std::string& dir, const RankContribution& c);

@@ -328,6 +328,8 @@ TrainResult train(const TrainOptions& opts) {
                                           size_t(rc.checkpoint.staging_mb) << 20,
                                           checkpoint_staging(*step),
                                           job.parallel() ? job.host.get() : nullptr, tag);
+    step->sync();
+    ckpt->reserve(contribution_bytes(checkpoint_contribution(*step, job.rank, job.world)));
   });
 
   const ScheduleSettings sched = rc.resolved_schedule();

@@ -353,7 +353,7 @@ TrainResult train(const TrainOptions& opts) {
     loader = std::make_unique<DataLoader>(lo);
     lo.split = Split::Heldout;
     lo.shuffle = false;
-    lo.batch_size = mb;  // evaluation runs on the lead rank alone
+    lo.batch_size = mb;  // every rank walks the whole held-out order; evaluate scores its share
     lo.rank = 0;
     lo.world = 1;
     heldout = std::make_unique<DataLoader>(lo);
@@ -379,17 +379,32 @@ TrainResult train(const TrainOptions& opts) {
   std::ofstream metrics;
   if (job.lead()) metrics.open(metrics_path, std::ios::app);
 
+  // Held-out loss over the first eval.batches batches of the held-out order, whatever the number
+  // of ranks: rank r scores batches r, r + N, r + 2N, ... (some ranks one fewer when N does not
+  // divide eval.batches; every rank reaches the one all-reduce), the all-reduce hands every rank
+  // each batch's sum (one rank's value plus zeros: exact), and every rank adds them up in batch
+  // order. At equal weights the result is therefore the one-process value bit for bit.
   auto evaluate = [&]() -> double {
     if (rc.eval.batches <= 0) return NAN;
     heldout->reset();
-    LossSum acc;
-    const int64_t S = heldout->seq_len();
-    for (int64_t b = 0; b < rc.eval.batches; b++) {
+    const int64_t nb = rc.eval.batches, S = heldout->seq_len();
+    std::vector<double> sums(size_t(2 * nb), 0.0);  // per batch: Σ loss · predictions, predictions
+    for (int64_t b = 0; b < nb; b++) {
+      std::vector<int32_t> rows = heldout->next();  // the other ranks' batches are skipped
+      if (b % job.world != job.rank) continue;
       // Next-token loss of each row, all S+1 tokens scored as S predictions.
-      std::vector<int32_t> rows = heldout->next();
-      step->eval_loss(rows, int64_t(rows.size()) / (S + 1), S + 1, acc);
+      LossSum part;
+      step->eval_loss(rows, int64_t(rows.size()) / (S + 1), S + 1, part);
+      sums[size_t(2 * b)] = part.total;
+      sums[size_t(2 * b + 1)] = double(part.count);
     }
-    return acc.total / double(acc.count);
+    if (job.parallel()) job.host->host_all_reduce(sums.data(), sums.size(), RedOp::Sum);
+    double total = 0, count = 0;
+    for (int64_t b = 0; b < nb; b++) {
+      total += sums[size_t(2 * b)];
+      count += sums[size_t(2 * b + 1)];
+    }
+    return total / count;
   };
 
   // Starts a checkpoint of this step: the snapshot of this rank's weights and state pieces, then
@@ -598,7 +613,7 @@ TrainResult train(const TrainOptions& opts) {
     }
     const bool do_eval =
         rc.eval.every > 0 && (st.step % rc.eval.every == 0 || st.step == total_steps);
-    if (do_eval && job.lead()) {
+    if (do_eval) {  // collective: every rank scores its share
       res.eval_loss = evaluate();
       mj["eval_loss"] = res.eval_loss;
     }

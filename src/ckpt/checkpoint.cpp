@@ -27,8 +27,9 @@ namespace {
 
 constexpr const char* kStagingPrefix = ".tmp-step-";
 
-// The step-* directories under root, oldest first (the names sort by step).
-std::vector<std::string> step_dirs(const std::string& root) {
+}  // namespace
+
+std::vector<std::string> checkpoint_dirs(const std::string& root) {
   std::vector<std::string> dirs;
   std::error_code ec;
   if (!fs::is_directory(root, ec)) return dirs;
@@ -44,7 +45,9 @@ std::vector<std::string> step_dirs(const std::string& root) {
   return dirs;
 }
 
-}  // namespace
+json checkpoint_manifest_extra(int64_t step, int64_t world, const std::string& save_id) {
+  return {{"step", step}, {"kind", "zaya-train"}, {"world", world}, {"save_id", save_id}};
+}
 
 json TrainerState::to_json() const {
   return {{"step", step},
@@ -223,14 +226,11 @@ std::string Checkpointer::commit() {
                                std::stoull(f[2].get<std::string>(), nullptr, 16)});
         }
         write_manifest_entries(staging, std::move(entries),
-                               {{"step", step_},
-                                {"kind", "zaya-train"},
-                                {"world", int64_t(all.size())},
-                                {"save_id", save_id_}});
+                               checkpoint_manifest_extra(step_, int64_t(all.size()), save_id_));
         AtomicDirCommit commit(final_dir, tag_);
         commit.commit(AtomicDirCommit::IfExists::Replace);
         // Keep the newest keep_last checkpoints (the one just committed among them).
-        const auto dirs = step_dirs(root_);
+        const auto dirs = checkpoint_dirs(root_);
         for (int64_t i = 0; i + keep_last_ < int64_t(dirs.size()); i++)
           fs::remove_all(dirs[size_t(i)]);
       }
@@ -308,7 +308,7 @@ ManifestCheck check_checkpoint(const std::string& dir, bool check_hashes) {
 }
 
 std::string find_resumable_checkpoint(const std::string& root, std::vector<std::string>* skipped) {
-  auto dirs = step_dirs(root);
+  auto dirs = checkpoint_dirs(root);
   std::reverse(dirs.begin(), dirs.end());
   for (auto& d : dirs) {
     ManifestCheck c = check_checkpoint(d);

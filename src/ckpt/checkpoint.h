@@ -47,6 +47,11 @@ struct TrainerState {
 };
 
 std::string checkpoint_dir_name(int64_t step);  // "step-00000100"
+// The step-* directories under `root`, oldest first (the names sort by step); none when `root`
+// is not a directory.
+std::vector<std::string> checkpoint_dirs(const std::string& root);
+// The manifest's `extra` of a training checkpoint (docs/CHECKPOINT_FORMAT.md §5).
+nlohmann::json checkpoint_manifest_extra(int64_t step, int64_t world, const std::string& save_id);
 
 // Blocking times and write figures of the saves of a run.
 struct SaveStats {

@@ -246,22 +246,42 @@ ZayaModel load_model_f32(const std::string& dir) {
   return m;
 }
 
+DType hf_tensor_dtype(const std::string& name, DType dtype) {
+  return name.find("balancing_biases") != std::string::npos ? DType::F32 : dtype;
+}
+
+std::string hf_config_text(const ZayaConfig& cfg, DType dtype) {
+  nlohmann::json cj = cfg.to_json();
+  cj["dtype"] = dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32";
+  return cj.dump(2) + "\n";
+}
+
+std::string write_tokenizer_files(const std::string& model_dir, const std::string& tokenizer) {
+  if (tokenizer == "bytes") {
+    write_file_atomic(model_dir + "/tokenizer.txt", "bytes\n");
+    return "tokenizer.txt";
+  }
+  std::error_code ec;
+  std::string file = tokenizer;
+  if (std::filesystem::is_directory(file, ec)) file += "/tokenizer.json";
+  ZAYA_CHECK(std::filesystem::is_regular_file(file, ec), "tokenizer {}: no such file", file);
+  write_file_atomic(model_dir + "/tokenizer.json", read_file(file));
+  return "tokenizer.json";
+}
+
 void save_model(const ZayaModel& model, const std::string& dir, DType dtype,
                 size_t max_shard_bytes) {
   std::vector<std::pair<std::string, Tensor>> out;
   for (auto& [name, t] : model.named_tensors()) {
-    // Balancing biases are fp32 buffers in transformers; everything else takes the chosen dtype.
-    const bool keep_f32 = name.find("balancing_biases") != std::string::npos;
-    out.emplace_back(name, keep_f32 || t.dtype() == dtype ? t : t.to(dtype));
+    const DType want = hf_tensor_dtype(name, dtype);
+    out.emplace_back(name, t.dtype() == want ? t : t.to(want));
   }
-  nlohmann::json cj = model.cfg.to_json();
-  cj["dtype"] = dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32";
   // Staged next to its destination and renamed into place: a reader never sees a half-written
   // checkpoint, and an existing one is replaced only once the new one is complete.
   AtomicDirCommit commit(dir);
   save_sharded(commit.staging(), out, max_shard_bytes ? max_shard_bytes : (size_t(5) << 30),
                {{"format", "pt"}});
-  write_file_atomic(commit.staging() + "/config.json", cj.dump(2) + "\n");
+  write_file_atomic(commit.staging() + "/config.json", hf_config_text(model.cfg, dtype));
   commit.commit(AtomicDirCommit::IfExists::Replace);
 }
 

@@ -32,6 +32,19 @@ ZayaConfig load_model_config(const std::string& dir);
 void save_model(const ZayaModel& model, const std::string& dir, DType dtype = DType::F32,
                 size_t max_shard_bytes = 0);
 
+// The dtype a tensor is stored in when a model is written in `dtype`: the balancing biases stay
+// fp32 (`transformers` keeps them as fp32 buffers), every other tensor takes `dtype`.
+DType hf_tensor_dtype(const std::string& name, DType dtype);
+// config.json for weights stored in `dtype`: cfg.to_json() with "dtype" (the `transformers` >= 5
+// spelling of torch_dtype) set to "float32", "bfloat16" or "float16".
+std::string hf_config_text(const ZayaConfig& cfg, DType dtype);
+
+// Puts the tokenizer beside a model, where `zaya generate` and `zaya eval` look for it:
+// "bytes" writes tokenizer.txt ("bytes"); a tokenizer.json file, or a directory holding one, is
+// copied as tokenizer.json (atomically). Returns the file name written; an Error names a missing
+// tokenizer.
+std::string write_tokenizer_files(const std::string& model_dir, const std::string& tokenizer);
+
 // Name mapping of the original ZAYA1-base release (80 alternating stages) to `transformers` names.
 // Returns "" for names that carry no weight in the transformers model. Experts are handled by the
 // loader (one tensor per expert in the original, stacked in transformers).

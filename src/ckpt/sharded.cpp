@@ -78,13 +78,12 @@ std::vector<StreamFile> rank_checkpoint_files(const std::string& dir, const Rank
   }
   if (c.rank == 0) {
     // The index of the weight shards, as `transformers` reads it.
-    json map = json::object();
+    std::map<std::string, std::string> map;
     uint64_t total = 0;
     for (const WeightPlacement& p : c.placements) {
       map[p.name] = fs::path(model_file_rel(p.rank, c.world)).filename().string();
       total += uint64_t(shape_numel(p.shape)) * sizeof(float);
     }
-    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", map}};
     const auto text = [&](std::string rel, std::string body) {
       StreamFile f;
       f.rel = std::move(rel);
@@ -92,7 +91,8 @@ std::vector<StreamFile> rank_checkpoint_files(const std::string& dir, const Rank
       f.prefix = std::move(body);
       out.push_back(std::move(f));
     };
-    text(std::string(kCheckpointModelDir) + "/" + kSafetensorsIndexName, index.dump(2) + "\n");
+    text(std::string(kCheckpointModelDir) + "/" + kSafetensorsIndexName,
+         shard_index_json(map, total));
     text(std::string(kCheckpointModelDir) + "/config.json", c.config_json);
     text(kCheckpointTrainerFile, c.trainer_json);
   }
@@ -140,6 +140,13 @@ std::unique_ptr<ShardedState> ShardedState::open(const std::string& dir, const M
       ZAYA_CHECK(world < 0 || fw == world, "{}: written by a world of {}, the others by {}", path,
                  fw, world);
       world = int(fw);
+      auto r = md.find("zaya.rank");
+      ZAYA_CHECK(r != md.end(), "{}: no \"zaya.rank\" in its metadata", path);
+      const int64_t fr = json_int64(parse_json(r->second, path), path + " metadata zaya.rank");
+      ZAYA_CHECK(fr >= 0 && fr < fw, "{}: zaya.rank {} in a world of {}", path, fr, fw);
+      s->ranks_.push_back(int(fr));
+    } else {
+      s->ranks_.push_back(0);
     }
     for (const TensorInfo& ti : f->tensors()) {
       ZAYA_CHECK(ti.dtype == DType::F32, "{}: state '{}' is {}, expected F32", path, ti.name,

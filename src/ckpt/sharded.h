@@ -94,6 +94,8 @@ class ShardedState : public StateSource {
   // layout).
   const std::vector<std::string>& files() const { return files_; }
   int writer_world() const { return writer_world_; }
+  // The rank that wrote file i ("zaya.rank" of its metadata; 0 for the one-file layout).
+  int file_rank(size_t i) const { return ranks_.at(i); }
   // The pieces of `name`: (file index, offset, shape).
   struct Piece {
     size_t file = 0;
@@ -120,6 +122,7 @@ class ShardedState : public StateSource {
     std::vector<Piece> pieces;
   };
   std::map<std::string, Entry> by_name_;
+  std::vector<int> ranks_;  // per file
   int writer_world_ = 1;
 };
 

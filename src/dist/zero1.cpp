@@ -193,6 +193,55 @@ std::vector<SegmentPiece> segment_pieces(const Zero1Plan& plan, const std::vecto
   return out;
 }
 
+std::vector<int> weight_writers(const Zero1Plan& plan) {
+  std::vector<int> w(plan.owner.size(), 0);
+  for (size_t i = 0; i < plan.owner.size(); i++) {
+    const int owner = plan.owner[i];
+    if (owner >= 0) {
+      w[i] = owner;
+    } else if (owner == Zero1Plan::kSplit) {
+      int64_t best = -1;
+      for (int r = 0; r < plan.world; r++)
+        if (plan.slices[i][size_t(r)].count > best) {
+          best = plan.slices[i][size_t(r)].count;
+          w[i] = r;
+        }
+    }
+  }
+  return w;
+}
+
+std::vector<std::string> state_names(const Zero1Item& it) {
+  if (it.kind == OwnedKind::Muon) return {"optim.muon.momentum." + it.name};
+  if (it.kind == OwnedKind::AdamW)
+    return {"optim.adamw.exp_avg." + it.name, "optim.adamw.exp_avg_sq." + it.name};
+  return {};
+}
+
+std::vector<OwnedStatePiece> owned_state_pieces(const Zero1Plan& plan,
+                                                const std::vector<Zero1Item>& items, int rank) {
+  ZAYA_CHECK(plan.owner.size() == items.size(), "ZeRO-1: {} owners for {} tensors",
+             plan.owner.size(), items.size());
+  ZAYA_CHECK(rank >= 0 && rank < plan.world, "ZeRO-1: rank {} of a plan for {} ranks", rank,
+             plan.world);
+  std::vector<OwnedStatePiece> out;
+  for (size_t i = 0; i < items.size(); i++) {
+    std::vector<int64_t> offset(items[i].shape.size(), 0), shape = items[i].shape;
+    if (plan.owner[i] == Zero1Plan::kSplit) {
+      const Dim0Slice e = plan.slices[i][size_t(rank)];
+      if (e.count == 0) continue;
+      offset[0] = e.first;
+      shape[0] = e.count;
+    } else if (plan.owner[i] != rank) {
+      continue;
+    }
+    const bool whole = plan.owner[i] == rank;
+    for (std::string& nm : state_names(items[i]))
+      out.push_back({std::move(nm), i, offset, shape, whole});
+  }
+  return out;
+}
+
 void for_each_packed_run(const Zero1Plan& plan, int rank, const SegmentPiece& p,
                          const std::function<void(int64_t, int64_t, int64_t)>& fn) {
   int64_t done = 0;

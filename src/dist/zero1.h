@@ -17,6 +17,8 @@
 // segment `seg`; the packed buffer is `buckets` buckets, bucket k holding chunk k (bucket_elems
 // elements, the last one shorter) of every rank's segment in rank order, so each bucket is one
 // reduce_scatter (recvcount = chunk) and one all_gather with the communicator's block layout.
+// Sharded checkpoints follow the plan: who writes each weight and which boxes of which optimizer
+// state each rank stores (weight_writers, owned_state_pieces).
 // Deliberately not here: moving bytes (engine/data_parallel_step.cpp); splitting a Muon matrix
 // itself, or slicing along any dimension but the first.
 #pragma once
@@ -79,6 +81,29 @@ struct Zero1Plan {
 // dim-0 slices (see above).
 Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t bucket_elems,
                      bool split_slices = false);
+
+// Sharded checkpoints (ckpt/sharded.h) under a plan, shared by the training step that writes and
+// reads them and the offline tools that reshape them (`zaya ckpt reshard`):
+// Which rank writes each item's weight: its owner when owned whole, the rank with the largest
+// slice (the lowest such rank on a tie) when split, rank 0 for items no rank owns (balancing
+// biases). Every rank holds every weight after the all-gather, so this only spreads the writing.
+std::vector<int> weight_writers(const Zero1Plan& plan);
+// The optimizer-state names of an item, as the one-process optimizer names them:
+// optim.muon.momentum.<name> (Muon), optim.adamw.exp_avg.<name> and optim.adamw.exp_avg_sq.<name>
+// (AdamW), none for the others.
+std::vector<std::string> state_names(const Zero1Item& it);
+// A box of an item's optimizer state that one rank owns: the whole tensor (offset 0, the item's
+// shape) or its dim-0 slice (offset [first, 0, ...], shape [count, ...]).
+struct OwnedStatePiece {
+  std::string name;  // the state name (state_names)
+  size_t item = 0;   // index into the items
+  std::vector<int64_t> offset, shape;
+  bool whole = false;  // owned whole (else a dim-0 slice)
+};
+// Rank r's pieces under the plan, in item order and, per item, state_names order. The balancing
+// state (every rank holds it alike; rank 0 stores it) is not the plan's and is not among them.
+std::vector<OwnedStatePiece> owned_state_pieces(const Zero1Plan& plan,
+                                                const std::vector<Zero1Item>& items, int rank);
 
 // A contiguous run of one owned tensor (or expert slice) inside a rank's segment.
 struct SegmentPiece {

@@ -209,75 +209,38 @@ class DpStep final : public DataParallelStep {
 
   void sync() override { inner_->sync(); }
 
-  // This rank's pieces: the state of the tensors it owns, whole or its dim-0 slice, and (rank 0
-  // alone) the balancing moments every rank holds alike.
+  // This rank's pieces: the state of the tensors it owns, whole or its dim-0 slice (the plan's
+  // owned_state_pieces), and (rank 0 alone) the balancing moments every rank holds alike.
   std::vector<NamedState> owned_state() override {
     auto [opt, bal] = split_step_state(inner_->state());
     std::map<std::string, Tensor> mine(opt.begin(), opt.end());
     std::vector<NamedState> out;
-    for (size_t i = 0; i < items_.size(); i++) {
-      const int owner = plan_.owner[i];
-      std::vector<int64_t> offset(items_[i].shape.size(), 0);
-      if (owner == Zero1Plan::kSplit) {
-        const Dim0Slice e = plan_.slices[i][size_t(rank_)];
-        if (e.count == 0) continue;
-        offset[0] = e.first;
-      } else if (owner != rank_) {
-        continue;
-      }
-      for (const std::string& nm : state_names(items_[i])) {
-        auto it = mine.find(nm);
-        ZAYA_CHECK(it != mine.end(), "data parallel: rank {} owns (part of) '{}' but has no '{}'",
-                   rank_, items_[i].name, nm);
-        out.push_back({nm, it->second.to(DType::F32), items_[i].shape, offset});
-      }
+    for (const OwnedStatePiece& p : owned_state_pieces(plan_, items_, rank_)) {
+      auto it = mine.find(p.name);
+      ZAYA_CHECK(it != mine.end(), "data parallel: rank {} owns (part of) '{}' but has no '{}'",
+                 rank_, items_[p.item].name, p.name);
+      out.push_back({p.name, it->second.to(DType::F32), items_[p.item].shape, p.offset});
     }
     if (rank_ == 0)
       for (auto& piece : whole_tensors(bal)) out.push_back(std::move(piece));
     return out;
   }
 
-  // A tensor owned whole is written by its owner, a sliced one by the rank with the largest
-  // slice, the rest (balancing biases, untrained tensors) by rank 0.
-  std::vector<int> weight_writers() const override {
-    std::vector<int> w(items_.size(), 0);
-    for (size_t i = 0; i < items_.size(); i++) {
-      const int owner = plan_.owner[i];
-      if (owner >= 0) {
-        w[i] = owner;
-      } else if (owner == Zero1Plan::kSplit) {
-        int64_t best = -1;
-        for (int r = 0; r < plan_.world; r++)
-          if (plan_.slices[i][size_t(r)].count > best) {
-            best = plan_.slices[i][size_t(r)].count;
-            w[i] = r;
-          }
-      }
-    }
-    return w;
-  }
+  std::vector<int> weight_writers() const override { return zaya::weight_writers(plan_); }
 
   // Reads exactly the pieces this rank owns now, whatever world size wrote them.
   void load_state_from(const StateSource& source, int64_t opt_steps,
                        int64_t balancing_steps) override {
     NamedTensors mine;
-    std::set<std::string> known;
-    for (size_t i = 0; i < items_.size(); i++) {
-      const int owner = plan_.owner[i];
-      for (const std::string& nm : state_names(items_[i])) {
-        known.insert(nm);
-        if (owner == rank_) {
-          mine.emplace_back(nm, source.read_whole(nm));
-        } else if (owner == Zero1Plan::kSplit) {
-          const Dim0Slice e = plan_.slices[i][size_t(rank_)];
-          if (e.count == 0) continue;
-          ZAYA_CHECK(source.global_shape(nm) == items_[i].shape,
-                     "data parallel: the checkpoint's '{}' has shape {}, expected {}", nm,
-                     shape_str(source.global_shape(nm)), shape_str(items_[i].shape));
-          mine.emplace_back(nm, source.read_rows(nm, e.first, e.count));
-        }
-      }
+    for (const OwnedStatePiece& p : owned_state_pieces(plan_, items_, rank_)) {
+      ZAYA_CHECK(source.global_shape(p.name) == items_[p.item].shape,
+                 "data parallel: the checkpoint's '{}' has shape {}, expected {}", p.name,
+                 shape_str(source.global_shape(p.name)), shape_str(items_[p.item].shape));
+      mine.emplace_back(p.name, source.read(p.name, p.offset, p.shape));
     }
+    std::set<std::string> known;
+    for (const Zero1Item& it : items_)
+      for (std::string& nm : state_names(it)) known.insert(std::move(nm));
     for (const std::string& n : source.names()) {
       if (n.rfind("balance.", 0) == 0)
         mine.emplace_back(n, source.read_whole(n));
@@ -290,37 +253,27 @@ class DpStep final : public DataParallelStep {
 
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
                   int64_t balancing_steps) override {
-    std::set<std::string> keep;
-    std::map<std::string, size_t> sliced;  // state name → item whose dim-0 slice this rank keeps
-    for (size_t i = 0; i < items_.size(); i++) {
-      if (plan_.owner[i] == rank_)
-        for (const std::string& nm : state_names(items_[i])) keep.insert(nm);
-      if (plan_.owner[i] == Zero1Plan::kSplit && plan_.part(items_, i, rank_).second > 0)
-        for (const std::string& nm : state_names(items_[i])) sliced[nm] = i;
-    }
+    std::map<std::string, OwnedStatePiece> owned;  // state name → this rank's box of it
+    for (OwnedStatePiece& p : owned_state_pieces(plan_, items_, rank_))
+      owned.emplace(p.name, std::move(p));
     NamedTensors mine;
     for (const auto& kv : state) {
-      if (kv.first.rfind("balance.", 0) == 0 || keep.count(kv.first)) {
+      auto it = owned.find(kv.first);
+      if (kv.first.rfind("balance.", 0) == 0 || (it != owned.end() && it->second.whole)) {
         mine.push_back(kv);
-      } else if (auto it = sliced.find(kv.first); it != sliced.end()) {
-        const Dim0Slice e = plan_.slices[it->second][size_t(rank_)];
-        ZAYA_CHECK(kv.second.shape() == items_[it->second].shape,
+      } else if (it != owned.end()) {
+        const OwnedStatePiece& p = it->second;
+        ZAYA_CHECK(kv.second.shape() == items_[p.item].shape,
                    "data parallel: state '{}' has shape {}, expected {}", kv.first,
-                   shape_str(kv.second.shape()), shape_str(items_[it->second].shape));
-        mine.emplace_back(kv.first, kv.second.slice(0, e.first, e.first + e.count).clone());
+                   shape_str(kv.second.shape()), shape_str(items_[p.item].shape));
+        mine.emplace_back(kv.first,
+                          kv.second.slice(0, p.offset[0], p.offset[0] + p.shape[0]).clone());
       }
     }
     inner_->load_state(mine, opt_steps, balancing_steps);
   }
 
  private:
-  static std::vector<std::string> state_names(const Zero1Item& it) {
-    if (it.kind == OwnedKind::Muon) return {"optim.muon.momentum." + it.name};
-    if (it.kind == OwnedKind::AdamW)
-      return {"optim.adamw.exp_avg." + it.name, "optim.adamw.exp_avg_sq." + it.name};
-    return {};
-  }
-
   // Copies within the working memory: host memcpy, or device copies on the NCCL path.
   void move(float* dst, const float* src, int64_t n) const {
     if (device_work_)

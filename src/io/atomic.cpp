@@ -190,6 +190,29 @@ std::string hex64(uint64_t v) {
 }
 
 // ---------------------------------------------------------------------------------------------
+void check_output_dir(const std::string& input, const std::string& out, bool force) {
+  ZAYA_CHECK(!out.empty(), "no output directory given");
+  std::error_code ec;
+  const fs::path in = fs::weakly_canonical(input, ec);
+  const fs::path o = fs::weakly_canonical(out, ec);
+  const auto within = [](const fs::path& inner, const fs::path& outer) {
+    auto i = inner.begin(), e = outer.begin();
+    for (; e != outer.end(); ++e, ++i)
+      if (i == inner.end() || *i != *e) return false;
+    return true;
+  };
+  ZAYA_CHECK(!within(o, in) && !within(in, o),
+             "{}: the output would {} the input {}; choose another --out", out,
+             within(o, in) ? "lie inside" : "replace", input);
+  const auto st = fs::symlink_status(out, ec);
+  if (ec || !fs::exists(st)) return;
+  ZAYA_CHECK(fs::is_directory(st), "{}: exists and is not a directory; choose another --out", out);
+  ZAYA_CHECK(force,
+             "{}: already exists; pass --force to replace it (the old one is removed only once "
+             "the new one is complete)",
+             out);
+}
+
 AtomicDirCommit::AtomicDirCommit(const std::string& final_dir, const std::string& tag) {
   ZAYA_CHECK(!final_dir.empty(), "AtomicDirCommit: empty directory name");
   fs::path p = fs::path(final_dir).lexically_normal();

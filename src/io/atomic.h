@@ -60,6 +60,13 @@ uint64_t xxh64_bytes(const void* data, size_t n);
 // 16 lowercase hex digits, the spelling used in manifests and messages ("0x" not included).
 std::string hex64(uint64_t v);
 
+// Whether a tool reading `input` may build its output directory at `out` (then committed with
+// AtomicDirCommit, IfExists::Replace when `force`). Refuses, with an Error naming `out`: an
+// existing path without force (user data is never replaced silently), an existing path that is not
+// a directory, and any `out` that is `input`, lies inside it or contains it (replacing it would
+// destroy the input).
+void check_output_dir(const std::string& input, const std::string& out, bool force);
+
 // Builds a directory somewhere readers never look, then moves it into place in one rename.
 //   AtomicDirCommit c("/ckpt/step-000100");
 //   write files under c.staging() ...

@@ -362,6 +362,15 @@ std::string safetensors_header(const std::vector<TensorSpec>& tensors,
   return out + text;
 }
 
+std::vector<size_t> safetensors_data_order(const std::vector<DType>& dtypes) {
+  std::vector<size_t> order(dtypes.size());
+  for (size_t i = 0; i < order.size(); i++) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(dtypes[a]) > dtype_size(dtypes[b]);
+  });
+  return order;
+}
+
 void save_safetensors(const std::string& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
@@ -370,11 +379,9 @@ void save_safetensors(const std::string& path,
     ZAYA_CHECK(t.device() == Device::CPU,
                "writing {}: tensor '{}' is on a device; copy it to the host first", path, name);
   }
-  std::vector<size_t> order(tensors.size());
-  for (size_t i = 0; i < order.size(); i++) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return dtype_size(tensors[a].second.dtype()) > dtype_size(tensors[b].second.dtype());
-  });
+  std::vector<DType> dtypes;
+  for (const auto& kv : tensors) dtypes.push_back(kv.second.dtype());
+  const std::vector<size_t> order = safetensors_data_order(dtypes);
   std::vector<TensorSpec> specs;
   size_t data_bytes = 0;
   for (size_t i : order) {
@@ -518,6 +525,38 @@ std::string shard_file_name(size_t i, size_t n) {
   return fmt::format("model-{:05d}-of-{:05d}.safetensors", i, n);
 }
 
+std::vector<std::vector<size_t>> plan_shards(const std::vector<size_t>& bytes,
+                                             size_t max_shard_bytes) {
+  // Like huggingface_hub's split_state_dict_into_shards_factory: in order; a tensor above the
+  // limit alone in a shard where it was met; one that would overflow the current shard starts a
+  // new one.
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> cur;
+  size_t cur_bytes = 0;
+  for (size_t i = 0; i < bytes.size(); i++) {
+    const size_t b = bytes[i];
+    if (b > max_shard_bytes) {
+      shards.push_back({i});
+      continue;
+    }
+    if (cur_bytes + b > max_shard_bytes) {
+      shards.push_back(std::move(cur));
+      cur.clear();
+      cur_bytes = 0;
+    }
+    cur.push_back(i);
+    cur_bytes += b;
+  }
+  if (!cur.empty() || shards.empty()) shards.push_back(std::move(cur));
+  return shards;
+}
+
+std::string shard_index_json(const std::map<std::string, std::string>& weight_map,
+                             uint64_t total_size) {
+  const json index = {{"metadata", {{"total_size", total_size}}}, {"weight_map", weight_map}};
+  return index.dump(2) + "\n";
+}
+
 std::vector<std::string> save_sharded(const std::string& dir,
                                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                                       size_t max_shard_bytes,
@@ -533,26 +572,13 @@ std::vector<std::string> save_sharded(const std::string& dir,
   if (ec) fail("cannot create checkpoint directory {}: {}", dir, ec.message());
   if (!fs::is_directory(dir, ec)) fail("cannot write checkpoint into {}: not a directory", dir);
 
-  // Shards as index lists, split like huggingface_hub's split_state_dict_into_shards_factory.
-  std::vector<std::vector<size_t>> shards;
-  std::vector<size_t> cur;
-  size_t cur_bytes = 0, total = 0;
-  for (size_t i = 0; i < tensors.size(); i++) {
-    const size_t b = tensors[i].second.defined() ? tensors[i].second.nbytes() : 0;
-    total += b;
-    if (b > max_shard_bytes) {
-      shards.push_back({i});
-      continue;
-    }
-    if (cur_bytes + b > max_shard_bytes) {
-      shards.push_back(std::move(cur));
-      cur.clear();
-      cur_bytes = 0;
-    }
-    cur.push_back(i);
-    cur_bytes += b;
+  std::vector<size_t> bytes;
+  size_t total = 0;
+  for (const auto& kv : tensors) {
+    bytes.push_back(kv.second.defined() ? kv.second.nbytes() : 0);
+    total += bytes.back();
   }
-  if (!cur.empty() || shards.empty()) shards.push_back(std::move(cur));
+  const std::vector<std::vector<size_t>> shards = plan_shards(bytes, max_shard_bytes);
 
   auto meta = metadata;
   meta.try_emplace("format", "pt");
@@ -562,7 +588,7 @@ std::vector<std::string> save_sharded(const std::string& dir,
     save_safetensors((d / kSafetensorsSingleName).string(), tensors, meta);
     written.push_back(kSafetensorsSingleName);
   } else {
-    json weight_map = json::object();
+    std::map<std::string, std::string> weight_map;
     for (size_t s = 0; s < shards.size(); s++) {
       const std::string fname = shard_file_name(s + 1, shards.size());
       std::vector<std::pair<std::string, Tensor>> part;
@@ -573,8 +599,7 @@ std::vector<std::string> save_sharded(const std::string& dir,
       save_safetensors((d / fname).string(), part, meta);
       written.push_back(fname);
     }
-    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    write_file_atomic((d / kSafetensorsIndexName).string(), index.dump(2) + "\n");
+    write_file_atomic((d / kSafetensorsIndexName).string(), shard_index_json(weight_map, total));
     written.push_back(kSafetensorsIndexName);
   }
 

@@ -131,6 +131,19 @@ constexpr const char* kSafetensorsSingleName = "model.safetensors";
 constexpr const char* kSafetensorsIndexName = "model.safetensors.index.json";
 std::string shard_file_name(size_t index_1based, size_t count);  // model-00001-of-00003.safetensors
 
+// The shards of tensors of these byte sizes (in this order) under huggingface_hub's rule (see
+// save_sharded): lists of indices, one per shard, in order. At least one shard (maybe empty).
+std::vector<std::vector<size_t>> plan_shards(const std::vector<size_t>& bytes,
+                                             size_t max_shard_bytes);
+// The order save_safetensors lays tensors of these dtypes out in: by element size, largest first;
+// the given order among tensors of one element size. Streaming writers that put a header before
+// the data use it too, so every tensor is aligned to its element size once mapped.
+std::vector<size_t> safetensors_data_order(const std::vector<DType>& dtypes);
+// The text of model.safetensors.index.json as `transformers` writes it (sorted keys, indent 2,
+// a final newline): {"metadata": {"total_size": N}, "weight_map": {name: shard file}}.
+std::string shard_index_json(const std::map<std::string, std::string>& weight_map,
+                             uint64_t total_size);
+
 // Writes `tensors` into `dir` (created if missing) as shards of at most `max_shard_bytes` bytes
 // of tensor data each, split the way huggingface_hub's split_torch_state_dict_into_shards does:
 // in the given order, a tensor that would push the current shard past the limit starts a new one,

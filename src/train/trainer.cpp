@@ -430,9 +430,7 @@ TrainResult train(const TrainOptions& opts) {
       ts.world = job.world;
       ts.save_id = save_id;
       c.trainer_json = ts.to_json().dump(1) + "\n";
-      json cj = model.cfg.to_json();
-      cj["dtype"] = "float32";
-      c.config_json = cj.dump(2) + "\n";
+      c.config_json = hf_config_text(model.cfg, DType::F32);
     }
     ckpt->begin(st.step, c, save_id);
     ckpt->record_blocking(
@@ -673,11 +671,7 @@ TrainResult train(const TrainOptions& opts) {
   }
   step->export_weights(model);
   save_model(model, res.model_dir, DType::F32);
-  if (tok->name() == "bytes")
-    write_file_atomic(res.model_dir + "/tokenizer.txt", "bytes\n");
-  else
-    fs::copy_file(rc.data.tokenizer, res.model_dir + "/tokenizer.json",
-                  fs::copy_options::overwrite_existing);
+  write_tokenizer_files(res.model_dir, tok->name() == "bytes" ? "bytes" : rc.data.tokenizer);
   // The loss curve as a picture, from the whole metrics file (resumed runs included).
   {
     PlotSpec ps;

@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "dist/comm.h"
 #include "dist/launch.h"
@@ -223,6 +224,55 @@ TEST(DataParallelMpi, PlanCoversEveryTensorOnce) {
     }
     EXPECT_EQ(covered, want) << world;
   }
+}
+
+// The checkpoint layout under a plan: every rank's owned_state_pieces together tile each item's
+// state tensors exactly once (whole pieces only from the owner, slices where the plan split), and
+// weight_writers names the owner, the holder of the largest slice, or rank 0 for unowned items.
+TEST(Zero1Checkpoint, StatePiecesTileEveryTensorAndWritersOwnTheirWeight) {
+  ZayaModel m = ZayaModel::init(ZayaConfig::preset("tiny"), 1);
+  auto items = zero1_items(m, OptimizerSettings{});
+  for (int world : {1, 2, 3, 4, 7})
+    for (bool split : {false, true}) {
+      const Zero1Plan p = plan_zero1(items, world, 1000, split);
+      // hits[name][element]: how many ranks' pieces cover it.
+      std::map<std::string, std::vector<int>> hits;
+      for (int r = 0; r < world; r++)
+        for (const OwnedStatePiece& piece : owned_state_pieces(p, items, r)) {
+          const Zero1Item& it = items[piece.item];
+          EXPECT_EQ(piece.whole, p.owner[piece.item] == r) << piece.name;
+          EXPECT_EQ(piece.name.substr(piece.name.size() - it.name.size()), it.name);
+          auto& h = hits[piece.name];
+          h.resize(size_t(it.numel));
+          const int64_t row = it.numel / it.shape[0];
+          for (size_t d = 1; d < it.shape.size(); d++) {
+            EXPECT_EQ(piece.offset[d], 0);
+            EXPECT_EQ(piece.shape[d], it.shape[d]);
+          }
+          for (int64_t k = piece.offset[0] * row; k < (piece.offset[0] + piece.shape[0]) * row; k++)
+            h[size_t(k)]++;
+        }
+      std::set<std::string> want;
+      for (const Zero1Item& it : items)
+        for (const std::string& nm : state_names(it)) want.insert(nm);
+      std::set<std::string> got;
+      for (const auto& [name, h] : hits) {
+        got.insert(name);
+        for (size_t k = 0; k < h.size(); k++) ASSERT_EQ(h[k], 1) << name << " element " << k;
+      }
+      EXPECT_EQ(got, want) << "world " << world;
+      const std::vector<int> w = weight_writers(p);
+      for (size_t i = 0; i < items.size(); i++) {
+        if (p.owner[i] >= 0) {
+          EXPECT_EQ(w[i], p.owner[i]) << items[i].name;
+        } else if (p.owner[i] == Zero1Plan::kSplit) {
+          for (int r = 0; r < world; r++)
+            EXPECT_GE(p.slices[i][size_t(w[i])].count, p.slices[i][size_t(r)].count);
+        } else {
+          EXPECT_EQ(w[i], 0) << items[i].name;
+        }
+      }
+    }
 }
 
 // Ranks on one host that disagree on the GPUs they see are refused, naming host, counts and

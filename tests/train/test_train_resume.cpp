@@ -20,17 +20,10 @@ using namespace zaya;
 
 namespace {
 
-// A small model: two layers, hidden 32, head dim 8, three experts.
+// A small model (test_util::small_model_config: two layers, hidden 32, three experts).
 std::string setup_dir() {
   const std::string d = test_util::fresh_test_dir("zaya_train_resume_");
-  ZayaConfig c = ZayaConfig::preset("tiny");
-  c.hidden_size = 32;
-  c.num_hidden_layers = 2;
-  c.head_dim = 8;
-  c.moe_intermediate_size = 16;
-  c.num_experts = 3;
-  c.router_hidden_size = 8;
-  test_util::write_blend_inputs(d, c, 40, 20, 17);
+  test_util::write_blend_inputs(d, test_util::small_model_config(), 40, 20, 17);
   return d;
 }
 

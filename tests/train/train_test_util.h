@@ -1,10 +1,10 @@
-// Helpers for the end-to-end training-loop tests (tests/train/test_train_resume.cpp and
-// test_train_init.cpp on the CPU, tests/gpu/test_train_gpu.cpp with train.device = "cuda"): a fresh
-// directory per test, a small model config plus two token datasets with different statistics (so
-// the blend weights matter), the run config text for a two-phase run (sequence length and RoPE
-// theta change) over that blend, one training run in-process, the metrics.jsonl it wrote, and the
-// message of an expected Error. Header-only, CPU-only. The model sizes, run lengths and every
-// expectation stay with the tests.
+// Helpers for the end-to-end training-loop tests (tests/train/test_train_resume.cpp,
+// test_train_init.cpp and test_ckpt_tools.cpp on the CPU, tests/gpu/test_train_gpu.cpp with
+// train.device = "cuda"): a fresh directory per test, a small model config plus two token datasets
+// with different statistics (so the blend weights matter), the run config text for a two-phase run
+// (sequence length and RoPE theta change) over that blend, one training run in-process, the
+// metrics.jsonl it wrote, and the message of an expected Error. Header-only, CPU-only. The run
+// lengths and every expectation stay with the tests.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -36,6 +36,19 @@ inline std::string fresh_test_dir(const std::string& prefix) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d;
+}
+
+// A small model for loop tests: the tiny preset cut to two layers, hidden 32, head dim 8, three
+// experts of width 16.
+inline ZayaConfig small_model_config() {
+  ZayaConfig c = ZayaConfig::preset("tiny");
+  c.hidden_size = 32;
+  c.num_hidden_layers = 2;
+  c.head_dim = 8;
+  c.moe_intermediate_size = 16;
+  c.num_experts = 3;
+  c.router_hidden_size = 8;
+  return c;
 }
 
 // Writes <dir>/config.json from `cfg` and two indexed datasets, <dir>/a (tokens uniform in

@@ -15,6 +15,7 @@
 #include "bench/bench_common.h"
 #include "bench/bench_model.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/model_io.h"
 #include "core/error.h"
 #include "engine/train_step.h"
 #include "io/atomic.h"
@@ -98,11 +99,11 @@ int run_ckpt_bench(const CkptBenchOptions& o) {
     const double t0 = now_s();
     step->sync();
     RankContribution c = checkpoint_contribution(*step, 0, 1);
-    c.config_json = model.cfg.to_json().dump(2) + "\n";
+    c.config_json = hf_config_text(model.cfg, DType::F32);
     TrainerState ts;
     ts.step = k;
     ts.save_id = Checkpointer::new_save_id(k);
-    c.trainer_json = ts.to_json().dump(1) + "\n";
+    c.trainer_json = ts.to_file_text();
     ck.begin(k, c, ts.save_id);
     ck.record_blocking((now_s() - t0) * 1e3);
     ck.finish();

@@ -62,6 +62,10 @@ json TrainerState::to_json() const {
           {"save_id", save_id}};
 }
 
+std::string TrainerState::to_file_text() const {
+  return to_json().dump(1) + "\n";
+}
+
 TrainerState TrainerState::from_json(const json& j, const std::string& where) {
   TrainerState t;
   ZAYA_CHECK(j.is_object(), "{}: expected a JSON object, found {}", where, json_show(j));

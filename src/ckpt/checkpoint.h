@@ -42,6 +42,7 @@ struct TrainerState {
   std::string save_id;         // unique per save; the manifest carries the same (empty: older)
 
   nlohmann::json to_json() const;
+  std::string to_file_text() const;  // trainer.json as written (to_json, one-space indent)
   // Throws zaya::Error naming `where` and the missing or malformed field.
   static TrainerState from_json(const nlohmann::json& j, const std::string& where);
 };

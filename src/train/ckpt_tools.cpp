@@ -127,7 +127,7 @@ ReshardResult reshard_checkpoint(const std::string& src, const std::string& out,
       for (size_t i = 0; i < items.size(); i++)
         c.placements.push_back({items[i].name, items[i].shape, writers[i]});
       c.config_json = read_file(src + "/" + kCheckpointModelDir + "/config.json");
-      c.trainer_json = nt.to_json().dump(1) + "\n";
+      c.trainer_json = nt.to_file_text();
     }
     writer.submit(rank_checkpoint_files(commit.staging(), c));
     for (const WrittenFile& f : writer.wait()) {

@@ -429,7 +429,7 @@ TrainResult train(const TrainOptions& opts) {
       ts.config_toml = rc.to_toml();
       ts.world = job.world;
       ts.save_id = save_id;
-      c.trainer_json = ts.to_json().dump(1) + "\n";
+      c.trainer_json = ts.to_file_text();
       c.config_json = hf_config_text(model.cfg, DType::F32);
     }
     ckpt->begin(st.step, c, save_id);

@@ -28,31 +28,12 @@ fail() { echo "FAIL: $*"; exit 1; }
 mpi() { timeout 300 mpirun -np "$1" --oversubscribe "${@:2}"; }
 start=$SECONDS
 
-"$zaya" data prepare --input "$src/README.md" --output-prefix "$T/ds" --tokenizer bytes \
-  > "$T/prep.log" 2>&1 || { cat "$T/prep.log"; fail "data prepare"; }
-# 12 sequences per step: 4, 3 and 1 ranks all divide it, 5 does not.
-cat > "$T/run.toml" <<EOT
-[model]
-config = "tiny"
-[data]
-tokenizer = "bytes"
-[[data.blend]]
-prefix = "$T/ds"
-[eval]
-every = 0
-[checkpoint]
-every = 2
-keep_last = 3
-[schedule]
-warmup_steps = 2
-[train]
-micro_batch = 1
-seq_len = 16
-steps = 4
-[[phase]]
-name = "main"
-batch_size = 12
-EOT
+# shellcheck source=tests/cli/lib/tiny_run.sh
+source "$src/tests/cli/lib/tiny_run.sh"
+tiny_run_data "$T/ds" "$src" || fail "data prepare"
+# 4 steps (2 at seq_len 24, 2 at 32) of 12 sequences, a checkpoint every 2: 4, 3 and 1 ranks all
+# divide the global batch, 5 does not.
+tiny_run_toml "$T/ds" 4 2 2 > "$T/run.toml"
 mpi 4 "$zaya" train --config "$T/run.toml" --out "$T/run" --quiet > "$T/train.log" 2>&1 \
   || { tail -20 "$T/train.log"; fail "4-rank training"; }
 CK="$T/run/checkpoints/step-00000004"
@@ -61,7 +42,7 @@ echo "4-rank training: $((SECONDS - start)) s"
 
 # --- inspect ---------------------------------------------------------------------------------
 "$zaya" ckpt inspect "$CK" > "$T/inspect.txt" 2>&1 || { cat "$T/inspect.txt"; fail "inspect"; }
-grep -q "step 4, 768 tokens" "$T/inspect.txt" || { cat "$T/inspect.txt"; fail "inspect: step/tokens"; }
+grep -q "step 4, 1344 tokens, phase 1" "$T/inspect.txt" || { cat "$T/inspect.txt"; fail "inspect: step/tokens"; }
 grep -q "written by 4 ranks" "$T/inspect.txt" || fail "inspect: world"
 grep -q "^state: .* in 4 files (written by 4 ranks)" "$T/inspect.txt" || fail "inspect: state files"
 grep -q "^model: 4 layers" "$T/inspect.txt" || fail "inspect: model"

@@ -61,8 +61,10 @@ double disk_write_bandwidth(const std::string& path, uint64_t bytes) {
 int run_ckpt_bench(const CkptBenchOptions& o) {
   ZAYA_CHECK(o.layers > 0 && o.saves > 0 && o.staging_mb >= 0,
              "zaya bench ckpt: --layers and --saves must be positive, --staging-mb >= 0");
-  ZAYA_CHECK(!fs::exists(o.dir), "zaya bench ckpt: --dir {} exists; give a new directory (it is "
-             "removed afterwards)", o.dir);
+  ZAYA_CHECK(!fs::exists(o.dir),
+             "zaya bench ckpt: --dir {} exists; give a new directory (it is "
+             "removed afterwards)",
+             o.dir);
   ZayaConfig cfg = ZayaConfig::preset(o.preset);
   cfg.num_hidden_layers = o.layers;
   cfg.validate();
@@ -87,8 +89,9 @@ int run_ckpt_bench(const CkptBenchOptions& o) {
   } cleanup{o.dir};
 
   const uint64_t save_bytes = contribution_bytes(checkpoint_contribution(*step, 0, 1));
-  fmt::print("# zaya bench ckpt: {} with {} layers on {} ({}): one save = {:.1f} MiB ({} saves into {})\n",
-             o.preset, o.layers, o.device, step->name(), double(save_bytes) / (1 << 20), o.saves, o.dir);
+  fmt::print(
+      "# zaya bench ckpt: {} with {} layers on {} ({}): one save = {:.1f} MiB ({} saves into {})\n",
+      o.preset, o.layers, o.device, step->name(), double(save_bytes) / (1 << 20), o.saves, o.dir);
   const double disk_bps = disk_write_bandwidth(o.dir + "/baseline.bin", save_bytes);
 
   Checkpointer ck(o.dir + "/checkpoints", 1, size_t(o.staging_mb) << 20, checkpoint_staging(*step),
@@ -112,11 +115,16 @@ int run_ckpt_bench(const CkptBenchOptions& o) {
   }
   const SaveStats& st = ck.stats();
   const double w50 = median(write_bps);
-  fmt::print("{:<34} {:>12}\n", "loop stall per save, p50", fmt::format("{:.1f} ms", st.percentile_ms(50)));
-  fmt::print("{:<34} {:>12}\n", "loop stall per save, p99", fmt::format("{:.1f} ms", st.percentile_ms(99)));
-  fmt::print("{:<34} {:>12}\n", "checkpoint write, median", fmt::format("{:.0f} MiB/s", w50 / (1 << 20)));
-  fmt::print("{:<34} {:>12}\n", "disk sequential write (dd-like)", fmt::format("{:.0f} MiB/s", disk_bps / (1 << 20)));
-  fmt::print("{:<34} {:>12}\n", "checkpoint / disk", fmt::format("{:.0f}%", 100.0 * w50 / disk_bps));
+  fmt::print("{:<34} {:>12}\n", "loop stall per save, p50",
+             fmt::format("{:.1f} ms", st.percentile_ms(50)));
+  fmt::print("{:<34} {:>12}\n", "loop stall per save, p99",
+             fmt::format("{:.1f} ms", st.percentile_ms(99)));
+  fmt::print("{:<34} {:>12}\n", "checkpoint write, median",
+             fmt::format("{:.0f} MiB/s", w50 / (1 << 20)));
+  fmt::print("{:<34} {:>12}\n", "disk sequential write (dd-like)",
+             fmt::format("{:.0f} MiB/s", disk_bps / (1 << 20)));
+  fmt::print("{:<34} {:>12}\n", "checkpoint / disk",
+             fmt::format("{:.0f}%", 100.0 * w50 / disk_bps));
   if (!o.json.empty()) {
     nlohmann::json j = {{"preset", o.preset},
                         {"layers", o.layers},

@@ -82,7 +82,8 @@ void AsyncWriter::ensure_ring(size_t total) {
 void AsyncWriter::reserve(size_t total) {
   std::lock_guard<std::mutex> lk(m_);
   ZAYA_CHECK(!have_job_ && !busy_, "checkpoint: the staging ring was resized during a save");
-  const bool fresh = !ring_ || cap_ < std::max<size_t>(cap_limit_ ? std::min(cap_limit_, total) : total, 4096);
+  const bool fresh =
+      !ring_ || cap_ < std::max<size_t>(cap_limit_ ? std::min(cap_limit_, total) : total, 4096);
   ensure_ring(total);
   if (fresh) std::memset(ring_, 0, cap_);
 }
@@ -105,9 +106,8 @@ void AsyncWriter::submit(std::vector<StreamFile> files) {
   }
   cv_.notify_all();
   // The snapshot: copy every source into the ring, waiting for room when it is full.
-  const auto copy = mem_.copy ? mem_.copy : [](void* d, const void* s, size_t n) {
-    std::memcpy(d, s, n);
-  };
+  const auto copy =
+      mem_.copy ? mem_.copy : [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
   for (const StreamFile& f : files)
     for (const StreamSource& s : f.sources) {
       const auto* src = static_cast<const unsigned char*>(s.data);

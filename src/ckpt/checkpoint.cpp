@@ -149,10 +149,9 @@ Checkpointer::~Checkpointer() = default;  // the writer waits for its thread
 
 std::string Checkpointer::new_save_id(int64_t step) {
   std::random_device rd;
-  const uint64_t parts[4] = {
-      uint64_t(::getpid()),
-      uint64_t(std::chrono::system_clock::now().time_since_epoch().count()), uint64_t(step),
-      (uint64_t(rd()) << 32) ^ uint64_t(rd())};
+  const uint64_t parts[4] = {uint64_t(::getpid()),
+                             uint64_t(std::chrono::system_clock::now().time_since_epoch().count()),
+                             uint64_t(step), (uint64_t(rd()) << 32) ^ uint64_t(rd())};
   return hex64(xxh64_bytes(parts, sizeof(parts)));
 }
 
@@ -205,8 +204,8 @@ std::string Checkpointer::commit() {
   json list = json::array();
   for (const WrittenFile& f : files) list.push_back({f.rel, f.size, hex64(f.xxh64)});
   mine["files"] = list;
-  std::vector<std::string> all = comm_ ? comm_->host_all_gather(mine.dump())
-                                       : std::vector<std::string>{mine.dump()};
+  std::vector<std::string> all =
+      comm_ ? comm_->host_all_gather(mine.dump()) : std::vector<std::string>{mine.dump()};
   // The first rank whose writer failed names the reason for every rank.
   std::string failure;
   for (size_t r = 0; r < all.size() && failure.empty(); r++) {

@@ -2,8 +2,8 @@
 // sharded layout of ckpt/sharded.h (each rank writes its own files in parallel), saved
 // asynchronously and committed atomically:
 //   1. every rank snapshots its part into its AsyncWriter's staging ring (the only time the step
-//      blocks) and a background thread writes it under <root>/.tmp-step-XXXXXXXX-<job tag>/, hashing
-//      and fsyncing each file;
+//      blocks) and a background thread writes it under <root>/.tmp-step-XXXXXXXX-<job tag>/,
+//      hashing and fsyncing each file;
 //   2. at later step boundaries poll() asks (one small all-reduce) whether every rank's files are
 //      durable; when they are, rank 0 gathers every file's size and XXH64, writes manifest.json
 //      last, renames the directory into place and fsyncs its parent. Only then is it the latest
@@ -56,9 +56,9 @@ nlohmann::json checkpoint_manifest_extra(int64_t step, int64_t world, const std:
 
 // Blocking times and write figures of the saves of a run.
 struct SaveStats {
-  std::vector<double> blocking_ms;  // per save: the time the training loop was stopped
-  std::vector<double> write_s;      // per save: this rank's writer, first byte to last fsync
-  std::vector<uint64_t> bytes;      // per save: bytes this rank wrote
+  std::vector<double> blocking_ms;       // per save: the time the training loop was stopped
+  std::vector<double> write_s;           // per save: this rank's writer, first byte to last fsync
+  std::vector<uint64_t> bytes;           // per save: bytes this rank wrote
   double percentile_ms(double p) const;  // of blocking_ms (0 when empty)
 };
 

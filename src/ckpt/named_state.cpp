@@ -98,9 +98,8 @@ std::vector<std::string> WholeStateSource::names() const {
 }
 
 bool WholeStateSource::has(const std::string& name) const {
-  return std::binary_search(
-      named_.begin(), named_.end(), std::make_pair(name, Tensor()),
-      [](const auto& a, const auto& b) { return a.first < b.first; });
+  return std::binary_search(named_.begin(), named_.end(), std::make_pair(name, Tensor()),
+                            [](const auto& a, const auto& b) { return a.first < b.first; });
 }
 
 const Tensor& WholeStateSource::at(const std::string& name) const {

@@ -265,7 +265,8 @@ Tensor ShardedState::read(const std::string& name, const std::vector<int64_t>& o
     // Only files with a part of the box are touched (and verified).
     bool touches = true;
     for (size_t d = 0; d < g.size(); d++)
-      if (std::max(p.offset[d], offset[d]) >= std::min(p.offset[d] + p.shape[d], offset[d] + shape[d]))
+      if (std::max(p.offset[d], offset[d]) >=
+          std::min(p.offset[d] + p.shape[d], offset[d] + shape[d]))
         touches = false;
     if (!touches) continue;
     const Tensor piece = file(p.file).get(name);

@@ -607,5 +607,6 @@ int run_bench(int argc, char** argv) {
 
 }  // namespace
 
-ZAYA_COMMAND("bench", "characterize the cluster: comm, gemm, mem, profile, kernels, train, infer, ckpt",
+ZAYA_COMMAND("bench",
+             "characterize the cluster: comm, gemm, mem, profile, kernels, train, infer, ckpt",
              run_bench);

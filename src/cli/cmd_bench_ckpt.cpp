@@ -2,8 +2,8 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
-#include "bench/profile.h"
 #include "bench/ckpt_bench.h"
+#include "bench/profile.h"
 
 namespace zaya::cli {
 

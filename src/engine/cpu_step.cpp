@@ -55,9 +55,10 @@ class CpuStep final : public TrainStep {
                "train step: the state ownership mask has {} entries for {} parameters",
                owned_state_.size(), params_.size());
     ZAYA_CHECK(slices_.empty() || slices_.size() == params_.size(),
-               "train step: the owned-slices list has {} entries for {} parameters",
-               slices_.size(), params_.size());
-    opt_ = std::make_unique<Optimizer>(owned_state_.empty() ? params_ : subset(owned_state_), optim);
+               "train step: the owned-slices list has {} entries for {} parameters", slices_.size(),
+               params_.size());
+    opt_ =
+        std::make_unique<Optimizer>(owned_state_.empty() ? params_ : subset(owned_state_), optim);
     balance_ = std::make_unique<BalancingBiasUpdater>(
         BalancingBiasUpdater::from_params(params_, balancing));
   }
@@ -159,8 +160,8 @@ class CpuStep final : public TrainStep {
       ZAYA_CHECK(p.value.dim() >= 1 && count > 0 && first + count <= p.value.shape()[0],
                  "train step: slice [{}, {}) of '{}' (shape {})", first, first + count, p.name,
                  shape_str(p.value.shape()));
-      out.push_back({p.name, p.value.slice(0, first, first + count),
-                     p.grad.slice(0, first, first + count)});
+      out.push_back(
+          {p.name, p.value.slice(0, first, first + count), p.grad.slice(0, first, first + count)});
     }
     return out;
   }
@@ -178,11 +179,9 @@ class CpuStep final : public TrainStep {
 
 }  // namespace
 
-std::unique_ptr<TrainStep> make_cpu_step(ZayaModel& model, const OptimizerSettings& optim,
-                                         const BalancingSettings& balancing,
-                                         const ParamMask& owned_state,
-                                         const std::vector<std::pair<int64_t, int64_t>>&
-                                             owned_slices) {
+std::unique_ptr<TrainStep> make_cpu_step(
+    ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing,
+    const ParamMask& owned_state, const std::vector<std::pair<int64_t, int64_t>>& owned_slices) {
   return std::make_unique<CpuStep>(model, optim, balancing, owned_state, owned_slices);
 }
 

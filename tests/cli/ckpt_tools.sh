@@ -18,18 +18,12 @@
 set -u
 zaya="$1"
 src="$2"
-if ! "$zaya" version | grep -q "mpi: yes"; then echo "SKIP: zaya built without MPI"; exit 0; fi
-if ! command -v mpirun >/dev/null; then echo "SKIP: no mpirun"; exit 0; fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-T="$(mktemp -d)"
-trap 'rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+# shellcheck source=tests/cli/lib/tiny_run.sh
+source "$src/tests/cli/lib/tiny_run.sh"
+mpi_script_setup
 mpi() { timeout 300 mpirun -np "$1" --oversubscribe "${@:2}"; }
 start=$SECONDS
 
-# shellcheck source=tests/cli/lib/tiny_run.sh
-source "$src/tests/cli/lib/tiny_run.sh"
 tiny_run_data "$T/ds" "$src" || fail "data prepare"
 # 4 steps (2 at seq_len 24, 2 at 32) of 12 sequences, a checkpoint every 2: 4, 3 and 1 ranks all
 # divide the global batch, 5 does not.

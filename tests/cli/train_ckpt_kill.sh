@@ -10,15 +10,10 @@
 set -u
 zaya="$1"
 src="$2"
-if ! "$zaya" version | grep -q "mpi: yes"; then echo "SKIP: zaya built without MPI"; exit 0; fi
-if ! command -v mpirun >/dev/null; then echo "SKIP: no mpirun"; exit 0; fi
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-T="$(mktemp -d)"
-trap 'pkill -9 -f -- "--out $T/" 2>/dev/null; rm -rf "$T"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
 # shellcheck source=tests/cli/lib/tiny_run.sh
 source "$src/tests/cli/lib/tiny_run.sh"
+mpi_script_setup
+trap 'pkill -9 -f -- "--out $T/" 2>/dev/null; rm -rf "$T"' EXIT
 tiny_run_data "$T/ds" "$src" || fail "data prepare"
 tiny_run_toml "$T/ds" 10 4 1 > "$T/run.toml"   # a checkpoint every step
 trials="${KILL_TRIALS:-20}"

@@ -18,8 +18,10 @@
 // Buffers: CPU steps reduce their host buffers directly over MPI. GPU steps use NCCL on device
 // buffers, or (an MPI communicator) host-staged MPI through page-locked mirrors of the flat
 // buffers, which also lets several ranks share one GPU.
-// state() is collective: rank 0 receives every owner's optimizer state (whole tensors, for the
-// single-writer checkpoint); the other ranks get an empty list. load_state keeps each rank's own.
+// Checkpoints use owned_state() (each rank's own pieces, written by that rank) and
+// load_state_from() (each rank reads the pieces it owns now). state() is collective and gathers
+// every owner's optimizer state as whole tensors on rank 0 (the other ranks get an empty list), for
+// comparisons against one process; load_state keeps each rank's own part of whole tensors.
 // Deliberately not here: overlap of the reduce-scatter with the backward (buckets are reduced
 // after it), slices on the GPU (CudaOptimizer keeps whole tensors), and element-sharded
 // AdamW tensors.

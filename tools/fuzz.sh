@@ -15,7 +15,8 @@ if [ ! -f "$B/build.ninja" ]; then
   cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZAYA_FUZZ=ON -DZAYA_CUDA=OFF \
     -DZAYA_MPI=OFF -DZAYA_TESTS=OFF -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang >/dev/null
 fi
-ninja -C "$B" zaya_fuzz >/dev/null
+# ninja reports a failed build on standard output: keep it out of the way unless the build fails.
+ninja -C "$B" zaya_fuzz >"$B/ninja.log" 2>&1 || { tail -40 "$B/ninja.log" >&2; echo "fuzz.sh: the build of $B failed" >&2; exit 1; }
 python3 tests/fuzz/make_seeds.py "$B/seeds"
 if [ "$target" = all ]; then
   targets=$(cd tests/fuzz && ls fuzz_*.cpp | sed 's/\.cpp$//')

@@ -830,8 +830,11 @@ RunConfig::ResolvedParallel RunConfig::resolve_parallel(int64_t world) const {
     if (p.batch_size && *p.batch_size % quantum != 0)
       fail(
           "{}: phase.{}.batch_size = {} (global sequences per step) is not divisible by "
-          "train.micro_batch × data-parallel groups = {} × {} = {}",
-          source, i, *p.batch_size, train.micro_batch, dp, quantum);
+          "train.micro_batch × {} = {} × {} = {}",
+          source, i, *p.batch_size,
+          phase_cp(i) > 1 ? fmt::format("data-parallel groups (world / cp {})", phase_cp(i))
+                          : std::string("parallel.dp"),
+          train.micro_batch, dp, quantum);
   }
   return r;
 }

@@ -174,8 +174,9 @@ class Trainer {
       // (n / L) % B, offset n % L — to the convolutions and the value shift, 2B sequences of L.
       const int64_t C = cp_->comm->size(), r = cp_->comm->rank();
       L_ = S_ / (2 * C);
-      gc_[0] = r;
-      gc_[1] = 2 * C - 1 - r;
+      const std::array<int64_t, 2> g = context_chunks(int(r), int(C));
+      gc_[0] = g[0];
+      gc_[1] = g[1];
       Bv_ = 2 * B_;
       Sv_ = L_;
       N_ = 2 * B_ * L_;
@@ -218,6 +219,17 @@ class Trainer {
   // receives `recv` from rank `from` (skipped when < 0); even ranks send first, odd ranks receive
   // first, so a chain of blocking messages cannot deadlock.
   void cp_chain(const float* send, int to, float* recv, int from, size_t count);
+  // Calls fn(group_token, sequence_token) for the first token of every chunk row of the group:
+  // group_token indexes the group's [rank][k | v][slot][b][t] buffers (per k or v half: 2·B·L
+  // tokens a rank), sequence_token the [b][S] layout of the whole sequences.
+  template <typename Fn>
+  void cp_chunk_rows(Fn&& fn) const {
+    const int64_t C = cp_->comm->size();
+    for (int64_t rk = 0; rk < C; rk++)
+      for (int64_t sl = 0; sl < 2; sl++)
+        for (int64_t b = 0; b < B_; b++)
+          fn(rk * 2 * N_ + (sl * B_ + b) * L_, b * S_ + context_chunks(int(rk), int(C))[sl] * L_);
+  }
 
   const ZayaModel& m_;
   const ZayaConfig& c_;
@@ -372,15 +384,10 @@ void Trainer::attention_fwd(int64_t li, LayerActs& A) {
     cp_->comm->all_gather(mine.data(), all.data(), size_t(2 * nl), DType::F32);
     A.kfull = vec(B_ * S_ * KD);
     A.vfull = vec(B_ * S_ * KD);
-    for (int64_t rk = 0; rk < Ccp; rk++)
-      for (int64_t sl = 0; sl < 2; sl++)
-        for (int64_t b = 0; b < B_; b++) {
-          const int64_t g0 = sl == 0 ? rk : 2 * Ccp - 1 - rk;
-          const int64_t src = (rk * 2 * N + (sl * B_ + b) * L_) * KD;
-          const int64_t dst = (b * S_ + g0 * L_) * KD;
-          std::copy_n(all.data() + src, L_ * KD, A.kfull.data() + dst);
-          std::copy_n(all.data() + src + nl, L_ * KD, A.vfull.data() + dst);
-        }
+    cp_chunk_rows([&](int64_t grp, int64_t seq) {
+      std::copy_n(all.data() + grp * KD, L_ * KD, A.kfull.data() + seq * KD);
+      std::copy_n(all.data() + grp * KD + nl, L_ * KD, A.vfull.data() + seq * KD);
+    });
     for (int64_t sl = 0; sl < 2; sl++)
       cpu::attention(A.att.data() + sl * B_ * L_ * QD, A.lse.data() + sl * B_ * Hq_ * L_,
                      A.q.data() + sl * B_ * L_ * QD, A.kfull.data(), A.vfull.data(), B_, L_, S_,
@@ -423,15 +430,10 @@ void Trainer::attention_bwd(int64_t li, LayerActs& A, const float* da, float* dx
       dvf[i] += dvc[i];
     }
     Vec send = vec(Ccp * 2 * nl), mine = vec(2 * nl);
-    for (int64_t rk = 0; rk < Ccp; rk++)
-      for (int64_t sl = 0; sl < 2; sl++)
-        for (int64_t b = 0; b < B_; b++) {
-          const int64_t g0 = sl == 0 ? rk : 2 * Ccp - 1 - rk;
-          const int64_t dst = (rk * 2 * N + (sl * B_ + b) * L_) * KD;
-          const int64_t src = (b * S_ + g0 * L_) * KD;
-          std::copy_n(dkf.data() + src, L_ * KD, send.data() + dst);
-          std::copy_n(dvf.data() + src, L_ * KD, send.data() + dst + nl);
-        }
+    cp_chunk_rows([&](int64_t grp, int64_t seq) {
+      std::copy_n(dkf.data() + seq * KD, L_ * KD, send.data() + grp * KD);
+      std::copy_n(dvf.data() + seq * KD, L_ * KD, send.data() + grp * KD + nl);
+    });
     cp_->comm->reduce_scatter(send.data(), mine.data(), size_t(2 * nl), DType::F32, RedOp::Sum);
     std::copy_n(mine.data(), nl, dk.data());
     std::copy_n(mine.data() + nl, nl, dv.data());

@@ -44,21 +44,15 @@ run cp4 4 --parallel.cp=4
 run phasecp 2 --phase.1.cp=2
 echo "six training runs: $((SECONDS - start)) s"
 
-python3 - "$T" <<'PY' || fail "equivalence"
-import json, struct, sys
+python3 - "$T" "$src" <<'PY' || fail "equivalence"
+import json, sys
 T = sys.argv[1]
+sys.path.insert(0, sys.argv[2] + "/tests/cli/lib")
+from run_files import losses as run_losses, weights as run_weights
 def losses(n):
-    return [json.loads(l) for l in open(f"{T}/{n}/metrics.jsonl")]
+    return run_losses(f"{T}/{n}")
 def weights(n):
-    b = open(f"{T}/{n}/model/model.safetensors", "rb").read()
-    h = struct.unpack("<Q", b[:8])[0]
-    head = json.loads(b[8:8 + h])
-    out = {}
-    for k, v in head.items():
-        if k == "__metadata__": continue
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack(f"<{(e - s) // 4}f", b[8 + h + s:8 + h + e])
-    return out
+    return run_weights(f"{T}/{n}")
 ref, wref = losses("ref"), weights("ref")
 assert len(ref) == 20
 def dl(n):

@@ -290,6 +290,8 @@ class DpStep final : public DataParallelStep {
   void reduce_grads() {
     if (reduced_) return;
     const double t0 = now_ms();
+    // The backward ran on the step's own stream, which no copy below waits for.
+    inner_->sync();
     const FlatBuffer g = inner_->grads();
     float* work = g.data;
     if (mirror_) {
@@ -301,6 +303,7 @@ class DpStep final : public DataParallelStep {
         for_each_packed_run(plan_, r, p, [&](int64_t po, int64_t fo, int64_t n) {
           move(packed_ + po, work + fo, n);
         });
+    if (device_work_) finish_step_copies();  // before the communicator's stream reads packed_
     for (int64_t k = 0; k < plan_.buckets(); k++) {
       comm_.reduce_scatter(packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
                            seg_ + k * plan_.bucket_elems, size_t(plan_.chunk(k)), DType::F32,
@@ -314,12 +317,14 @@ class DpStep final : public DataParallelStep {
         copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset,
                         size_t(p.len) * sizeof(float));
     }
+    finish_step_copies();  // before the step's stream reads the reduced gradients
     reduced_ = true;
     times_.reduce_scatter = now_ms() - t0;
   }
 
   void gather_weights() {
     const double t0 = now_ms();
+    inner_->sync();  // the update ran on the step's own stream
     const FlatBuffer m = inner_->masters();
     float* work = m.data;
     if (mirror_) {
@@ -328,6 +333,7 @@ class DpStep final : public DataParallelStep {
     }
     for (const SegmentPiece& p : pieces_[size_t(rank_)])
       move(seg_ + p.seg_offset, work + p.flat_offset, p.len);
+    if (device_work_) finish_step_copies();  // before the communicator's stream reads seg_
     for (int64_t k = 0; k < plan_.buckets(); k++)
       comm_.all_gather(seg_ + k * plan_.bucket_elems,
                        packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
@@ -341,6 +347,7 @@ class DpStep final : public DataParallelStep {
         });
     }
     if (mirror_) copy_step_bytes(m.data, host_m_, size_t(m.numel) * sizeof(float));
+    finish_step_copies();  // before the step's stream reads the gathered masters
     inner_->weights_changed();
     times_.all_gather = now_ms() - t0;
   }

@@ -74,6 +74,8 @@ void copy_step_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 
+void finish_step_copies() {}
+
 int visible_cuda_devices() {
   return 0;
 }

@@ -168,8 +168,13 @@ std::unique_ptr<TrainStep> make_train_step(ZayaModel& model, const OptimizerSett
 
 // Byte copies between host memory and a step's flat buffers, in any direction (cudaMemcpy with
 // cudaMemcpyDefault in a CUDA build; memcpy otherwise), and page-locked host staging buffers (the
-// data-parallel step's host-staged MPI path for GPU ranks). Synchronous.
+// data-parallel step's host-staged MPI path for GPU ranks). Copies to or from host memory are
+// synchronous; a device-to-device copy may still run when it returns, and no copy waits for work
+// on a step's own (non-blocking) stream: call the step's sync() first when it wrote the source,
+// and finish_step_copies() before another stream reads the destination.
 void copy_step_bytes(void* dst, const void* src, size_t bytes);
+// Waits until every copy_step_bytes issued so far has completed (no-op without CUDA).
+void finish_step_copies();
 // CUDA devices this process sees (0 in a build without CUDA or on a machine without a GPU).
 int visible_cuda_devices();
 void* alloc_pinned_host(size_t bytes);

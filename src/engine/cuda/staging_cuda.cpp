@@ -12,6 +12,11 @@ void copy_step_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes) ZAYA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
 }
 
+void finish_step_copies() {
+  // cudaMemcpy runs on the legacy default stream; waiting for it covers every copy issued.
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
+}
+
 int visible_cuda_devices() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;

@@ -170,7 +170,8 @@ struct DeviceInfo {
   std::string peak_source;      // "spec table", "clock x SMs", "unknown"
 };
 
-#ifdef ZAYA_HAVE_CUDA
+// The measurements below need the CUDA backend; in builds without it they throw a zaya::Error
+// naming the missing backend (bench/gpu_standins.cpp).
 DeviceInfo query_device(int device);
 // Runs every (shape, dtype); fp8 shapes are skipped (with a note on stderr) on devices without
 // FP8. Per shape the "lt"/"lt-batched" row is autotuned: up to opt.autotune heuristic candidates
@@ -178,7 +179,6 @@ DeviceInfo query_device(int device);
 // every candidate is timed briefly and the best three again in interleaved rounds; the fastest is
 // then measured with opt.timing. Results carry no `fraction` (the caller knows the peak).
 std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt);
-#endif
 
 std::string gemm_table_header();
 std::string gemm_table_row(const GemmResult& r);

@@ -34,9 +34,7 @@ struct MemBenchOptions {
   int device = 0;
 };
 
-#ifdef ZAYA_HAVE_CUDA
 std::vector<MemResult> run_mem_bench(const MemBenchOptions& opt, double peak_gbs);
-#endif
 
 std::string mem_table_header();
 std::string mem_table_row(const MemResult& r);

@@ -92,13 +92,11 @@ HealthCheck check_at_least(const std::string& name, double measured, double thre
   return c;
 }
 
+// A check that could not measure (the probe failed, or its result was wrong).
 HealthCheck failed(const std::string& name, const std::string& unit, double threshold,
                    const std::string& why) {
-  HealthCheck c;
-  c.name = name;
-  c.unit = unit;
-  c.threshold = threshold;
-  c.detail = why;
+  HealthCheck c = check_at_least(name, 0, threshold, unit, why);
+  c.pass = false;
   return c;
 }
 

@@ -262,18 +262,9 @@ class Reporter {
           warned_ = false;
         }
       }
-      while (fd_ >= 0 && !pending.empty()) {
-        std::string why;
-        if (!send_all(fd_, pending.front(), &why)) {
-          warn(fmt::format("closed the connection ({})", why));
-          disconnect();
-          next_connect = mono_now() + kRetryInterval;
-          break;
-        }
-        pending.pop_front();
-      }
+      // The beat first, so that nothing follows a bye; none once stopping.
       now = mono_now();
-      if (fd_ >= 0 &&
+      if (fd_ >= 0 && !stopping &&
           (now - last_beat >= kBeatInterval || (changed_ && now - last_beat >= kBeatMinInterval))) {
         changed_ = false;
         last_beat = now;
@@ -283,6 +274,16 @@ class Reporter {
           disconnect();
           next_connect = mono_now() + kRetryInterval;
         }
+      }
+      while (fd_ >= 0 && !pending.empty()) {
+        std::string why;
+        if (!send_all(fd_, pending.front(), &why)) {
+          warn(fmt::format("closed the connection ({})", why));
+          disconnect();
+          next_connect = mono_now() + kRetryInterval;
+          break;
+        }
+        pending.pop_front();
       }
       // Beats are made afresh; only events and bye wait for a connection, and only so many (all
       // are dropped when stopping without one).

@@ -11,6 +11,7 @@
 #    same final weights;
 #  - a corrupted checkpoint (rank 0 flips bytes in step 4's data after its commit and dies):
 #    --resume auto skips it, resumes from step 2 and reaches the same final weights;
+#  - the loss-spike rule stops the run (exit 3) at the step where the loss jumps;
 #  - a bad [fault_tolerance] value is a configuration error: exit code 2.
 # Usage: bash ft_rank_faults.sh <zaya-binary> <source-dir>   (skips, exit 0, without MPI)
 set -u
@@ -31,6 +32,12 @@ train() {  # train NAME [flags...]: trains into $T/NAME, output in $T/NAME.log; 
 same_weights() {  # same_weights NAME: its final weights are the reference's, bit for bit
   cmp -s "$T/ref/model/model.safetensors" "$T/$1/model/model.safetensors" ||
     fail "$1: the final weights differ from the uninterrupted run"
+}
+resumes_to_the_end() {  # resumes_to_the_end NAME: --resume auto picks step 2 and matches the reference
+  train "$1" --resume auto || { tail -20 "$T/$1.log"; fail "$1: resuming"; }
+  grep -q "resuming from $T/$1/checkpoints/step-00000002" "$T/$1.log" ||
+    { cat "$T/$1.log"; fail "$1: did not resume from step 2"; }
+  same_weights "$1"
 }
 start=$SECONDS
 train ref || { tail -20 "$T/ref.log"; fail "the reference run"; }
@@ -60,9 +67,7 @@ grep -q "ending the whole job" "$T/nan.log" && { cat "$T/nan.log"; fail "nan: th
 python3 -c "import json,sys; s=[json.loads(l)['step'] for l in open(sys.argv[1])]; sys.exit(0 if s == [1, 2] else 1)" \
   "$T/nan/metrics.jsonl" || { cat "$T/nan/metrics.jsonl"; fail "nan: metrics hold a step past 2"; }
 [ ! -e "$T/nan/checkpoints/step-00000004" ] || fail "nan: a checkpoint past the non-finite step"
-train nan --resume auto || { tail -20 "$T/nan.log"; fail "nan: resuming"; }
-grep -q "resuming from $T/nan/checkpoints/step-00000002" "$T/nan.log" || { cat "$T/nan.log"; fail "nan: did not resume from step 2"; }
-same_weights nan
+resumes_to_the_end nan
 # Supervised (an address, even one nobody listens at), "auto" means restart.
 ZAYA_SUPERVISOR=127.0.0.1:9 ZAYA_FAULTS="nan@rank=0,step=2" train nan_auto
 rc=$?
@@ -79,9 +84,7 @@ grep -q "checkpoint $T/disk/checkpoints/step-00000004 was not saved .*rank 1 .*N
   { cat "$T/disk.log"; fail "disk_full: the error does not name the checkpoint, the rank and ENOSPC"; }
 left=$(ls -A "$T/disk/checkpoints")
 [ "$left" = "step-00000002" ] || fail "disk_full: checkpoints/ holds '$left'"
-train disk --resume auto || { tail -20 "$T/disk.log"; fail "disk_full: resuming"; }
-grep -q "resuming from $T/disk/checkpoints/step-00000002" "$T/disk.log" || { cat "$T/disk.log"; fail "disk_full: did not resume from step 2"; }
-same_weights disk
+resumes_to_the_end disk
 echo "disk_full: the save failed cleanly; the resumed run matches bit for bit"
 
 # 4. A checkpoint corrupted after its commit, its writer dead: resume skips it.
@@ -91,13 +94,30 @@ rc=$?
 grep -q "rank 0: injected fault corrupt_ckpt@rank=0,step=4: flipping 16 bytes" "$T/corrupt.log" ||
   { cat "$T/corrupt.log"; fail "corrupt_ckpt: no fault line"; }
 [ -d "$T/corrupt/checkpoints/step-00000004" ] || fail "corrupt_ckpt: step 4 was not committed first"
-train corrupt --resume auto || { tail -20 "$T/corrupt.log"; fail "corrupt_ckpt: resuming"; }
+resumes_to_the_end corrupt
 grep -q "skipping.*step-00000004" "$T/corrupt.log" || { cat "$T/corrupt.log"; fail "corrupt_ckpt: the corrupt checkpoint was not skipped"; }
-grep -q "resuming from $T/corrupt/checkpoints/step-00000002" "$T/corrupt.log" || { cat "$T/corrupt.log"; fail "corrupt_ckpt: did not resume from step 2"; }
-same_weights corrupt
 echo "corrupt_ckpt: resumed from step 2; the final weights match bit for bit"
 
-# 5. A bad [fault_tolerance] value: a configuration error, status 2.
+# 5. The loss-spike rule (1.2 × the mean of the last 2 steps): at a learning rate high enough for
+#    the loss to jump, it stops the run (exit 3) at the first step the rule picks out of the same
+#    run's losses without it, before that step's metrics line.
+hot=(--optim.lr=0.1 --optim.min_lr=0)
+train hot "${hot[@]}" || { tail -20 "$T/hot.log"; fail "the run at a high learning rate"; }
+spike=$(python3 -c "
+import json, sys
+l = [json.loads(x)['loss'] for x in open(sys.argv[1])]
+print(next((i + 1 for i in range(2, len(l)) if l[i] > 1.2 * (l[i - 1] + l[i - 2]) / 2), 0))" "$T/hot/metrics.jsonl")
+[ "$spike" -gt 0 ] || { cat "$T/hot/metrics.jsonl"; fail "loss spike: the premise fails (no jump in loss at lr 0.1)"; }
+train spike "${hot[@]}" --fault_tolerance.nonfinite=restart --fault_tolerance.loss_spike=1.2 \
+  --fault_tolerance.loss_spike_window=2
+rc=$?
+[ $rc -eq 3 ] || { cat "$T/spike.log"; fail "loss spike at step $spike: exit status $rc, expected 3"; }
+grep -q "step $spike: loss .* exceeds 1.2 × the mean .* of the last 2 steps: stopping without the update" "$T/spike.log" ||
+  { cat "$T/spike.log"; fail "loss spike: no message naming step $spike"; }
+[ "$(wc -l < "$T/spike/metrics.jsonl")" -eq $((spike - 1)) ] || fail "loss spike: metrics past step $((spike - 1))"
+echo "loss spike: stopped at step $spike with status 3"
+
+# 6. A bad [fault_tolerance] value: a configuration error, status 2.
 "$zaya" train --config "$T/run.toml" --out "$T/badcfg" --fault_tolerance.nonfinite=maybe > "$T/badcfg.log" 2>&1
 rc=$?
 [ $rc -eq 2 ] || { cat "$T/badcfg.log"; fail "a bad fault_tolerance.nonfinite: exit status $rc, expected 2"; }

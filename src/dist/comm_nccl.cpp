@@ -198,7 +198,11 @@ std::unique_ptr<Communicator> make_nccl_world() {
   if (boot->rank() == 0) ZAYA_NCCL_CHECK(ncclGetUniqueId(&id));
   ZAYA_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
   ncclComm_t comm = nullptr;
-  ZAYA_NCCL_CHECK(ncclCommInitRank(&comm, boot->size(), id, boot->rank()));
+  {
+    // Collective over the world: a rank that never joins leaves the others here.
+    const auto in_collective = ft::section(ft::kCollective, "ncclCommInitRank");
+    ZAYA_NCCL_CHECK(ncclCommInitRank(&comm, boot->size(), id, boot->rank()));
+  }
   return std::make_unique<NcclCommunicator>(std::move(boot), comm, device);
 }
 

@@ -1,6 +1,7 @@
 // The GPU benchmarks' entry points in a build without the CUDA backend (the CUDA build defines
 // them in the *_cuda.cpp files beside this one): each says that this build cannot run it, so
-// that the command line is the same in every build and chooses at run time.
+// that the command line is the same in every build and chooses at run time. (Not named
+// *_cuda.cpp: the build leaves those out of builds without CUDA.)
 #include "bench/gemm_bench.h"
 #include "bench/infer_bench.h"
 #include "bench/kernel_bench.h"

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "dist/fault_inject.h"
 
 namespace zaya {
 
@@ -27,9 +28,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// write(2) of all n bytes; "" or the reason it failed.
-std::string write_all(int fd, const void* p, size_t n) {
+// write(2) of all n bytes; "" or the reason it failed. With `enospc` (an injected disk_full
+// fault, dist/fault_inject.h) it fails the way a full file system does: part written, then ENOSPC.
+std::string write_all(int fd, const void* p, size_t n, bool enospc = false) {
   const char* c = static_cast<const char*>(p);
+  if (enospc) {
+    if (n / 2 > 0 && ::write(fd, c, n / 2) < 0) return std::strerror(errno);
+    return std::strerror(ENOSPC);
+  }
   while (n > 0) {
     const ssize_t w = ::write(fd, c, n);
     if (w < 0 && errno == EINTR) continue;
@@ -103,6 +109,8 @@ void AsyncWriter::submit(std::vector<StreamFile> files) {
     busy_ = true;
     error_.clear();
     written_.clear();
+    // An injected disk_full fault belongs to the first save submitted from its step on.
+    enospc_ = ft::take_disk_full();
   }
   cv_.notify_all();
   // The snapshot: copy every source into the ring, waiting for room when it is full.
@@ -162,14 +170,17 @@ double AsyncWriter::last_write_seconds() const {
 void AsyncWriter::run() {
   for (;;) {
     std::vector<StreamFile> files;
+    bool enospc = false;
     {
       std::unique_lock<std::mutex> lk(m_);
       cv_.wait(lk, [&] { return have_job_ || stop_; });
       if (stop_ && !have_job_) return;
       files = std::move(job_);
       job_.clear();
+      enospc = enospc_;
+      enospc_ = false;
     }
-    write_files(files);
+    write_files(files, enospc);
     {
       std::lock_guard<std::mutex> lk(m_);
       have_job_ = false;
@@ -179,7 +190,7 @@ void AsyncWriter::run() {
   }
 }
 
-void AsyncWriter::write_files(const std::vector<StreamFile>& files) {
+void AsyncWriter::write_files(const std::vector<StreamFile>& files, bool enospc) {
   const auto t0 = std::chrono::steady_clock::now();
   std::string err;  // the first failure; the ring is drained regardless, so submit() never hangs
   std::vector<WrittenFile> out;
@@ -197,7 +208,7 @@ void AsyncWriter::write_files(const std::vector<StreamFile>& files) {
     uint64_t size = 0;
     const auto put = [&](const void* p, size_t n) {
       if (fd < 0) return;
-      std::string e = write_all(fd, p, n);
+      std::string e = write_all(fd, p, n, enospc);
       if (!e.empty()) {
         err = fmt::format("writing {} failed: {}", f.path, e);
         ::close(fd);

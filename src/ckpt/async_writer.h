@@ -81,7 +81,8 @@ class AsyncWriter {
 
  private:
   void run();
-  void write_files(const std::vector<StreamFile>& files);
+  // enospc: fail the first write with ENOSPC (an injected disk_full fault).
+  void write_files(const std::vector<StreamFile>& files, bool enospc);
   void ensure_ring(size_t total);
 
   void release_ring();
@@ -94,7 +95,7 @@ class AsyncWriter {
   mutable std::mutex m_;
   std::condition_variable cv_;
   std::vector<StreamFile> job_;
-  bool have_job_ = false, busy_ = false, stop_ = false;
+  bool have_job_ = false, busy_ = false, stop_ = false, enospc_ = false;
   std::vector<WrittenFile> written_;
   std::string error_;
   uint64_t bytes_ = 0;

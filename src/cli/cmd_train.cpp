@@ -12,6 +12,7 @@
 #include "cli/command.h"
 #include "core/log.h"
 #include "core/source_dir.h"
+#include "dist/heartbeat.h"
 #include "dist/launch.h"
 #include "train/trainer.h"
 
@@ -74,7 +75,9 @@ static int run_train_rank(int argc, char** argv) {
 }
 
 // Errors of a launched job: every rank's message names it; an error only some ranks raised ends
-// the job through MPI_Abort, so no rank is left waiting in a collective.
+// the job through MPI_Abort, so no rank is left waiting in a collective. Exit codes follow
+// dist/ft_protocol.h (2: the configuration, 3: numerics, 1: anything else), and a supervised rank
+// says goodbye (with the code) before it returns.
 static int run_train(int argc, char** argv) {
   LaunchInfo li;
   try {
@@ -83,18 +86,36 @@ static int run_train(int argc, char** argv) {
     fmt::print(stderr, "zaya train: error: {}\n", e.what());
     return 1;
   }
-  if (!li.launched() || li.world == 1) return run_train_rank(argc, argv);
-  const std::string who = fmt::format("rank {} of {} on {}", li.rank, li.world, local_host_name());
+  const bool many = li.launched() && li.world > 1;
+  const std::string who =
+      many ? fmt::format("rank {} of {} on {}: ", li.rank, li.world, local_host_name()) : "";
+  const auto stop = [&](int code, const std::string& message) {
+    ft::send_event("error", {{"message", message}, {"code", code}});
+    ft::finish_reporting("error", code);
+    fmt::print(stderr, "zaya train: {}error: {}\n", who, message);
+    return code;
+  };
   try {
-    return run_train_rank(argc, argv);
+    const int code = run_train_rank(argc, argv);
+    ft::finish_reporting(code == 0 ? "completed" : "error", code);
+    return code;
   } catch (const JobWideError& e) {
-    fmt::print(stderr, "zaya train: {}: error: {}\n", who, e.what());
-    return 1;
+    return stop(e.code(), e.what());
+  } catch (const ConfigError& e) {
+    return stop(ft::kExitBadConfig, e.what());  // every rank reads the same config, before MPI
   } catch (const CLI::ParseError& e) {
-    fmt::print(stderr, "zaya train: {}: {}\n", who, e.what());
+    if (!many) throw;
+    fmt::print(stderr, "zaya train: {}{}\n", who, e.what());
     return 2;  // every rank parses the same arguments, before any collective
   } catch (const std::exception& e) {
-    fmt::print(stderr, "zaya train: {}: error: {}\nzaya train: {}: ending the whole job\n", who,
+    if (!many) {
+      ft::send_event("error", {{"message", e.what()}, {"code", 1}});
+      ft::finish_reporting("error", 1);
+      throw;
+    }
+    ft::send_event("error", {{"message", e.what()}, {"code", 1}});
+    ft::finish_reporting("error", 1, 1.0);
+    fmt::print(stderr, "zaya train: {}error: {}\nzaya train: {}ending the whole job\n", who,
                e.what(), who);
     abort_all_ranks(1);
   }

@@ -1,5 +1,5 @@
 // Entry point of the `zaya` program: dispatches to the registered subcommands and turns errors into
-// a one-line message and a non-zero exit status.
+// a one-line message and a non-zero exit status (2 for command-line and configuration errors).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -7,6 +7,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "dist/ft_protocol.h"
 
 namespace zaya::cli {
 
@@ -62,6 +63,9 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
       std::fprintf(stderr, "zaya %s: %s\n", name, e.what());
       return 2;
+    } catch (const zaya::ConfigError& e) {
+      std::fprintf(stderr, "zaya %s: error: %s\n", name, e.what());
+      return zaya::ft::kExitBadConfig;
     } catch (const zaya::Error& e) {
       std::fprintf(stderr, "zaya %s: error: %s\n", name, e.what());
       return 1;

@@ -15,6 +15,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+// A configuration (run config file, its overrides) that cannot be used: the CLI exits with status 2
+// (dist/ft_protocol.h's kExitBadConfig) instead of 1, so a supervisor does not relaunch it.
+class ConfigError : public Error {
+ public:
+  using Error::Error;
+};
+
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {
   throw Error(fmt::format(f, std::forward<Args>(args)...));

@@ -2,8 +2,9 @@
 // MPI ops (MPI has no such types). Counts beyond MPI's int range are split into chunks for
 // all_reduce, broadcast and point-to-point; the block collectives reject them instead, since
 // chunking those needs strided datatypes the benchmark sizes never require.
-// In-place reduce_scatter follows NCCL's convention (result at send + rank*recvcount); MPI's own
-// in-place form leaves it at the start of the buffer, so that case pays one extra memmove.
+// Every call is the "collective" section of dist/heartbeat.h (what the watchdog and the supervisor
+// see). In-place reduce_scatter follows NCCL's convention (result at send + rank*recvcount); MPI's
+// own in-place form leaves it at the start of the buffer, so that case pays one extra memmove.
 #include "dist/comm_mpi.h"
 
 #include <climits>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dist/heartbeat.h"
 
 namespace zaya::detail {
 
@@ -139,10 +141,12 @@ std::string MpiCommunicator::host_name() const {
 }
 
 void MpiCommunicator::barrier() {
+  const auto in_collective = ft::section(ft::kCollective, "barrier");
   ZAYA_MPI_CHECK(MPI_Barrier(comm_));
 }
 
 void MpiCommunicator::all_reduce(const void* send, void* recv, size_t count, DType t, RedOp op) {
+  const auto in_collective = ft::section(ft::kCollective, "all_reduce");
   const size_t es = dtype_size(t);
   const MPI_Datatype dt = mpi_datatype(t);
   const MPI_Op mop = mpi_op(op, t);
@@ -157,6 +161,7 @@ void MpiCommunicator::all_reduce(const void* send, void* recv, size_t count, DTy
 
 void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t recvcount, DType t,
                                      RedOp op) {
+  const auto in_collective = ft::section(ft::kCollective, "reduce_scatter");
   const int n = as_int(recvcount, "reduce_scatter");
   const size_t es = dtype_size(t);
   char* own = const_cast<char*>(static_cast<const char*>(send)) + size_t(rank_) * recvcount * es;
@@ -172,6 +177,7 @@ void MpiCommunicator::reduce_scatter(const void* send, void* recv, size_t recvco
 }
 
 void MpiCommunicator::all_gather(const void* send, void* recv, size_t sendcount, DType t) {
+  const auto in_collective = ft::section(ft::kCollective, "all_gather");
   const int n = as_int(sendcount, "all_gather");
   const size_t es = dtype_size(t);
   const bool inplace = send == static_cast<char*>(recv) + size_t(rank_) * sendcount * es;
@@ -180,6 +186,7 @@ void MpiCommunicator::all_gather(const void* send, void* recv, size_t sendcount,
 }
 
 void MpiCommunicator::broadcast(const void* send, void* recv, size_t count, DType t, int root) {
+  const auto in_collective = ft::section(ft::kCollective, "broadcast");
   const size_t es = dtype_size(t);
   // MPI_Bcast is in place; the root's out-of-place form copies its input first.
   if (rank_ == root && send != recv) std::memcpy(recv, send, count * es);
@@ -190,12 +197,14 @@ void MpiCommunicator::broadcast(const void* send, void* recv, size_t count, DTyp
 }
 
 void MpiCommunicator::all_to_all(const void* send, void* recv, size_t count, DType t) {
+  const auto in_collective = ft::section(ft::kCollective, "all_to_all");
   ZAYA_CHECK(send != recv, "all_to_all has no in-place form");
   const int n = as_int(count, "all_to_all");
   ZAYA_MPI_CHECK(MPI_Alltoall(send, n, mpi_datatype(t), recv, n, mpi_datatype(t), comm_));
 }
 
 void MpiCommunicator::send(const void* buf, size_t count, DType t, int peer) {
+  const auto in_collective = ft::section(ft::kCollective, "send");
   const size_t es = dtype_size(t);
   for (size_t off = 0; off < count || (count == 0 && off == 0); off += kChunk) {
     const int n = int(std::min(kChunk, count - off));
@@ -206,6 +215,7 @@ void MpiCommunicator::send(const void* buf, size_t count, DType t, int peer) {
 }
 
 void MpiCommunicator::recv(void* buf, size_t count, DType t, int peer) {
+  const auto in_collective = ft::section(ft::kCollective, "recv");
   const size_t es = dtype_size(t);
   for (size_t off = 0; off < count || (count == 0 && off == 0); off += kChunk) {
     const int n = int(std::min(kChunk, count - off));
@@ -217,12 +227,14 @@ void MpiCommunicator::recv(void* buf, size_t count, DType t, int peer) {
 
 void MpiCommunicator::sendrecv(const void* sendbuf, size_t sendcount, int dest, void* recvbuf,
                                size_t recvcount, int src, DType t) {
+  const auto in_collective = ft::section(ft::kCollective, "sendrecv");
   const int ns = as_int(sendcount, "sendrecv"), nr = as_int(recvcount, "sendrecv");
   ZAYA_MPI_CHECK(MPI_Sendrecv(sendbuf, ns, mpi_datatype(t), dest, 1, recvbuf, nr, mpi_datatype(t),
                               src, 1, comm_, MPI_STATUS_IGNORE));
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split_mpi(int color, int key) {
+  const auto in_collective = ft::section(ft::kCollective, "split");
   MPI_Comm sub = MPI_COMM_NULL;
   ZAYA_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub));
   if (sub == MPI_COMM_NULL) return nullptr;
@@ -234,11 +246,13 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
 }
 
 void MpiCommunicator::host_all_reduce(double* values, size_t n, RedOp op) {
+  const auto in_collective = ft::section(ft::kCollective, "host_all_reduce");
   ZAYA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, values, as_int(n, "host_all_reduce"), MPI_DOUBLE,
                                mpi_op(op, DType::F64), comm_));
 }
 
 std::vector<std::string> MpiCommunicator::host_all_gather(const std::string& s) {
+  const auto in_collective = ft::section(ft::kCollective, "host_all_gather");
   int len = int(s.size());
   std::vector<int> lens(size_t(size_), 0), displs(size_t(size_), 0);
   ZAYA_MPI_CHECK(MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_));

@@ -2,6 +2,8 @@
 // on the communicator's own stream. Bootstrapped over MPI (rank 0's ncclUniqueId is broadcast)
 // and keeps that MPI communicator for host-side bookkeeping (barrier, timings, host names).
 // all_to_all and sendrecv are grouped ncclSend/ncclRecv calls (NCCL has no all-to-all primitive).
+// Every call (and synchronize, where a hung collective is waited for) is the "collective" section
+// of dist/heartbeat.h; the watchdog (dist/watchdog.h) aborts the communicator with ncclCommAbort.
 // Sub-communicators come from ncclCommSplit, alongside an MPI split with the same colors.
 // Not here: multiple GPUs per rank, user-supplied streams, CUDA graphs.
 #include <cuda_runtime.h>
@@ -11,6 +13,8 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "dist/comm_backends.h"
+#include "dist/heartbeat.h"
+#include "dist/watchdog.h"
 #ifdef ZAYA_HAVE_MPI
 #include "dist/comm_mpi.h"
 #endif
@@ -58,8 +62,12 @@ class NcclCommunicator : public Communicator {
       : boot_(std::move(boot)), comm_(comm), device_(device) {
     ZAYA_CUDA_CHECK(cudaSetDevice(device_));
     ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // A collective the watchdog gives up on: abort the communicator, so its kernels stop waiting
+    // for the peers and the device is left usable for the process's exit.
+    abort_id_ = ft::on_watchdog_abort([c = comm_] { ncclCommAbort(c); });
   }
   ~NcclCommunicator() override {
+    ft::remove_watchdog_abort(abort_id_);
     if (stream_) cudaStreamSynchronize(stream_);
     if (comm_) ncclCommDestroy(comm_);
     if (stream_) cudaStreamDestroy(stream_);
@@ -71,25 +79,34 @@ class NcclCommunicator : public Communicator {
   std::string host_name() const override { return boot_->host_name(); }
 
   void barrier() override {
+    const auto in_collective = ft::section(ft::kCollective, "barrier");
     synchronize();
     boot_->barrier();
   }
-  void synchronize() override { ZAYA_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    const auto in_collective = ft::section(ft::kCollective, "synchronize");
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
   void all_reduce(const void* send, void* recv, size_t count, DType t, RedOp op) override {
+    const auto in_collective = ft::section(ft::kCollective, "all_reduce");
     ZAYA_NCCL_CHECK(ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_));
   }
   void reduce_scatter(const void* send, void* recv, size_t recvcount, DType t, RedOp op) override {
+    const auto in_collective = ft::section(ft::kCollective, "reduce_scatter");
     ZAYA_NCCL_CHECK(
         ncclReduceScatter(send, recv, recvcount, nccl_type(t), nccl_op(op), comm_, stream_));
   }
   void all_gather(const void* send, void* recv, size_t sendcount, DType t) override {
+    const auto in_collective = ft::section(ft::kCollective, "all_gather");
     ZAYA_NCCL_CHECK(ncclAllGather(send, recv, sendcount, nccl_type(t), comm_, stream_));
   }
   void broadcast(const void* send, void* recv, size_t count, DType t, int root) override {
+    const auto in_collective = ft::section(ft::kCollective, "broadcast");
     ZAYA_NCCL_CHECK(ncclBroadcast(send, recv, count, nccl_type(t), root, comm_, stream_));
   }
   void all_to_all(const void* send, void* recv, size_t count, DType t) override {
+    const auto in_collective = ft::section(ft::kCollective, "all_to_all");
     ZAYA_CHECK(send != recv, "all_to_all has no in-place form");
     const size_t bytes = count * dtype_size(t);
     ZAYA_NCCL_CHECK(ncclGroupStart());
@@ -102,13 +119,16 @@ class NcclCommunicator : public Communicator {
     ZAYA_NCCL_CHECK(ncclGroupEnd());
   }
   void send(const void* buf, size_t count, DType t, int peer) override {
+    const auto in_collective = ft::section(ft::kCollective, "send");
     ZAYA_NCCL_CHECK(ncclSend(buf, count, nccl_type(t), peer, comm_, stream_));
   }
   void recv(void* buf, size_t count, DType t, int peer) override {
+    const auto in_collective = ft::section(ft::kCollective, "recv");
     ZAYA_NCCL_CHECK(ncclRecv(buf, count, nccl_type(t), peer, comm_, stream_));
   }
   void sendrecv(const void* sendbuf, size_t sendcount, int dest, void* recvbuf, size_t recvcount,
                 int src, DType t) override {
+    const auto in_collective = ft::section(ft::kCollective, "sendrecv");
     ZAYA_NCCL_CHECK(ncclGroupStart());
     ZAYA_NCCL_CHECK(ncclSend(sendbuf, sendcount, nccl_type(t), dest, comm_, stream_));
     ZAYA_NCCL_CHECK(ncclRecv(recvbuf, recvcount, nccl_type(t), src, comm_, stream_));
@@ -116,6 +136,7 @@ class NcclCommunicator : public Communicator {
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
+    const auto in_collective = ft::section(ft::kCollective, "split");
     synchronize();
     auto sub_boot = boot_->split_mpi(color, key);
     ncclComm_t sub = nullptr;
@@ -153,6 +174,7 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   int device_ = 0;
+  int abort_id_ = -1;
 };
 
 }  // namespace
@@ -176,7 +198,11 @@ std::unique_ptr<Communicator> make_nccl_world() {
   if (boot->rank() == 0) ZAYA_NCCL_CHECK(ncclGetUniqueId(&id));
   ZAYA_MPI_CHECK(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD));
   ncclComm_t comm = nullptr;
-  ZAYA_NCCL_CHECK(ncclCommInitRank(&comm, boot->size(), id, boot->rank()));
+  {
+    // Collective over the world: a rank that never joins leaves the others here.
+    const auto in_collective = ft::section(ft::kCollective, "ncclCommInitRank");
+    ZAYA_NCCL_CHECK(ncclCommInitRank(&comm, boot->size(), id, boot->rank()));
+  }
   return std::make_unique<NcclCommunicator>(std::move(boot), comm, device);
 }
 

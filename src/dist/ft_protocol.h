@@ -20,11 +20,21 @@
 //   beat:  "step" (the step in progress, 1-based; 0 before the first), "section" (one of kSections),
 //          "step_s" (duration of the last completed step in seconds, or null), sent on every
 //          section change (throttled to at most one per kBeatMinInterval per section change) and at
-//          least every kBeatInterval while a section lasts
+//          least every kBeatInterval while a section lasts; also "section_s" (seconds since the
+//          section last changed, double) and, inside a collective, "op" ("all_reduce",
+//          "reduce_scatter", "synchronize", ...). A collective that is part of a checkpoint save
+//          is reported as section "checkpoint".
 //   event: "event" (a short name: "nonfinite", "loss_spike", "checkpoint_saved", "fault_injected",
 //          "watchdog_abort", "health", "error", "done"), "step", and free-form fields ("message",
 //          "path", "checks" for health, ...)
 //   bye:   "status" ("completed" | "error"), "step", "code" (the exit code the process will return)
+// Event fields by event (rank side, dist/heartbeat.h): nonfinite/loss_spike: "loss", "grad_norm"
+// (null when not finite), "message"; checkpoint_saved: "path", "checkpoint_step" (the step
+// saved; "step" is the one in progress at the commit); fault_injected: "fault" (a kFaultKinds
+// name), "spec" (the item as written), "section" (when given), "message"; watchdog_abort:
+// "collective", "seconds", "timeout_s", "message"; health: "ok", "checks" (a list of {"name",
+// "pass", "measured", "threshold", "unit", "at_least", "detail"}); error: "message", "code";
+// done: "steps".
 #pragma once
 
 namespace zaya::ft {
@@ -35,6 +45,9 @@ inline constexpr const char* kEnvAttempt = "ZAYA_SUPERVISOR_ATTEMPT";  // "0", "
 // Faults to inject in this attempt (docs/FAULT_TOLERANCE.md, dist/fault_inject.h): a list of
 // "KIND@rank=R,step=S[,section=SEC][,arg=V]" separated by ';'. Off unless set.
 inline constexpr const char* kEnvFaults = "ZAYA_FAULTS";
+// The fault kinds of ZAYA_FAULTS (dist/fault_inject.h says what each does).
+inline constexpr const char* kFaultKinds[] = {"kill", "exit",         "hang",     "error",
+                                              "nan",  "slow", "corrupt_ckpt", "disk_full"};
 // Seconds a collective may make no progress before the rank's watchdog aborts it (0: off).
 inline constexpr const char* kEnvCollectiveTimeout = "ZAYA_COLLECTIVE_TIMEOUT";
 
@@ -46,6 +59,7 @@ inline constexpr int kExitNumerics = 3;       // non-finite loss/gradients or a 
 inline constexpr int kExitGaveUp = 4;         // supervise: relaunch limit or no progress
 inline constexpr int kExitWatchdog = 5;       // a rank's watchdog aborted a hung collective
 inline constexpr int kExitHealth = 6;         // supervise: health checks left too few ranks
+                                              // (`zaya health`: a check failed on some rank)
 
 // Where a rank is. "collective" covers the data-parallel step's reduce-scatter/all-gather and the
 // trainer's small all-reduces; "checkpoint" the blocking part of a save (and restore on resume).

@@ -23,9 +23,16 @@ struct LaunchInfo {
 
 // An error that every rank of the job raised at the same point (start-up checks whose outcome the
 // ranks agreed on by an all-reduce): each rank reports it and exits normally, nobody is waiting.
+// `code` is the exit status each rank returns (1 unless a stop with its own meaning, such as
+// dist/ft_protocol.h's kExitNumerics).
 class JobWideError : public Error {
  public:
   using Error::Error;
+  JobWideError(const std::string& msg, int code) : Error(msg), code_(code) {}
+  int code() const { return code_; }
+
+ private:
+  int code_ = 1;
 };
 
 // From the environment: OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,LOCAL_SIZE}, PMI_RANK/PMI_SIZE

@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "dist/comm.h"
+#include "dist/heartbeat.h"
 
 namespace zaya {
 
@@ -721,6 +722,7 @@ StepStats Trainer::run(const int32_t* ids, const int32_t* targets, float loss_sc
   if (loss_scale != 1.0f)
     for (float& v : dlogits) v *= loss_scale;
   // ---- backward ----
+  const auto in_backward = ft::section(ft::kBackward);  // where the rank is, for the supervisor
   // Tied head: the embedding gets the head's gradient here and the lookup's at the end.
   Vec dh = vec(N * D), dtmp = vec(N * D), dh2 = vec(N * D), dx = vec(N * D), dy = vec(N * D);
   cpu::linear_backward_weight(g_embed_, nullptr, dlogits.data(), hn.data(), N, D, V);

@@ -293,6 +293,12 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
     q.get("backend", &c.parallel.backend);
     q.get("bucket_mb", &c.parallel.bucket_mb);
   });
+  r.table("fault_tolerance", [&](Reader& q) {
+    q.get("collective_timeout", &c.fault_tolerance.collective_timeout);
+    q.get("nonfinite", &c.fault_tolerance.nonfinite);
+    q.get("loss_spike", &c.fault_tolerance.loss_spike);
+    q.get("loss_spike_window", &c.fault_tolerance.loss_spike_window);
+  });
   r.list("phase", [&](Reader& p, size_t) {
     PhaseSection ph;
     p.get("name", &ph.name);
@@ -372,6 +378,11 @@ toml::table to_table(const RunConfig& c) {
                                       {"cp", c.parallel.cp},
                                       {"backend", c.parallel.backend},
                                       {"bucket_mb", c.parallel.bucket_mb}});
+  root.insert("fault_tolerance",
+              toml::table{{"collective_timeout", c.fault_tolerance.collective_timeout},
+                          {"nonfinite", c.fault_tolerance.nonfinite},
+                          {"loss_spike", c.fault_tolerance.loss_spike},
+                          {"loss_spike_window", c.fault_tolerance.loss_spike_window}});
   toml::array phases;
   for (const auto& p : c.phases) {
     toml::table t{{"name", p.name},
@@ -560,15 +571,22 @@ std::vector<std::string> RunConfig::key_paths() {
   return out;
 }
 
-RunConfig RunConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code ec;
-  ZAYA_CHECK(std::filesystem::is_regular_file(path, ec),
-             "run config '{}' does not exist or is not a file", path);
-  return from_toml(read_file(path), path, overrides);
+namespace {
+
+// Runs fn, turning the zaya::Errors it throws into ConfigErrors with the same message.
+template <typename Fn>
+RunConfig as_config_error(Fn&& fn) {
+  try {
+    return fn();
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const Error& e) {
+    throw ConfigError(e.what());
+  }
 }
 
-RunConfig RunConfig::from_toml(const std::string& text, const std::string& where,
-                               const std::vector<std::string>& overrides) {
+RunConfig parse_toml(const std::string& text, const std::string& where,
+                     const std::vector<std::string>& overrides) {
   toml::table root;
   try {
     root = toml::parse(text, where);
@@ -579,8 +597,24 @@ RunConfig RunConfig::from_toml(const std::string& text, const std::string& where
   return finish(std::move(root), where, overrides);
 }
 
+}  // namespace
+
+RunConfig RunConfig::load(const std::string& path, const std::vector<std::string>& overrides) {
+  return as_config_error([&] {
+    std::error_code ec;
+    ZAYA_CHECK(std::filesystem::is_regular_file(path, ec),
+               "run config '{}' does not exist or is not a file", path);
+    return parse_toml(read_file(path), path, overrides);
+  });
+}
+
+RunConfig RunConfig::from_toml(const std::string& text, const std::string& where,
+                               const std::vector<std::string>& overrides) {
+  return as_config_error([&] { return parse_toml(text, where, overrides); });
+}
+
 RunConfig RunConfig::defaults(const std::vector<std::string>& overrides) {
-  return finish(toml::table{}, "<defaults>", overrides);
+  return as_config_error([&] { return finish(toml::table{}, "<defaults>", overrides); });
 }
 
 // toml++ prints doubles with 17 significant digits (0.9 → 0.90000000000000002): exact but hard to
@@ -749,6 +783,18 @@ void RunConfig::validate() const {
         "\"mpi\" or \"auto\" with train.device = \"cpu\" (NCCL needs GPUs)");
   check(std::isfinite(parallel.bucket_mb) && parallel.bucket_mb > 0 && parallel.bucket_mb <= 4096,
         "parallel.bucket_mb", parallel.bucket_mb, "a number in (0, 4096]");
+  // Fault tolerance.
+  const auto& ft = fault_tolerance;
+  check(std::isfinite(ft.collective_timeout) && ft.collective_timeout >= 0,
+        "fault_tolerance.collective_timeout", ft.collective_timeout,
+        "a number of seconds >= 0 (0 turns the watchdog off)");
+  check(ft.nonfinite == "auto" || ft.nonfinite == "skip" || ft.nonfinite == "restart",
+        "fault_tolerance.nonfinite", fmt::format("\"{}\"", ft.nonfinite),
+        "\"auto\", \"skip\" or \"restart\"");
+  check(ft.loss_spike == 0 || (std::isfinite(ft.loss_spike) && ft.loss_spike > 1),
+        "fault_tolerance.loss_spike", ft.loss_spike, "0 (off) or a factor > 1");
+  check(ft.loss_spike_window >= 1, "fault_tolerance.loss_spike_window", ft.loss_spike_window,
+        "an integer >= 1");
   // Phases.
   std::set<std::string> names;
   int by_tokens = 0, by_steps = 0;

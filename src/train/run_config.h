@@ -87,6 +87,23 @@ struct ParallelSection {
   double bucket_mb = 25.0;       // MiB of fp32 gradients per rank per reduce-scatter bucket
 };
 
+// [fault_tolerance]: what a rank does about hung collectives and bad numerics
+// (docs/FAULT_TOLERANCE_RANK.md; the supervisor is `zaya supervise`).
+struct FaultToleranceSection {
+  // Seconds a collective may make no progress before the rank's watchdog ends the job with exit
+  // code 5 (0: off; ZAYA_COLLECTIVE_TIMEOUT, when set, wins).
+  double collective_timeout = 0;
+  // A non-finite loss or gradient norm (or a loss spike): "skip" the update (stopping after 5 in a
+  // row), "restart" (every rank exits with code 3 without the update, for the supervisor to
+  // relaunch from the last checkpoint), or "auto": restart when supervised (ZAYA_SUPERVISOR set),
+  // else skip.
+  std::string nonfinite = "auto";
+  // A loss above loss_spike × the mean of the previous loss_spike_window steps is treated as a
+  // non-finite step (0: off). The rule starts once the window is full (after each (re)start).
+  double loss_spike = 0;
+  int64_t loss_spike_window = 20;
+};
+
 struct PhaseSection {
   std::string name;
   int64_t tokens = 0;  // budget in tokens, or
@@ -124,10 +141,12 @@ struct RunConfig {
   CheckpointSection checkpoint;
   TrainSection train;
   ParallelSection parallel;
+  FaultToleranceSection fault_tolerance;
   std::vector<PhaseSection> phases;   // [[phase]]
   std::string source = "<defaults>";  // the file it came from, for messages
 
   // Reads a TOML file, applies overrides ("--optim.lr=3e-4" or "optim.lr=3e-4") and validates.
+  // load, from_toml and defaults throw ConfigError (core/error.h) for every problem they find.
   static RunConfig load(const std::string& path, const std::vector<std::string>& overrides = {});
   // The same from TOML text; `where` names the source in errors.
   static RunConfig from_toml(const std::string& text, const std::string& where = "<string>",

@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -24,7 +26,10 @@
 #include "data/prepare.h"
 #include "data/tokenizer.h"
 #include "dist/comm.h"
+#include "dist/fault_inject.h"
+#include "dist/heartbeat.h"
 #include "dist/launch.h"
+#include "dist/watchdog.h"
 #include "engine/data_parallel_step.h"
 #include "engine/train_step.h"
 #include "io/atomic.h"
@@ -128,16 +133,45 @@ struct Job {
   }
 };
 
-// Fault injection for the job-wide stop test (tests/cli/train_dp_mpi.sh): ZAYA_TEST_FAIL_AT =
-// "RANK:STEP" makes that rank fail when it begins that step.
-void injected_failure(const Job& job, int64_t step) {
-  const char* v = std::getenv("ZAYA_TEST_FAIL_AT");
-  if (!v || !*v) return;
-  int r = -1;
-  long long s = -1;
-  if (std::sscanf(v, "%d:%lld", &r, &s) == 2 && r == job.rank && s == step)
-    fail("injected failure (ZAYA_TEST_FAIL_AT={}) at step {}", v, step);
+// The step of a checkpoint directory "…/step-00000100" (0 when the name is not one).
+int64_t step_of_checkpoint(const std::string& dir) {
+  const std::string name = fs::path(dir).filename().string();
+  if (name.rfind("step-", 0) != 0) return 0;
+  try {
+    return std::stoll(name.substr(5));
+  } catch (...) {
+    return 0;
+  }
 }
+
+// What the loop does about a non-finite or spiking step ([fault_tolerance] nonfinite).
+bool restart_on_nonfinite(const RunConfig& rc) {
+  const std::string& p = rc.fault_tolerance.nonfinite;
+  return p == "restart" || (p == "auto" && ft::supervised());
+}
+
+// The loss-spike rule: a loss above factor × the mean of the previous `window` losses.
+class SpikeRule {
+ public:
+  SpikeRule(double factor, int64_t window) : factor_(factor), window_(size_t(window)) {}
+  // The mean it compares against when `loss` is a spike, else 0.
+  double spike(double loss) const {
+    if (factor_ <= 0 || recent_.size() < window_) return 0;
+    double sum = 0;
+    for (double l : recent_) sum += l;
+    const double mean = sum / double(recent_.size());
+    return loss > factor_ * mean ? mean : 0;
+  }
+  void add(double loss) {
+    recent_.push_back(loss);
+    if (recent_.size() > window_) recent_.pop_front();
+  }
+
+ private:
+  double factor_;
+  size_t window_;
+  std::deque<double> recent_;
+};
 
 // Fault injection for the mixed-GPU-count check (tests/cli/train_dp_mpi.sh): ZAYA_TEST_GPUS =
 // "RANK:COUNT" makes that rank see COUNT GPUs instead of `actual`.
@@ -186,6 +220,16 @@ TrainResult train(const TrainOptions& opts) {
   const auto t_start = std::chrono::steady_clock::now();
   Job job;
   job.launch = detect_launch();
+  // Fault tolerance before anything collective: the injected faults of this rank, and the
+  // watchdog over every collective from the start-up checks on (dist/watchdog.h).
+  ft::install_faults(job.launch.rank);
+  {
+    const double env_timeout = ft::collective_timeout_from_env();
+    const bool env_set = std::getenv(ft::kEnvCollectiveTimeout) != nullptr &&
+                         *std::getenv(ft::kEnvCollectiveTimeout) != '\0';
+    ft::start_watchdog(env_set ? env_timeout : rc.fault_tolerance.collective_timeout,
+                       job.launch.rank, local_host_name());
+  }
   if (job.launch.launched()) {
     ZAYA_CHECK(multi_process_available() || job.launch.world == 1,
                "launched as rank {} of {} ({}), but this zaya was built without MPI",
@@ -294,7 +338,11 @@ TrainResult train(const TrainOptions& opts) {
     std::string chosen;
     if (job.lead()) chosen = resolve_resume(ckpt_root, opts.resume);
     resume_from = job.parallel() ? job.host->host_all_gather(chosen)[0] : chosen;
+    // The supervisor hears from this rank once the step it starts from is known.
+    ft::start_reporting(
+        {job.rank, job.world, local_host_name(), "train", step_of_checkpoint(resume_from)});
     if (!resume_from.empty()) {
+      const auto reading = ft::section(ft::kCheckpoint, "restore");
       ck = load_checkpoint(resume_from, /*verify=*/!job.lead());
       model = std::move(ck.model);
       st.step = ck.trainer.step;
@@ -430,7 +478,15 @@ TrainResult train(const TrainOptions& opts) {
   // (async) the background write; the commit happens at a later step boundary (poll) or, for the
   // final one and with checkpoint.async = false, right here.
   std::string last_ckpt;
+  // A committed checkpoint: reported, then any corrupt_ckpt fault acts on it.
+  auto committed = [&](const std::string& dir) {
+    last_ckpt = dir;
+    const int64_t at = step_of_checkpoint(dir);
+    ft::send_event("checkpoint_saved", {{"path", dir}, {"checkpoint_step", at}});
+    ft::after_checkpoint_commit(at, dir);
+  };
   auto save = [&](bool final_one) -> std::string {
+    const auto saving = ft::section(ft::kCheckpoint, "save");
     const auto t0 = std::chrono::steady_clock::now();
     step->sync();
     RankContribution c = checkpoint_contribution(*step, job.rank, job.world);
@@ -457,7 +513,7 @@ TrainResult train(const TrainOptions& opts) {
     std::string dir;
     if (final_one || !rc.checkpoint.async) dir = ckpt->finish();
     if (!dir.empty()) {
-      last_ckpt = dir;
+      committed(dir);
       if (job.lead() && (!opts.quiet || final_one)) ZAYA_INFO("checkpoint {}", dir);
     }
     return dir;
@@ -466,7 +522,7 @@ TrainResult train(const TrainOptions& opts) {
   auto poll_checkpoint = [&] {
     const std::string dir = ckpt->poll();
     if (!dir.empty()) {
-      last_ckpt = dir;
+      committed(dir);
       if (job.lead() && !opts.quiet) ZAYA_INFO("checkpoint {}", dir);
     }
   };
@@ -520,8 +576,12 @@ TrainResult train(const TrainOptions& opts) {
   auto t_loop = std::chrono::steady_clock::now();
   int64_t tokens_at_loop = st.tokens;
   bool first = true;
+  const bool restart_numerics = restart_on_nonfinite(rc);
+  SpikeRule spikes(rc.fault_tolerance.loss_spike, rc.fault_tolerance.loss_spike_window);
+  // Between the sections below (loaders, bookkeeping) a step counts as reading data.
+  const auto in_loop = ft::section(ft::kData);
   while (st.step < total_steps) {
-    injected_failure(job, st.step + 1);
+    ft::set_step(st.step + 1);
     phase = rc.phase_at(st.step, st.tokens, job.world, base_theta);
     if (int64_t(phase.index) != loader_phase) {
       make_loaders(phase);
@@ -551,7 +611,11 @@ TrainResult train(const TrainOptions& opts) {
     int64_t ntok = 0;
     std::vector<std::vector<int64_t>> counts;
     std::vector<int32_t> ids(size_t(mb * S)), tgt(size_t(mb * S));
+    // An injected nan fault: this rank's gradients of the step are NaN (every gradient is linear
+    // in the loss scale), so the all-reduced norm is NaN on every rank.
+    const bool poison = ft::poison_gradients(st.step + 1);
     for (int64_t m = 0; m < micro; m++) {
+      auto reading = std::make_unique<ft::SectionGuard>(ft::kData);
       std::vector<int32_t> rows = loader->next();
       trace.add(st.step + 1, loader->last_samples());
       for (int64_t r = 0; r < mb; r++)
@@ -559,10 +623,13 @@ TrainResult train(const TrainOptions& opts) {
           ids[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t)];
           tgt[size_t(r * S + t)] = rows[size_t(r * (S + 1) + t + 1)];
         }
+      reading.reset();
       // The gradient is the mean over the global batch: micro × dp micro-batches, summed over
       // the ranks by the data-parallel step.
-      StepStats ss =
-          step->forward_backward(ids.data(), tgt.data(), mb, S, 1.0f / float(micro * phase.dp));
+      const auto computing = ft::section(ft::kForward);  // the step marks its backward part
+      const float scale =
+          poison && m == 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / float(micro * phase.dp);
+      StepStats ss = step->forward_backward(ids.data(), tgt.data(), mb, S, scale);
       loss += ss.loss / double(micro);
       ntok += ss.tokens;
       if (counts.empty())
@@ -585,25 +652,54 @@ TrainResult train(const TrainOptions& opts) {
         for (auto& c : l) c = int64_t(sums[k++]);
     }
     st.tokens += mb * phase.dp * micro * S;
+    // The update and the step's bookkeeping (metrics, logging); evaluation and checkpoints nest.
+    const auto updating = ft::section(ft::kOptimizer);
     const double gnorm = std::sqrt(step->grad_sq_norm());
     const double lr = schedule_lr(sched, rc.optim.lr, rc.optim.min_lr, st.step);
     st.step++;
-    if (!std::isfinite(loss) || !std::isfinite(gnorm)) {
+    // Loss and norm are all-reduced, so every rank takes the same branch here.
+    const double spike_mean = std::isfinite(loss) ? spikes.spike(loss) : 0;
+    if (!std::isfinite(loss) || !std::isfinite(gnorm) || spike_mean > 0) {
+      const bool spike = spike_mean > 0 && std::isfinite(gnorm);
+      const std::string what =
+          spike ? fmt::format("loss {} exceeds {} × the mean {} of the last {} steps", loss,
+                              rc.fault_tolerance.loss_spike, spike_mean,
+                              rc.fault_tolerance.loss_spike_window)
+                : fmt::format("non-finite loss {} or grad norm {}", loss, gnorm);
+      if (restart_numerics) {
+        // The supervisor relaunches from the last checkpoint (and stops the run when the same
+        // step fails again); the update of this step is never taken. A save of an earlier step
+        // still in flight is committed first (collective: every rank is here).
+        {
+          const auto saving = ft::section(ft::kCheckpoint, "commit");
+          const std::string dir = ckpt->finish();
+          if (!dir.empty()) committed(dir);
+        }
+        ft::send_event(spike ? "loss_spike" : "nonfinite",
+                       {{"loss", std::isfinite(loss) ? json(loss) : json(nullptr)},
+                        {"grad_norm", std::isfinite(gnorm) ? json(gnorm) : json(nullptr)},
+                        {"message", what}});
+        throw JobWideError(
+            fmt::format("step {}: {}: stopping without the update (fault_tolerance.nonfinite = "
+                        "restart: resume from the last checkpoint)",
+                        st.step, what),
+            ft::kExitNumerics);
+      }
       st.skipped++;
-      if (job.lead())
-        ZAYA_WARN("step {}: non-finite loss {} or grad norm {}: update skipped", st.step, loss,
-                  gnorm);
+      if (job.lead()) ZAYA_WARN("step {}: {}: update skipped", st.step, what);
       if (++st.nonfinite_streak >= kMaxNonFinite)
         fail("stopping: {} consecutive steps with non-finite loss or gradients (last at step {})",
              st.nonfinite_streak, st.step);
       continue;
     }
     st.nonfinite_streak = 0;
+    spikes.add(loss);
     step->optimizer_step(lr, clip_factor(rc.optim.clip, gnorm));
     step->update_balancing(counts);
     // This step's own throughput (no evaluation or checkpoint in it), for MFU on the GPU path.
     const double step_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+    ft::step_finished(step_s);  // the beats carry it: the supervisor compares ranks' step times
     const double step_tps = double(mb * phase.dp * micro * S) / std::max(step_s, 1e-9);
     const double mfu =
         step_tps * sizing::train_flops_per_token(model.cfg, S) / (opts.peak_tflops * 1e12);
@@ -634,6 +730,7 @@ TrainResult train(const TrainOptions& opts) {
     const bool do_eval =
         rc.eval.every > 0 && (st.step % rc.eval.every == 0 || st.step == total_steps);
     if (do_eval) {  // collective: every rank scores its share
+      const auto evaluating = ft::section(ft::kEval);
       res.eval_loss = evaluate();
       mj["eval_loss"] = res.eval_loss;
     }
@@ -667,6 +764,7 @@ TrainResult train(const TrainOptions& opts) {
     if (!st.cursor.is_null()) loader->restore(DataCursor::from_json(st.cursor));
   }
   res.final_checkpoint = save(true);
+  const auto ending = ft::section(ft::kShutdown);
   {
     const SaveStats& ss = ckpt->stats();
     if (job.lead() && !ss.blocking_ms.empty()) {
@@ -689,6 +787,7 @@ TrainResult train(const TrainOptions& opts) {
   res.model_dir = opts.out_dir + "/model";
   if (!job.lead()) {
     res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    ft::send_event("done", {{"steps", res.steps}});
     return res;
   }
   step->export_weights(model);
@@ -724,6 +823,7 @@ TrainResult train(const TrainOptions& opts) {
     if (!tr.x.empty()) write_svg(opts.out_dir + "/loss.svg", ps);
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  ft::send_event("done", {{"steps", res.steps}});
   return res;
 }
 

@@ -70,6 +70,40 @@ TEST(RunConfigParallel, BadValuesNameTheField) {
       std::string::npos);
 }
 
+// [fault_tolerance]: defaults, round trip, validation; every load error is a ConfigError (the CLI
+// exits 2 for it) with the message unchanged.
+TEST(RunConfigFaultTolerance, DefaultsRoundTripAndBadValues) {
+  RunConfig c = RunConfig::defaults();
+  EXPECT_EQ(c.fault_tolerance.collective_timeout, 0);
+  EXPECT_EQ(c.fault_tolerance.nonfinite, "auto");
+  EXPECT_EQ(c.fault_tolerance.loss_spike, 0);
+  EXPECT_EQ(c.fault_tolerance.loss_spike_window, 20);
+  RunConfig s = RunConfig::defaults(
+      {"--fault_tolerance.collective_timeout=600", "--fault_tolerance.nonfinite=restart",
+       "--fault_tolerance.loss_spike=3.5", "--fault_tolerance.loss_spike_window=50"});
+  RunConfig back = RunConfig::from_toml(s.to_toml());
+  EXPECT_EQ(back.fault_tolerance.collective_timeout, 600);
+  EXPECT_EQ(back.fault_tolerance.nonfinite, "restart");
+  EXPECT_EQ(back.fault_tolerance.loss_spike, 3.5);
+  EXPECT_EQ(back.fault_tolerance.loss_spike_window, 50);
+  const std::pair<const char*, const char*> bad[] = {
+      {"--fault_tolerance.collective_timeout=-1", "fault_tolerance.collective_timeout = -1"},
+      {"--fault_tolerance.nonfinite=maybe", "fault_tolerance.nonfinite = \"maybe\" is invalid"},
+      {"--fault_tolerance.loss_spike=0.5", "fault_tolerance.loss_spike = 0.5"},
+      {"--fault_tolerance.loss_spike_window=0", "fault_tolerance.loss_spike_window = 0"},
+  };
+  for (const auto& [o, want] : bad) {
+    try {
+      RunConfig::defaults({o});
+      ADD_FAILURE() << o << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_TRUE(contains(e.what(), want)) << e.what();
+    }
+  }
+  EXPECT_THROW(RunConfig::from_toml("[fault_tolerance]\nwatchdog = 1\n"), ConfigError);
+  EXPECT_THROW(RunConfig::load("/nonexistent/run.toml"), ConfigError);
+}
+
 TEST(RunConfigParallel, DpMustDivideAndEqualTheWorld) {
   RunConfig c = RunConfig::defaults({"--parallel.dp=2"});
   EXPECT_NE(error_of([&] { c.resolve_parallel(3); }).find("does not divide the world size 3"),

@@ -1,6 +1,6 @@
 // CudaModel (model_cuda.h): the ZAYA1 training step and forward pass on one CUDA device, composed
-// from the kernels of backend/cuda/ops.h and the cuBLASLt GEMMs of backend/cuda/gemm/gemm.h. The CPU
-// model is the specification: ZayaModel::forward (model/zaya.cpp) for the forward and
+// from the kernels of backend/cuda/ops.h and the cuBLASLt GEMMs of backend/cuda/gemm/gemm.h. The
+// CPU model is the specification: ZayaModel::forward (model/zaya.cpp) for the forward and
 // zaya::forward_backward (model/backward.cpp) for the gradients, op for op in the same order, with
 // bf16 GEMM operands and fp32 everywhere ops.h says so (residual stream, norm and softmax
 // statistics, the router MLP, all parameter gradients).
@@ -23,7 +23,8 @@
 // one, routing included), and reruns the layer's forward into one shared set before its backward.
 //
 // Not here: the optimizer (optim_cuda.h), gradient all-reduce and sharding (dist/), cached decoding
-// (backend/cuda/decode/decode_kernels.h), and multi-token-choice routing (top-1 only, as the config validates).
+// (backend/cuda/decode/decode_kernels.h), and multi-token-choice routing (top-1 only, as the config
+// validates).
 #include "engine/cuda/model_cuda.h"
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 #include "backend/cuda/carver.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "dist/heartbeat.h"
 
 namespace zaya::cuda {
 
@@ -1084,6 +1086,7 @@ StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets
   im.forward(B, S);
   // Every gradient is linear in dlogits, so the loss scale and the 1/count of the mean enter once.
   im.head_loss(N, true, loss_scale / float(std::max<int64_t>(count, 1)));
+  const auto in_backward = ft::section(ft::kBackward);  // the host waits for the GPU in it
   im.backward(B, S);
   ZAYA_CUDA_CHECK(
       cudaMemcpyAsync(im.h_loss, im.d_loss_sum, sizeof(double), cudaMemcpyDeviceToHost, im.st));

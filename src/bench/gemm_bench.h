@@ -170,7 +170,7 @@ struct DeviceInfo {
   std::string peak_source;      // "spec table", "clock x SMs", "unknown"
 };
 
-#ifdef ZAYA_HAVE_CUDA
+// Defined in the *_cuda.cpp files; a build without CUDA has stand-ins that throw (no_cuda.cpp).
 DeviceInfo query_device(int device);
 // Runs every (shape, dtype); fp8 shapes are skipped (with a note on stderr) on devices without
 // FP8. Per shape the "lt"/"lt-batched" row is autotuned: up to opt.autotune heuristic candidates
@@ -178,7 +178,6 @@ DeviceInfo query_device(int device);
 // every candidate is timed briefly and the best three again in interleaved rounds; the fastest is
 // then measured with opt.timing. Results carry no `fraction` (the caller knows the peak).
 std::vector<GemmResult> run_gemm_bench(const GemmBenchOptions& opt);
-#endif
 
 std::string gemm_table_header();
 std::string gemm_table_row(const GemmResult& r);

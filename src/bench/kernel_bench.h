@@ -47,11 +47,10 @@ struct KernelBenchOptions {
   TimingPolicy timing;
 };
 
-#ifdef ZAYA_HAVE_CUDA
+// Defined in the *_cuda.cpp files; a build without CUDA has stand-ins that throw (no_cuda.cpp).
 // Times every kernel on device opt.device. Throws zaya::Error when the config's head dim is not
 // one the attention kernels support or the device runs out of memory.
 std::vector<KernelTiming> run_kernel_bench(const KernelBenchOptions& opt, const DeviceInfo& dev);
-#endif
 
 // The cost model's efficiency rows from the timed kernels (pure; unit-tested): one row per
 // attention timing (work = its FLOPs in GFLOP, rate TFLOP/s, fraction of `peak_tflops`) and one row

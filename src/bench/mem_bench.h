@@ -34,9 +34,8 @@ struct MemBenchOptions {
   int device = 0;
 };
 
-#ifdef ZAYA_HAVE_CUDA
+// Defined in the *_cuda.cpp files; a build without CUDA has stand-ins that throw (no_cuda.cpp).
 std::vector<MemResult> run_mem_bench(const MemBenchOptions& opt, double peak_gbs);
-#endif
 
 std::string mem_table_header();
 std::string mem_table_row(const MemResult& r);

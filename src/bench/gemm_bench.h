@@ -170,7 +170,8 @@ struct DeviceInfo {
   std::string peak_source;      // "spec table", "clock x SMs", "unknown"
 };
 
-// Defined in the *_cuda.cpp files; a build without CUDA has stand-ins that throw (no_cuda.cpp).
+// The measurements below need the CUDA backend; in builds without it they throw a zaya::Error
+// naming the missing backend (bench/gpu_standins.cpp).
 DeviceInfo query_device(int device);
 // Runs every (shape, dtype); fp8 shapes are skipped (with a note on stderr) on devices without
 // FP8. Per shape the "lt"/"lt-batched" row is autotuned: up to opt.autotune heuristic candidates

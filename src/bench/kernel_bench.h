@@ -47,7 +47,6 @@ struct KernelBenchOptions {
   TimingPolicy timing;
 };
 
-// Defined in the *_cuda.cpp files; a build without CUDA has stand-ins that throw (no_cuda.cpp).
 // Times every kernel on device opt.device. Throws zaya::Error when the config's head dim is not
 // one the attention kernels support or the device runs out of memory.
 std::vector<KernelTiming> run_kernel_bench(const KernelBenchOptions& opt, const DeviceInfo& dev);

@@ -34,7 +34,6 @@ struct MemBenchOptions {
   int device = 0;
 };
 
-// Defined in the *_cuda.cpp files; a build without CUDA has stand-ins that throw (no_cuda.cpp).
 std::vector<MemResult> run_mem_bench(const MemBenchOptions& opt, double peak_gbs);
 
 std::string mem_table_header();

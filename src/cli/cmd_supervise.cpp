@@ -62,7 +62,9 @@ static int run_supervise(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--min-ranks", o.min_ranks, "fewest ranks to relaunch with after exclusions")
       ->capture_default_str();
-  app.add_option("--health", health, "on or off: `zaya health` before every (re)start")
+  app.add_option("--health", health,
+                 "on (`zaya health` before every (re)start), first (before the first launch "
+                 "only) or off")
       ->capture_default_str();
   app.add_option("--health-args", o.health_args, "extra arguments of `zaya health`")
       ->allow_extra_args(false);
@@ -91,8 +93,8 @@ static int run_supervise(int argc, char** argv) {
   app.add_flag("--no-forward-env", no_forward,
                "do not add mpirun -x options for the supervisor's variables (non-OpenMPI)");
   if (!parse_or_help(app, int(own.size()), own.data())) return 0;
-  if (health != "on" && health != "off") {
-    fmt::print(stderr, "zaya supervise: --health {}: expected on or off\n", health);
+  if (health != "on" && health != "first" && health != "off") {
+    fmt::print(stderr, "zaya supervise: --health {}: expected on, first or off\n", health);
     return ft::kExitBadConfig;
   }
   if (command.empty()) {
@@ -101,7 +103,8 @@ static int run_supervise(int argc, char** argv) {
                "mpirun -np N zaya train ...`\n");
     return ft::kExitBadConfig;
   }
-  o.health = health == "on";
+  o.health = health != "off";
+  o.health_first_only = health == "first";
   o.forward_env = !no_forward;
   o.command = command;
   std::error_code ec;

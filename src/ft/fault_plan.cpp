@@ -39,7 +39,8 @@ uint64_t mix(uint64_t x) {
 }  // namespace
 
 std::string PlannedFault::spec() const {
-  return kind + "@rank=" + std::to_string(rank) + ",step=" + std::to_string(step) + rest;
+  return kind + "@rank=" + std::to_string(rank) + ",step=" + (relative ? "+" : "") +
+         std::to_string(step) + rest;
 }
 
 std::vector<PlannedFault> parse_fault_spec(const std::string& spec, const std::string& where) {
@@ -66,7 +67,8 @@ std::vector<PlannedFault> parse_fault_spec(const std::string& spec, const std::s
         f.rank = int(parse_int(v, what));
         rank = true;
       } else if (k == "step") {
-        f.step = parse_int(v, what);
+        f.relative = !v.empty() && v[0] == '+';
+        f.step = parse_int(f.relative ? v.substr(1) : v, what);
         step = true;
       } else {
         f.rest += "," + kv;
@@ -173,9 +175,16 @@ FaultPlan FaultPlan::random(RandomFaults r) {
 
 std::vector<PlannedFault> FaultPlan::for_attempt(int attempt, int world, int64_t newest_checkpoint,
                                                  int64_t last_step) const {
-  if (!random_) {
-    auto it = fixed_.find(attempt);
-    return it == fixed_.end() ? std::vector<PlannedFault>{} : it->second;
+  auto it = fixed_.find(attempt);
+  if (it != fixed_.end() || !random_) {
+    if (it == fixed_.end()) return {};
+    std::vector<PlannedFault> out = it->second;
+    for (auto& f : out)
+      if (f.relative) {
+        f.step += newest_checkpoint;
+        f.relative = false;
+      }
+    return out;
   }
   const RandomFaults& r = *random_;
   if (attempt >= r.count) return {};

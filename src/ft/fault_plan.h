@@ -6,7 +6,10 @@
 // ZAYA_FAULTS grammar of dist/ft_protocol.h
 // ("KIND@rank=R,step=S[,section=SEC][,arg=V]" joined by ';'); the kind `sigkill` is the
 // supervisor's own: it sends SIGKILL to the rank's process (pid from its hello) when a beat shows
-// the step. Not here: what the ranks do with a fault (dist/fault_inject.*), or timing.
+// the step. A written step may be relative, "step=+N": N steps after the newest checkpoint the
+// supervisor has seen when the attempt starts, which fires whatever the earlier faults cost.
+// Written faults and a random plan combine: the written ones replace the drawn ones of their
+// attempts. Not here: what the ranks do with a fault (dist/fault_inject.*), or timing.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -20,7 +23,8 @@ struct PlannedFault {
   std::string kind;  // "kill", "hang", "exit", "nan", ..., or "sigkill" (done by the supervisor)
   int rank = 0;
   int64_t step = 0;
-  std::string rest;  // the spec's other fields (",section=collective,arg=3"), verbatim
+  bool relative = false;  // "step=+N": step counts from the newest checkpoint
+  std::string rest;       // the spec's other fields (",section=collective,arg=3"), verbatim
 
   std::string spec() const;  // back to "KIND@rank=R,step=S..."
   bool by_supervisor() const { return kind == "sigkill"; }
@@ -50,6 +54,8 @@ class FaultPlan {
   static FaultPlan random(RandomFaults r);
 
   bool empty() const { return fixed_.empty() && !random_; }
+  // Adds a random plan for the attempts this one does not name.
+  void add_random(RandomFaults r) { random_ = std::move(r); }
   // The faults of `attempt`. A random plan draws them from (seed, attempt): a kind, a rank below
   // `world`, and a step in (newest checkpoint, last step]; `last_step` fills in RandomFaults's.
   std::vector<PlannedFault> for_attempt(int attempt, int world, int64_t newest_checkpoint,

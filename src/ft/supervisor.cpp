@@ -187,8 +187,6 @@ Supervisor::Supervisor(const SupervisorOptions& o) : o_(o) {
   ZAYA_CHECK(o.monitor.straggler_window >= 1 && o.monitor.straggler_windows >= 1 &&
                  o.monitor.straggler_threshold > 0,
              "supervise: --straggler-window/-windows must be >= 1 and --straggler-threshold > 0");
-  ZAYA_CHECK(o.faults.empty() || o.random_faults.empty(),
-             "supervise: --faults and --random-faults exclude each other");
   t0_ = mono_now();
   run_dir_ = cmd_.zaya_option("--out").value_or("runs/tiny-brown");
   // The run config, for the checkpoint directory, the step count and the batch arithmetic.
@@ -211,7 +209,7 @@ Supervisor::Supervisor(const SupervisorOptions& o) : o_(o) {
 
   if (!o.faults.empty()) plan_ = FaultPlan::parse(o.faults);
   if (!o.random_faults.empty()) {
-    plan_ = FaultPlan::random(parse_random_faults(o.random_faults));
+    plan_.add_random(parse_random_faults(o.random_faults));
     ZAYA_CHECK(!plan_.needs_last_step() || last_step_ > 0,
                "--random-faults: the run's last step is unknown (no readable --config); give "
                "steps=LO-HI");
@@ -280,6 +278,14 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
     if (f.by_supervisor()) sigkills.push_back(f);
   const std::string me = host_name();
   double last_print = launched;
+  std::optional<std::pair<Finding, double>> pending_close;
+  constexpr double kCloseConfirm = 3.0;  // s the launcher has to exit 0 after such a close
+  const auto log_failure = [&] {
+    const Finding& f = *r.failure;
+    log_->write(attempt, "failure", finding_json(f),
+                fmt::format("{}: {}, detected in {:.2f} s: {}", f.cause, where_of(f), f.detect_s,
+                            f.message));
+  };
   const auto fail_with = [&](const Finding& f, double now) {
     if (r.failure) return;
     r.failure = f;
@@ -294,7 +300,15 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
         continue;
       }
       if (in.closed) {
-        if (auto f = r.mon->on_close(in.conn, now); f && !health) fail_with(*f, now);
+        auto f = r.mon->on_close(in.conn, now);
+        if (!f || health) continue;
+        // A rank that goes without bye at the very end may have finished: the launcher's exit
+        // status decides (for a short while).
+        if (f->section == "shutdown" || (last_step_ > 0 && f->step >= last_step_)) {
+          if (!pending_close) pending_close = {*f, now};
+        } else {
+          fail_with(*f, now);
+        }
         continue;
       }
       const json& m = *in.message;
@@ -325,6 +339,8 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
       }
     }
     const double now = mono_now();
+    if (pending_close && !r.failure && now - pending_close->second > kCloseConfirm)
+      fail_with(pending_close->first, pending_close->second);
     if (!health && !r.failure) {
       if (auto f = r.mon->check_hang(now)) fail_with(*f, now);
       note_recovery(*r.mon, attempt);
@@ -370,10 +386,7 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
     }
     if (r.failure && !job->exited()) {
       const double t = mono_now();
-      if (!health && r.failure->cause != "interrupted")
-        log_->write(attempt, "failure", finding_json(*r.failure),
-                    fmt::format("{}: {}, detected in {:.2f} s: {}", r.failure->cause,
-                                where_of(*r.failure), r.failure->detect_s, r.failure->message));
+      if (!health && r.failure->cause != "interrupted") log_failure();
       job->terminate(o_.grace);
       r.torn_down = true;
       // Ranks on this host that left the launcher's process group.
@@ -397,6 +410,17 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
           }
         }
       }
+      if (pending_close && !r.failure) {
+        if (job->exit_code() != 0) {
+          fail_with(pending_close->first, pending_close->second);
+        } else {
+          const Finding& f = pending_close->first;
+          log_->write(attempt, "warning", finding_json(f),
+                      fmt::format("rank {} closed its connection without a bye at step {}, but "
+                                  "the job exited 0: taken as completed",
+                                  f.rank, f.step));
+        }
+      }
       if (!r.failure && job->exit_code() != 0 && !health) {
         Finding f;
         f.cause = job->signal()                        ? kCauseDied
@@ -410,10 +434,7 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
         f.message = "the launcher exited: " + job->describe();
         fail_with(f, mono_now());
       }
-      if (r.failure && !health)
-        log_->write(attempt, "failure", finding_json(*r.failure),
-                    fmt::format("{}: {}, detected in {:.2f} s: {}", r.failure->cause,
-                                where_of(*r.failure), r.failure->detect_s, r.failure->message));
+      if (r.failure && !health) log_failure();
       break;
     }
     if (!health && o_.progress_every > 0 && now - last_print >= o_.progress_every) {
@@ -639,7 +660,7 @@ int Supervisor::run() {
   int64_t& best_ckpt = best_ckpt_;
   std::optional<std::string> startup_failure;
   for (int attempt = 0;; attempt++) {
-    if (o_.health) {
+    if (o_.health && (attempt == 0 || !o_.health_first_only)) {
       int code = 0;
       if (!run_health(attempt, &code)) return code;
     }

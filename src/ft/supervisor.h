@@ -19,11 +19,12 @@ struct SupervisorOptions {
   std::string advertise;             // HOST[:PORT] ranks connect to; "": this host's address
   std::string events, report;        // "": <run dir>/supervisor/{events.jsonl,report.json}
   MonitorSettings monitor;
-  double grace = 10;       // s between SIGTERM and SIGKILL at teardown
-  int max_restarts = 100;  // relaunches after the first launch
-  int no_progress = 3;     // consecutive relaunches without a new step or checkpoint
-  int min_ranks = 1;       // fewest ranks to relaunch with after exclusions
-  bool health = true;      // `zaya health` under the launcher before every (re)start
+  double grace = 10;               // s between SIGTERM and SIGKILL at teardown
+  int max_restarts = 100;          // relaunches after the first launch
+  int no_progress = 3;             // consecutive relaunches without a new step or checkpoint
+  int min_ranks = 1;               // fewest ranks to relaunch with after exclusions
+  bool health = true;              // `zaya health` under the launcher before every (re)start
+  bool health_first_only = false;  // ... or before the first launch only
   std::vector<std::string> health_args;
   double health_timeout = 300;
   bool exclude_stragglers = false;

@@ -31,6 +31,13 @@ TEST(FaultPlan, ParsesAttemptItemsAndFiles) {
   EXPECT_EQ(join_specs(f.for_attempt(5, 1, 0, 0)), "kill@rank=0,step=1");
   std::filesystem::remove(path);
 
+  // Relative steps count from the newest checkpoint; written attempts replace random ones.
+  auto rel = FaultPlan::parse("1:hang@rank=0,step=+2,section=data");
+  EXPECT_EQ(join_specs(rel.for_attempt(1, 2, 7, 20)), "hang@rank=0,step=9,section=data");
+  rel.add_random(parse_random_faults("seed=1,count=3,kinds=exit"));
+  EXPECT_EQ(rel.for_attempt(0, 2, 7, 20).at(0).kind, "exit");
+  EXPECT_EQ(rel.for_attempt(1, 2, 7, 20).at(0).kind, "hang");
+
   EXPECT_THROW(FaultPlan::parse("kill@rank=1,step=3"), zaya::Error);  // no attempt
   EXPECT_THROW(FaultPlan::parse("0:kill@rank=1"), zaya::Error);       // no step
   EXPECT_THROW(FaultPlan::parse("0:kill@rank=x,step=1"), zaya::Error);

@@ -139,6 +139,11 @@ std::vector<Finding> AttemptMonitor::on_message(int conn, const json& m, double 
       r.section_since = now;
       progress(r, now);
     }
+    // The rank's own clock of its section ("section_s": seconds since it last changed) shows a
+    // change that beat throttling hid (a short optimizer section between two collectives).
+    const double section_s = get_num(m, "section_s", -1);
+    if (section_s >= 0 && now - section_s > r.last_progress + 1e-3)
+      progress(r, std::min(now, now - section_s));
     if (new_step) {
       r.step = step;
       r.step_begin[step] = now;

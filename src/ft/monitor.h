@@ -3,7 +3,9 @@
 // arrived on the supervisor's clock, so it works the same for ranks on other nodes. It turns them
 // into findings: a failure (a rank that died, reported an error, a non-finite loss, a watchdog
 // abort, or stopped making progress: a hang) or a straggler (a rank persistently slower than the
-// others). Pure logic with the time passed in, so tests drive it without processes or sockets.
+// others). Progress is a beat with a new step or section, a checkpoint saved, or a beat whose
+// "section_s" (the rank's seconds in its section) shows a change that beat throttling hid. Pure
+// logic with the time passed in, so tests drive it without processes or sockets.
 // Not here: sockets (ft/listener.h), processes (ft/process.h) or what to do about a finding
 // (ft/supervisor.h).
 #pragma once

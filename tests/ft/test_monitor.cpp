@@ -51,6 +51,25 @@ TEST(Monitor, NamesTheRankThatStoppedFirst) {
   EXPECT_NE(f->message.find("rank 0: step 5 collective"), std::string::npos);
 }
 
+TEST(Monitor, SectionSecondsShowChangesThatBeatsMissed) {
+  // Rank 0 hangs in the optimizer; rank 1 passed through its optimizer between two beats and now
+  // waits in the next collective: its section_s says it entered it after rank 0 stopped.
+  MonitorSettings s;
+  s.hang_min = 2;
+  StepTimes times;
+  AttemptMonitor m(s, 0, &times);
+  for (int r = 0; r < 2; r++) m.on_message(r, msg("hello", r, 2, {{"step", 0}}), 0);
+  m.on_message(1, beat(1, 2, 3, "collective"), 1.0);
+  m.on_message(0, beat(0, 2, 3, "optimizer"), 1.2);
+  json b = beat(1, 2, 3, "collective");
+  b["section_s"] = 0.5;
+  m.on_message(1, b, 2.0);  // entered its collective again at 1.5
+  auto f = m.check_hang(3.3);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->rank, 0);
+  EXPECT_EQ(f->section, "optimizer");
+}
+
 TEST(Monitor, CheckpointAndStartupHaveTheirOwnTimeouts) {
   MonitorSettings s;
   s.hang_min = 1;

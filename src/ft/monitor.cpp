@@ -265,17 +265,28 @@ std::optional<Finding> AttemptMonitor::check_hang(double now) const {
                             missing, s_.startup_timeout);
     return f;
   }
-  // Name the lagging rank: with three or more ranks, the only one whose (step, section) differs
-  // from all the others (which agree); else the one whose last progress is oldest.
-  const RankView* lag = hung;
+  // Name the lagging rank. Ranks wait for the others in a collective, so the suspects are the
+  // ranks at the lowest step and, among them, those outside a collective when some are inside
+  // one. With three or more suspects, the only one whose section differs from all the others'
+  // (which agree); else the suspect whose last progress is oldest.
+  std::vector<const RankView*> suspects;
+  int64_t low = live.front()->step;
+  for (const RankView* r : live) low = std::min(low, r->step);
   for (const RankView* r : live)
+    if (r->step == low) suspects.push_back(r);
+  std::vector<const RankView*> outside;
+  for (const RankView* r : suspects)
+    if (r->section != "collective") outside.push_back(r);
+  if (!outside.empty() && outside.size() < suspects.size()) suspects = outside;
+  const RankView* lag = suspects.front();
+  for (const RankView* r : suspects)
     if (r->last_progress < lag->last_progress) lag = r;
-  if (live.size() >= 3) {
-    std::map<std::pair<int64_t, std::string>, int> where;
-    for (const RankView* r : live) where[{r->step, r->section}]++;
+  if (suspects.size() >= 3) {
+    std::map<std::string, int> where;
+    for (const RankView* r : suspects) where[r->section]++;
     if (where.size() == 2) {
-      for (const RankView* r : live)
-        if (where[{r->step, r->section}] == 1) lag = r;
+      for (const RankView* r : suspects)
+        if (where[r->section] == 1) lag = r;
     }
   }
   Finding f = base(*lag, kCauseHang);

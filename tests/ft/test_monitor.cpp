@@ -70,6 +70,22 @@ TEST(Monitor, SectionSecondsShowChangesThatBeatsMissed) {
   EXPECT_EQ(f->section, "optimizer");
 }
 
+TEST(Monitor, BlamesTheRankOutsideTheCollectiveOrBehindInSteps) {
+  MonitorSettings s;
+  s.hang_min = 1;
+  StepTimes times;
+  AttemptMonitor m(s, 0, &times);
+  for (int r = 0; r < 2; r++) m.on_message(r, msg("hello", r, 2, {{"step", 0}}), 0);
+  m.on_message(0, beat(0, 2, 4, "collective"), 1.0);  // waits for rank 1 since t = 1
+  m.on_message(1, beat(1, 2, 4, "optimizer"), 1.1);
+  auto f = m.check_hang(2.5);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->rank, 1);
+  m.on_message(0, beat(0, 2, 5, "data"), 3.0);  // a step ahead
+  m.on_message(1, beat(1, 2, 4, "optimizer"), 3.0);
+  EXPECT_EQ(m.check_hang(4.5)->rank, 1);
+}
+
 TEST(Monitor, CheckpointAndStartupHaveTheirOwnTimeouts) {
   MonitorSettings s;
   s.hang_min = 1;

@@ -159,22 +159,23 @@ class Supervisor {
 
 // The newest failure's recovery: to the first step the next attempt completes.
 void Supervisor::note_recovery(const AttemptMonitor& mon, int attempt) {
-  if (failures_.empty()) return;
-  FailureRecord& prev = failures_.back();
-  if (prev.recover_s >= 0 || prev.attempt >= attempt || mon.first_step_done_at() < 0) return;
-  prev.lost_steps = std::max<int64_t>(0, best_done_ - mon.start_step());
-  prev.recover_s = mon.first_step_done_at() - prev.detected_at;
-  prev.restore_s = mon.restore_s();
-  log_->write(
-      attempt, "recovered",
-      {{"recover_s", prev.recover_s},
-       {"restore_s", prev.restore_s},
-       {"from_attempt", prev.attempt},
-       {"resumed_step", mon.start_step()},
-       {"lost_steps", prev.lost_steps}},
-      fmt::format("recovered {:.2f} s after the failure of attempt {} (checkpoint restore "
-                  "{:.2f} s; resumed at step {}, {} step(s) redone)",
-                  prev.recover_s, prev.attempt, prev.restore_s, mon.start_step(), prev.lost_steps));
+  if (mon.first_step_done_at() < 0) return;
+  // Every failure since the last completed step recovers now (a relaunch that failed before its
+  // first step leaves the earlier failure unrecovered too).
+  for (auto it = failures_.rbegin(); it != failures_.rend(); ++it) {
+    FailureRecord& f = *it;
+    if (f.recover_s >= 0 || f.attempt >= attempt) break;
+    f.recover_s = mon.first_step_done_at() - f.detected_at;
+    f.restore_s = mon.restore_s();
+    log_->write(attempt, "recovered",
+                {{"recover_s", f.recover_s},
+                 {"restore_s", f.restore_s},
+                 {"from_attempt", f.attempt},
+                 {"resumed_step", mon.start_step()}},
+                fmt::format("recovered {:.2f} s after the failure of attempt {} (checkpoint "
+                            "restore {:.2f} s; resumed at step {})",
+                            f.recover_s, f.attempt, f.restore_s, mon.start_step()));
+  }
 }
 
 Supervisor::Supervisor(const SupervisorOptions& o) : o_(o) {
@@ -679,6 +680,9 @@ int Supervisor::run() {
     if (world_ == 0) world_ = mon.world();
     for (const auto& [s, d] : mon.step_durations()) step_s_[s] = d;
     note_recovery(mon, attempt);
+    // The previous failure's lost work: the steps done before it that this attempt does again.
+    if (!failures_.empty() && failures_.back().attempt == attempt - 1 && !mon.ranks().empty())
+      failures_.back().lost_steps = std::max<int64_t>(0, best_done - mon.start_step());
     const bool progressed = mon.max_done() > best_done || mon.newest_checkpoint() > best_ckpt;
     best_done = std::max(best_done, mon.max_done());
     best_ckpt = std::max(best_ckpt, mon.newest_checkpoint());

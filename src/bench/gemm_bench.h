@@ -170,8 +170,7 @@ struct DeviceInfo {
   std::string peak_source;      // "spec table", "clock x SMs", "unknown"
 };
 
-// The measurements below need the CUDA backend; in builds without it they throw a zaya::Error
-// naming the missing backend (bench/gpu_standins.cpp).
+// Defined in the *_cuda.cpp files; in a build without CUDA, bench/cpu_only_standins.cpp has stand-ins that throw.
 DeviceInfo query_device(int device);
 // Runs every (shape, dtype); fp8 shapes are skipped (with a note on stderr) on devices without
 // FP8. Per shape the "lt"/"lt-batched" row is autotuned: up to opt.autotune heuristic candidates

@@ -47,6 +47,7 @@ struct KernelBenchOptions {
   TimingPolicy timing;
 };
 
+// Defined in the *_cuda.cpp files; in a build without CUDA, bench/cpu_only_standins.cpp has stand-ins that throw.
 // Times every kernel on device opt.device. Throws zaya::Error when the config's head dim is not
 // one the attention kernels support or the device runs out of memory.
 std::vector<KernelTiming> run_kernel_bench(const KernelBenchOptions& opt, const DeviceInfo& dev);

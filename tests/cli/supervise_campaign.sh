@@ -1,7 +1,7 @@
 #!/bin/bash
 # `zaya supervise` against real ranks: `mpirun -np 2 zaya train` on CPU, the tiny run of
 # tests/cli/lib/tiny_run.sh with a checkpoint every step.
-#  - a campaign of 22 planned failures (kill at a step and inside a section, SIGKILL from the
+#  - a campaign of 24 planned failures (at least 20 must fire) (kill at a step and inside a section, SIGKILL from the
 #    supervisor, exit with a code, an error, hangs in data/forward/backward/optimizer and inside
 #    a collective, NaN once, corrupted checkpoints) completes, and its final weights are
 #    bit-identical to the uninterrupted run's;
@@ -37,8 +37,8 @@ start=$SECONDS
 timeout 300 $(job ref) > "$T/ref.log" 2>&1 || { tail -20 "$T/ref.log"; fail "the uninterrupted run"; }
 echo "uninterrupted run: $((SECONDS - start)) s"
 
-# One fault per attempt, each a step or two after the newest checkpoint (step=+N), so every one
-# fires.
+# One fault per attempt, each a step or two after the newest checkpoint the supervisor saw
+# (step=+N); one whose checkpoint committed unseen just before a teardown does not fire.
 cat > "$T/plan.txt" <<'PLAN'
 kill@rank=1,step=+2
 hang@rank=0,step=+2,section=forward
@@ -62,6 +62,8 @@ corrupt_ckpt@rank=1,step=+1
 kill@rank=1,step=+2
 hang@rank=1,step=+2,section=forward
 exit@rank=0,step=+1,arg=1
+kill@rank=0,step=+2,section=forward
+hang@rank=0,step=+2,section=backward
 PLAN
 t0=$SECONDS
 # shellcheck disable=SC2046

@@ -1,10 +1,10 @@
 #!/bin/bash
 # `zaya supervise` against real ranks: `mpirun -np 2 zaya train` on CPU, the tiny run of
 # tests/cli/lib/tiny_run.sh with a checkpoint every step.
-#  - a campaign of 24 planned failures (at least 20 must fire) (kill at a step and inside a section, SIGKILL from the
-#    supervisor, exit with a code, an error, hangs in data/forward/backward/optimizer and inside
-#    a collective, NaN once, corrupted checkpoints) completes, and its final weights are
-#    bit-identical to the uninterrupted run's;
+#  - a campaign of 24 planned failures, at least 20 of which must fire (kill at a step and inside
+#    a section, SIGKILL from the supervisor, exit with a code, an error, hangs in data, forward,
+#    backward, optimizer and inside a collective, NaN once, corrupted checkpoints), completes, and
+#    its final weights are bit-identical to the uninterrupted run's;
 #  - every hang is detected within 10 s and, outside collectives, the hung rank is named;
 #  - a slow rank is flagged as a straggler;
 #  - a NaN at the same step again after the relaunch stops with the numerics code (3);

@@ -53,12 +53,16 @@ struct TrainFlags {
   sz::CheckOptions o;
   std::string optimizer = "muon", grad_comm = "fp32";
   void add(CLI::App* app) {
-    app->add_option("--ranks", o.train.ranks, "data-parallel GPUs (ZeRO-1)")->capture_default_str();
+    app->add_option("--ranks", o.train.ranks, "GPUs (ZeRO-1 over all of them)")->capture_default_str();
+    app->add_option("--cp", o.train.cp,
+                    "context-parallel GPUs per sequence (activations for seq/cp tokens per GPU, "
+                    "plus the gathered keys and values)")
+        ->capture_default_str();
     app->add_option("--micro-batch", o.train.micro_batch, "sequences per rank per micro-step")
         ->capture_default_str();
     app->add_option("--seq", o.train.seq, "tokens per sequence")->capture_default_str();
     app->add_option("--global-batch", o.train.global_batch,
-                    "sequences per optimizer step (default: micro-batch × ranks)");
+                    "sequences per optimizer step (default: micro-batch × ranks / cp)");
     app->add_flag("--recompute", o.train.recompute, "full per-layer activation recomputation");
     app->add_option("--optimizer", optimizer, "muon (Muon on matrices, AdamW elsewhere) or adamw")
         ->capture_default_str();
@@ -95,8 +99,9 @@ void write_json(const std::string& path, const json& j) {
 
 void print_training(const sz::TrainEstimate& e, const sz::TrainSetup& s) {
   fmt::print(
-      "\ntraining ({} ranks, {} × {} tokens per micro-batch, {} micro-batch(es) per step):\n",
-      s.ranks, s.micro_batch, s.seq, e.accumulation);
+      "\ntraining ({} ranks{}, {} × {} tokens per micro-batch, {} micro-batch(es) per step):\n",
+      s.ranks, s.cp > 1 ? fmt::format(" (cp {}: {} tokens per rank)", s.cp, s.seq / s.cp) : "",
+      s.micro_batch, s.seq, e.accumulation);
   fmt::print("  {:<18} {:>10} {:>12} {:>10}  {}\n", "op", "TFLOP", "GB", "ms", "bound");
   for (auto& o : e.ops)
     fmt::print("  {:<18} {:>10.2f} {:>12.2f} {:>10.3f}  {}\n", o.name, o.flops * 1e-12,
@@ -155,6 +160,7 @@ int run_check(const ModelFlags& mf, const std::string& hw_name, TrainFlags& tf, 
             {"hardware", hw.to_json()},
             {"setup",
              {{"ranks", tf.o.train.ranks},
+              {"cp", tf.o.train.cp},
               {"micro_batch", tf.o.train.micro_batch},
               {"seq", tf.o.train.seq},
               {"global_batch", tf.o.train.global_sequences()},

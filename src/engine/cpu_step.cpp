@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "dist/comm.h"
 #include "optim/grad_utils.h"
 #include "optim/param_rules.h"
 
@@ -72,7 +73,11 @@ class CpuStep final : public TrainStep {
 
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                              float loss_scale) override {
-    return zaya::forward_backward(model_, ids, targets, B, S, grads_, loss_scale);
+    return zaya::forward_backward(model_, ids, targets, B, S, grads_, loss_scale,
+                                  cp_.comm ? &cp_ : nullptr);
+  }
+  void set_context_parallel(Communicator* cp) override {
+    cp_.comm = cp && cp->size() > 1 ? cp : nullptr;
   }
 
   double grad_sq_norm(const ParamMask& owned) override {
@@ -167,6 +172,7 @@ class CpuStep final : public TrainStep {
   }
 
   ZayaModel& model_;
+  ContextParallel cp_;  // comm null: whole rows
   ParamMask owned_state_;
   std::vector<std::pair<int64_t, int64_t>> slices_;
   std::vector<ParamSlot> layout_;

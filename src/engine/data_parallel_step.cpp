@@ -125,9 +125,13 @@ class DpStep final : public DataParallelStep {
     reduced_ = false;
     return inner_->forward_backward(ids, targets, B, S, loss_scale);
   }
+  // The ranks of a context-parallel group hold the same weights: ZeRO-1 runs over all of them
+  // (this step's communicator), the inner step splits the sequences.
+  void set_context_parallel(Communicator* cp) override { inner_->set_context_parallel(cp); }
 
   double grad_sq_norm(const ParamMask& owned) override {
-    ZAYA_CHECK(owned.empty(), "data parallel: grad_sq_norm takes no mask (ownership is the plan's)");
+    ZAYA_CHECK(owned.empty(),
+               "data parallel: grad_sq_norm takes no mask (ownership is the plan's)");
     reduce_grads();
     double sq = inner_->grad_sq_norm(mask_);
     host_.host_all_reduce(&sq, 1, RedOp::Sum);
@@ -135,7 +139,8 @@ class DpStep final : public DataParallelStep {
   }
 
   void optimizer_step(double lr, float grad_scale, const ParamMask& owned) override {
-    ZAYA_CHECK(owned.empty(), "data parallel: optimizer_step takes no mask (ownership is the plan's)");
+    ZAYA_CHECK(owned.empty(),
+               "data parallel: optimizer_step takes no mask (ownership is the plan's)");
     reduce_grads();
     const double t0 = now_ms();
     inner_->optimizer_step(lr, grad_scale, mask_);
@@ -306,7 +311,8 @@ class DpStep final : public DataParallelStep {
     for (const SegmentPiece& p : pieces_[size_t(rank_)]) {
       move(work + p.flat_offset, seg_ + p.seg_offset, p.len);
       if (mirror_)
-        copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset, size_t(p.len) * sizeof(float));
+        copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset,
+                        size_t(p.len) * sizeof(float));
     }
     reduced_ = true;
     times_.reduce_scatter = now_ms() - t0;
@@ -356,12 +362,9 @@ class DpStep final : public DataParallelStep {
 
 }  // namespace
 
-std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
-                                                          const OptimizerSettings& optim,
-                                                          const BalancingSettings& balancing,
-                                                          TrainStepOptions options,
-                                                          Communicator& comm, Communicator& host,
-                                                          int64_t bucket_elems) {
+std::unique_ptr<DataParallelStep> make_data_parallel_step(
+    ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing,
+    TrainStepOptions options, Communicator& comm, Communicator& host, int64_t bucket_elems) {
   ZAYA_CHECK(comm.size() == host.size() && comm.rank() == host.rank(),
              "data parallel: the {} communicator (rank {} of {}) and the host one (rank {} of {}) "
              "differ",

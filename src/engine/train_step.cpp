@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "dist/comm.h"
 #include "engine/cpu_step.h"
 #include "engine/cuda/cuda_step.h"
 
@@ -13,6 +14,13 @@ namespace zaya {
 
 std::vector<NamedState> TrainStep::owned_state() {
   return whole_tensors(state());
+}
+
+void TrainStep::set_context_parallel(Communicator* cp) {
+  ZAYA_CHECK(!cp || cp->size() < 2,
+             "context parallelism (cp = {}) is not available on {} yet: it runs on the CPU "
+             "reference step",
+             cp ? cp->size() : 1, name());
 }
 
 std::vector<int> TrainStep::weight_writers() const {
@@ -30,7 +38,8 @@ RankContribution checkpoint_contribution(TrainStep& step, int rank, int world) {
   ZAYA_CHECK(writers.size() == lay.size(), "checkpoint: {} weight writers for {} tensors",
              writers.size(), lay.size());
   for (size_t i = 0; i < lay.size(); i++) {
-    if (writers[i] == rank) c.weights.push_back({lay[i].name, lay[i].shape, m.data + lay[i].offset});
+    if (writers[i] == rank)
+      c.weights.push_back({lay[i].name, lay[i].shape, m.data + lay[i].offset});
     if (rank == 0) c.placements.push_back({lay[i].name, lay[i].shape, writers[i]});
   }
   return c;

@@ -146,6 +146,10 @@ class TrainStep {
                                int64_t balancing_steps);
   // Waits until the masters() hold the last update (the GPU step's stream); no-op on the CPU.
   virtual void sync() {}
+  // Context parallelism (model/backward.h): from now on forward_backward gets the full rows of a
+  // sequence group and computes this rank's two chunks over `cp` (null or size 1: whole rows).
+  // The CPU step has it; others refuse a group of 2 or more with a zaya::Error.
+  virtual void set_context_parallel(Communicator* cp);
 };
 
 // A step's named state is the optimizer's (optim.*) followed by the balancing update's (balance.*).

@@ -10,12 +10,14 @@
 #include "model/backward.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <utility>
 
 #include "backend/cpu/ops.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "dist/comm.h"
 
 namespace zaya {
 
@@ -129,11 +131,13 @@ struct LayerGradPtrs {
 
 // What the backward of one layer needs from its forward.
 struct LayerActs {
-  Vec hin, xin, rstd_in;                    // layer input h, rmsnorm(h), its rstd
-  Vec qk0, mid;                             // conv input [q0 | k0] and depthwise output
-  Vec qpre, kpre, qnorm, knorm;             // q/k before QK-norm and their clamped norms
-  Vec q, k, v, att, lse, a;                 // attention operands, output, lse; o_proj output
-  Vec hmid, xpost, rstd_post;               // h after attention, rmsnorm(h), its rstd
+  Vec hin, xin, rstd_in;         // layer input h, rmsnorm(h), its rstd
+  Vec qk0, mid;                  // conv input [q0 | k0] and depthwise output
+  Vec qpre, kpre, qnorm, knorm;  // q/k before QK-norm and their clamped norms
+  Vec q, k, v, att, lse, a;      // attention operands, output, lse; o_proj output
+  Vec halo;                      // context parallelism: the chunks' halos [2][B][P·C+VH]
+  Vec kfull, vfull;              // and the group's keys/values [B,S,Hkv,d]
+  Vec hmid, xpost, rstd_post;    // h after attention, rmsnorm(h), its rstd
   Vec r, rn, rstd_r, h1pre, h1, h2pre, h2;  // router state and MLP
   Vec probs, gate;
   std::vector<int32_t> choice;
@@ -144,8 +148,8 @@ struct LayerActs {
 
 class Trainer {
  public:
-  Trainer(const ZayaModel& m, ModelGrads& grads, int64_t B, int64_t S)
-      : m_(m), c_(m.cfg), B_(B), S_(S), N_(B * S) {
+  Trainer(const ZayaModel& m, ModelGrads& grads, int64_t B, int64_t S, const ContextParallel* cp)
+      : m_(m), c_(m.cfg), B_(B), S_(S), N_(B * S), cp_(cp) {
     D_ = c_.hidden_size;
     d_ = c_.head_dim;
     Hq_ = c_.num_attention_heads;
@@ -162,11 +166,33 @@ class Trainer {
     t1_ = c_.cca_time1;
     eps_ = float(c_.rms_norm_eps);
     resolve_grads(grads);
+    P_ = (t0_ - 1) + (t1_ - 1);
+    Bv_ = B_;
+    Sv_ = S_;
+    if (cp_) {
+      // This rank's two chunks of every row, slot-major: local token n is slot n / (B·L), row
+      // (n / L) % B, offset n % L — to the convolutions and the value shift, 2B sequences of L.
+      const int64_t C = cp_->comm->size(), r = cp_->comm->rank();
+      L_ = S_ / (2 * C);
+      const std::array<int64_t, 2> g = context_chunks(int(r), int(C));
+      gc_[0] = g[0];
+      gc_[1] = g[1];
+      Bv_ = 2 * B_;
+      Sv_ = L_;
+      N_ = 2 * B_ * L_;
+    }
     pos_.resize(size_t(N_));
-    for (int64_t n = 0; n < N_; n++) pos_[size_t(n)] = n % S_;
+    for (int64_t n = 0; n < N_; n++)
+      pos_[size_t(n)] = cp_ ? gc_[n / (B_ * L_)] * L_ + n % L_ : n % S_;
   }
 
   StepStats run(const int32_t* ids, const int32_t* targets, float loss_scale);
+  int64_t local_tokens() const { return N_; }
+  // Global index (b·S + t) of local token n.
+  int64_t global_index(int64_t n) const {
+    if (!cp_) return n;
+    return ((n / L_) % B_) * S_ + gc_[n / (B_ * L_)] * L_ + n % L_;
+  }
 
  private:
   void resolve_grads(ModelGrads& grads);
@@ -183,10 +209,34 @@ class Trainer {
   // and d loss/d r of layer li on exit.
   void moe_bwd(int64_t li, LayerActs& A, const LayerActs* prev, const float* dm, float* dx,
                Vec& dr_next);
+  // Context parallelism. Halos: every local chunk's predecessor's last P pre-convolution columns
+  // and last Wv_del x row, [2][B][P·C + VH]; tails are this rank's own, sent to the successors.
+  void cp_send_tails(const float* tails, float* halos);
+  // The reverse: the gradients of this rank's halos go back to their producers; returns in
+  // dtails the gradients of this rank's tails that its successors computed.
+  void cp_return_halo_grads(const float* dhalos, float* dtails);
+  // One step of a chain exchange on the cp group: sends `send` to rank `to` (skipped when < 0),
+  // receives `recv` from rank `from` (skipped when < 0); even ranks send first, odd ranks receive
+  // first, so a chain of blocking messages cannot deadlock.
+  void cp_chain(const float* send, int to, float* recv, int from, size_t count);
+  // Calls fn(group_token, sequence_token) for the first token of every chunk row of the group:
+  // group_token indexes the group's [rank][k | v][slot][b][t] buffers (per k or v half: 2·B·L
+  // tokens a rank), sequence_token the [b][S] layout of the whole sequences.
+  template <typename Fn>
+  void cp_chunk_rows(Fn&& fn) const {
+    const int64_t C = cp_->comm->size();
+    for (int64_t rk = 0; rk < C; rk++)
+      for (int64_t sl = 0; sl < 2; sl++)
+        for (int64_t b = 0; b < B_; b++)
+          fn(rk * 2 * N_ + (sl * B_ + b) * L_, b * S_ + context_chunks(int(rk), int(C))[sl] * L_);
+  }
 
   const ZayaModel& m_;
   const ZayaConfig& c_;
   int64_t B_, S_, N_, D_, d_, Hq_, Hkv_, C_, QD_, KD_, VH_, R_, E_, I_, V_, t0_, t1_;
+  int64_t P_ = 0, Bv_ = 0, Sv_ = 0;  // conv history; sequences and length as the convs see them
+  const ContextParallel* cp_;
+  int64_t L_ = 0, gc_[2] = {0, 0};  // context parallelism: chunk length, global chunk of each slot
   float eps_;
   std::map<const void*, float*> gmap_;  // weight data pointer -> its gradient buffer
   std::vector<LayerGradPtrs> lg_;
@@ -268,25 +318,45 @@ void Trainer::attention_fwd(int64_t li, LayerActs& A) {
     std::copy_n(q0.data() + n * QD, QD, A.qk0.data() + n * C);
     std::copy_n(k0.data() + n * KD, KD, A.qk0.data() + n * C + QD);
   }
-  Vec conv = vec(N * C);
-  A.mid = vec(B_ * (S_ + t1_ - 1) * C);
-  cpu::cca_conv(conv.data(), A.mid.data(), A.qk0.data(), nullptr, L.conv_dw_w.f32(),
-                L.conv_dw_b.f32(), L.conv_g_w.f32(), L.conv_g_b.f32(), B_, S_, C, d_, t0_, t1_);
+  // Values: the current token's half and the previous token's half (zero at t = 0).
+  Vec vc = vec(N * VH), vd = vec(N * VH);
+  cpu::linear(vc.data(), x, L.wv_cur, nullptr, N, D_, VH);
+  cpu::linear(vd.data(), x, L.wv_del, nullptr, N, D_, VH);
+  const int64_t T = P_ * C + VH;  // one row's halo
+  if (cp_) {
+    Vec tails = vec(2 * B_ * T);
+    for (int64_t r = 0; r < Bv_; r++) {
+      const int64_t last = r * L_ + L_ - 1;  // the chunk row's last local token
+      std::copy_n(A.qk0.data() + (last - P_ + 1) * C, P_ * C, tails.data() + r * T);
+      std::copy_n(vd.data() + last * VH, VH, tails.data() + r * T + P_ * C);
+    }
+    A.halo = vec(2 * B_ * T);
+    cp_send_tails(tails.data(), A.halo.data());
+  }
+  Vec conv = vec(N * C), hist;
+  if (cp_) {
+    hist = vec(Bv_ * P_ * C);
+    for (int64_t r = 0; r < Bv_; r++)
+      std::copy_n(A.halo.data() + r * T, P_ * C, hist.data() + r * P_ * C);
+  }
+  A.mid = vec(Bv_ * (Sv_ + t1_ - 1) * C);
+  cpu::cca_conv(conv.data(), A.mid.data(), A.qk0.data(), cp_ ? hist.data() : nullptr,
+                L.conv_dw_w.f32(), L.conv_dw_b.f32(), L.conv_g_w.f32(), L.conv_g_b.f32(), Bv_, Sv_,
+                C, d_, t0_, t1_);
   A.qpre = vec(N * QD);
   A.kpre = vec(N * KD);
   for (int64_t n = 0; n < N; n++) {
     for (int64_t i = 0; i < QD; i++) A.qpre[n * QD + i] = conv[n * C + i] + mq[n * QD + i];
     for (int64_t i = 0; i < KD; i++) A.kpre[n * KD + i] = conv[n * C + QD + i] + mk[n * KD + i];
   }
-  // Values: the current token's half and the previous token's half (zero at t = 0).
-  Vec vc = vec(N * VH), vd = vec(N * VH);
-  cpu::linear(vc.data(), x, L.wv_cur, nullptr, N, D_, VH);
-  cpu::linear(vd.data(), x, L.wv_del, nullptr, N, D_, VH);
   A.v = vec(N * KD);
   A.v.zero();  // v_del of the first token of each sequence
   for (int64_t n = 0; n < N; n++) {
     std::copy_n(vc.data() + n * VH, VH, A.v.data() + n * KD);
-    if (n % S_ > 0) std::copy_n(vd.data() + (n - 1) * VH, VH, A.v.data() + n * KD + VH);
+    if (n % Sv_ > 0)
+      std::copy_n(vd.data() + (n - 1) * VH, VH, A.v.data() + n * KD + VH);
+    else if (cp_)  // a chunk's first token: the predecessor's last row (zeros before chunk 0)
+      std::copy_n(A.halo.data() + (n / Sv_) * T + P_ * C, VH, A.v.data() + n * KD + VH);
   }
   A.q = vec(N * QD);
   A.k = vec(N * KD);
@@ -300,9 +370,29 @@ void Trainer::attention_fwd(int64_t li, LayerActs& A) {
   cpu::rope(A.k.data(), pos_.data(), rs.theta, N, Hkv_, d_, r);
   const int64_t window = c_.layer_is_sliding(li) ? c_.sliding_window : 0;
   A.att = vec(N * QD);
-  A.lse = vec(B_ * Hq_ * S_);
-  cpu::attention(A.att.data(), A.lse.data(), A.q.data(), A.k.data(), A.v.data(), B_, S_, S_, 0, Hq_,
-                 Hkv_, d_, window);
+  A.lse = vec(N * Hq_);
+  if (!cp_) {
+    cpu::attention(A.att.data(), A.lse.data(), A.q.data(), A.k.data(), A.v.data(), B_, S_, S_, 0,
+                   Hq_, Hkv_, d_, window);
+  } else {
+    // Keys and values of the whole sequence from the group (all-gather), then each chunk's
+    // queries at their global positions against them.
+    const int64_t Ccp = cp_->comm->size(), nl = N * KD;
+    Vec mine = vec(2 * nl), all = vec(Ccp * 2 * nl);
+    std::copy_n(A.k.data(), nl, mine.data());
+    std::copy_n(A.v.data(), nl, mine.data() + nl);
+    cp_->comm->all_gather(mine.data(), all.data(), size_t(2 * nl), DType::F32);
+    A.kfull = vec(B_ * S_ * KD);
+    A.vfull = vec(B_ * S_ * KD);
+    cp_chunk_rows([&](int64_t grp, int64_t seq) {
+      std::copy_n(all.data() + grp * KD, L_ * KD, A.kfull.data() + seq * KD);
+      std::copy_n(all.data() + grp * KD + nl, L_ * KD, A.vfull.data() + seq * KD);
+    });
+    for (int64_t sl = 0; sl < 2; sl++)
+      cpu::attention(A.att.data() + sl * B_ * L_ * QD, A.lse.data() + sl * B_ * Hq_ * L_,
+                     A.q.data() + sl * B_ * L_ * QD, A.kfull.data(), A.vfull.data(), B_, L_, S_,
+                     gc_[sl] * L_, Hq_, Hkv_, d_, window);
+  }
   A.a = vec(N * D_);
   cpu::linear(A.a.data(), A.att.data(), L.wo, nullptr, N, QD, D_);
 }
@@ -319,8 +409,37 @@ void Trainer::attention_bwd(int64_t li, LayerActs& A, const float* da, float* dx
   // attention, RoPE, QK-norm
   Vec dq = vec(N * QD), dk = vec(N * KD), dv = vec(N * KD);
   const int64_t window = c_.layer_is_sliding(li) ? c_.sliding_window : 0;
-  cpu::attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), A.att.data(), A.lse.data(),
-                          A.q.data(), A.k.data(), A.v.data(), B_, S_, Hq_, Hkv_, d_, window);
+  if (!cp_) {
+    cpu::attention_backward(dq.data(), dk.data(), dv.data(), datt.data(), A.att.data(),
+                            A.lse.data(), A.q.data(), A.k.data(), A.v.data(), B_, S_, Hq_, Hkv_, d_,
+                            window);
+  } else {
+    // Each chunk's queries give gradients for every key and value of the sequence; the group sums
+    // them and each rank keeps its own tokens' (reduce-scatter).
+    const int64_t Ccp = cp_->comm->size(), nf = B_ * S_ * KD, nl = N * KD;
+    Vec dkf = vec(nf), dvf = vec(nf), dkc = vec(nf), dvc = vec(nf);
+    for (int64_t sl = 0; sl < 2; sl++) {
+      cpu::attention_backward(dq.data() + sl * B_ * L_ * QD, sl ? dkc.data() : dkf.data(),
+                              sl ? dvc.data() : dvf.data(), datt.data() + sl * B_ * L_ * QD,
+                              A.att.data() + sl * B_ * L_ * QD, A.lse.data() + sl * B_ * Hq_ * L_,
+                              A.q.data() + sl * B_ * L_ * QD, A.kfull.data(), A.vfull.data(), B_,
+                              L_, S_, gc_[sl] * L_, Hq_, Hkv_, d_, window);
+    }
+    for (int64_t i = 0; i < nf; i++) {
+      dkf[i] += dkc[i];
+      dvf[i] += dvc[i];
+    }
+    Vec send = vec(Ccp * 2 * nl), mine = vec(2 * nl);
+    cp_chunk_rows([&](int64_t grp, int64_t seq) {
+      std::copy_n(dkf.data() + seq * KD, L_ * KD, send.data() + grp * KD);
+      std::copy_n(dvf.data() + seq * KD, L_ * KD, send.data() + grp * KD + nl);
+    });
+    cp_->comm->reduce_scatter(send.data(), mine.data(), size_t(2 * nl), DType::F32, RedOp::Sum);
+    std::copy_n(mine.data(), nl, dk.data());
+    std::copy_n(mine.data() + nl, nl, dv.data());
+    A.kfull = Vec();
+    A.vfull = Vec();
+  }
   const RopeSettings& rs = c_.rope_for_layer(li);
   const int64_t r = int64_t(double(d_) * rs.partial_rotary_factor);
   cpu::rope_backward(dq.data(), pos_.data(), rs.theta, N, Hq_, d_, r);
@@ -336,9 +455,35 @@ void Trainer::attention_bwd(int64_t li, LayerActs& A, const float* da, float* dx
     std::copy_n(dqpre.data() + n * QD, QD, dconv.data() + n * C);
     std::copy_n(dkpre.data() + n * KD, KD, dconv.data() + n * C + QD);
   }
+  const int64_t T = P_ * C + VH;
+  Vec hist, dhist, dtails;
+  if (cp_) {
+    hist = vec(Bv_ * P_ * C);
+    dhist = vec(Bv_ * P_ * C);
+    for (int64_t r = 0; r < Bv_; r++)
+      std::copy_n(A.halo.data() + r * T, P_ * C, hist.data() + r * P_ * C);
+  }
   cpu::cca_conv_backward(dqk0.data(), G.conv_dw_w, G.conv_dw_b, G.conv_g_w, G.conv_g_b,
                          dconv.data(), A.qk0.data(), A.mid.data(), L.conv_dw_w.f32(),
-                         L.conv_g_w.f32(), B_, S_, C, d_, t0_, t1_);
+                         L.conv_g_w.f32(), Bv_, Sv_, C, d_, t0_, t1_, cp_ ? hist.data() : nullptr,
+                         cp_ ? dhist.data() : nullptr);
+  if (cp_) {
+    // The halo's gradients (history columns, and the delayed value of each chunk's first token)
+    // go back to the ranks that produced them; this rank's tails get its successors'.
+    Vec dhalos = vec(2 * B_ * T);
+    for (int64_t r = 0; r < Bv_; r++) {
+      std::copy_n(dhist.data() + r * P_ * C, P_ * C, dhalos.data() + r * T);
+      std::copy_n(dv.data() + (r * L_) * KD + VH, VH, dhalos.data() + r * T + P_ * C);
+    }
+    dtails = vec(2 * B_ * T);
+    cp_return_halo_grads(dhalos.data(), dtails.data());
+    for (int64_t r = 0; r < Bv_; r++) {
+      const int64_t last = r * L_ + L_ - 1;
+      float* dst = dqk0.data() + (last - P_ + 1) * C;
+      for (int64_t i = 0; i < P_ * C; i++) dst[i] += dtails[r * T + i];
+    }
+    A.halo = Vec();
+  }
   // Mean skip: mq[h] = (q0[h] + k0[g]) / 2 and mk[g] = mean_h∈g mq[h], so mq[h] receives
   // dqpre[h] + dkpre[g] / G, which splits in halves onto q0[h] and k0[g].
   Vec dq0 = vec(N * QD), dk0 = vec(N * KD);
@@ -361,7 +506,12 @@ void Trainer::attention_bwd(int64_t li, LayerActs& A, const float* da, float* dx
   dvd.zero();  // the last token's v_del feeds no value
   for (int64_t n = 0; n < N; n++) {
     std::copy_n(dv.data() + n * KD, VH, dvc.data() + n * VH);
-    if (n % S_ + 1 < S_) std::copy_n(dv.data() + (n + 1) * KD + VH, VH, dvd.data() + n * VH);
+    if (n % Sv_ + 1 < Sv_) {
+      std::copy_n(dv.data() + (n + 1) * KD + VH, VH, dvd.data() + n * VH);
+    } else if (cp_) {  // a chunk's last token: its successor's first value row, sent back
+      const float* src = dtails.data() + (n / Sv_) * T + P_ * C;
+      std::copy_n(src, VH, dvd.data() + n * VH);
+    }
   }
   cpu::linear_backward_weight(G.wq, nullptr, dq0.data(), x, N, D_, QD);
   cpu::linear_backward_weight(G.wk, nullptr, dk0.data(), x, N, D_, KD);
@@ -558,6 +708,15 @@ StepStats Trainer::run(const int32_t* ids, const int32_t* targets, float loss_sc
   Vec dlogits = vec(N * V);
   st.loss = cpu::cross_entropy(dlogits.data(), logits.data(), targets, N, V);
   logits = Vec();
+  if (cp_) {
+    // The loss is the mean over the whole sequences: this rank's share is its tokens' mean
+    // weighted by their fraction of the group's scored tokens.
+    double total = double(st.tokens);
+    cp_->comm->host_all_reduce(&total, 1, RedOp::Sum);
+    const double f = total > 0 ? double(st.tokens) / total : 0.0;
+    st.loss *= f;
+    loss_scale *= float(f);
+  }
   // Every gradient is linear in dlogits, so scaling it here scales them all.
   if (loss_scale != 1.0f)
     for (float& v : dlogits) v *= loss_scale;
@@ -608,16 +767,82 @@ StepStats Trainer::run(const int32_t* ids, const int32_t* targets, float loss_sc
   return st;
 }
 
+void Trainer::cp_chain(const float* send, int to, float* recv, int from, size_t count) {
+  Communicator& c = *cp_->comm;
+  auto do_send = [&] {
+    if (to >= 0) c.send(send, count, DType::F32, to);
+  };
+  auto do_recv = [&] {
+    if (from >= 0) c.recv(recv, count, DType::F32, from);
+  };
+  if (c.rank() % 2 == 0) {
+    do_send();
+    do_recv();
+  } else {
+    do_recv();
+    do_send();
+  }
+}
+
+// Rank r holds chunks r (slot 0) and 2C−1−r (slot 1). Slot 0's predecessor is chunk r−1, rank
+// r−1's slot 0; slot 1's is chunk 2C−2−r, rank r+1's slot 1, or for r = C−1 its own slot 0.
+void Trainer::cp_send_tails(const float* tails, float* halos) {
+  const int C = cp_->comm->size(), r = cp_->comm->rank();
+  const int64_t row = B_ * (P_ * C_ + VH_);
+  std::fill_n(halos, 2 * row, 0.0f);  // chunk 0 has no predecessor: zero history, zero v_del
+  cp_chain(tails, r + 1 < C ? r + 1 : -1, halos, r >= 1 ? r - 1 : -1, size_t(row));
+  cp_chain(tails + row, r >= 1 ? r - 1 : -1, halos + row, r + 1 < C ? r + 1 : -1, size_t(row));
+  if (r == C - 1) std::copy_n(tails, row, halos + row);
+}
+
+void Trainer::cp_return_halo_grads(const float* dhalos, float* dtails) {
+  const int C = cp_->comm->size(), r = cp_->comm->rank();
+  const int64_t row = B_ * (P_ * C_ + VH_);
+  std::vector<float> sent(dhalos, dhalos + 2 * row);
+  if (!cp_->send_halo_grads) std::fill(sent.begin(), sent.end(), 0.0f);  // a detached halo
+  std::fill_n(dtails, 2 * row, 0.0f);  // the last chunk feeds no successor
+  cp_chain(sent.data(), r >= 1 ? r - 1 : -1, dtails, r + 1 < C ? r + 1 : -1, size_t(row));
+  cp_chain(sent.data() + row, r + 1 < C ? r + 1 : -1, dtails + row, r >= 1 ? r - 1 : -1,
+           size_t(row));
+  if (r == C - 1) std::copy_n(sent.data() + row, row, dtails);
+}
+
 }  // namespace
 
+std::array<int64_t, 2> context_chunks(int rank, int size) {
+  return {int64_t(rank), int64_t(2 * size - 1 - rank)};
+}
+
 StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t* targets,
-                           int64_t B, int64_t S, ModelGrads& grads, float loss_scale) {
+                           int64_t B, int64_t S, ModelGrads& grads, float loss_scale,
+                           const ContextParallel* cp) {
   ZAYA_CHECK(B > 0 && S > 0, "forward_backward: batch {} x sequence {} is empty", B, S);
   ZAYA_CHECK(int64_t(m.layers.size()) == m.cfg.num_hidden_layers,
              "forward_backward: the model holds {} layers, its config {}", m.layers.size(),
              m.cfg.num_hidden_layers);
-  Trainer t(m, grads, B, S);
-  return t.run(ids, targets, loss_scale);
+  if (cp && !cp->comm) cp = nullptr;
+  if (cp && cp->comm->size() < 2) cp = nullptr;
+  if (!cp) {
+    Trainer t(m, grads, B, S, nullptr);
+    return t.run(ids, targets, loss_scale);
+  }
+  const int64_t C = cp->comm->size(), P = (m.cfg.cca_time0 - 1) + (m.cfg.cca_time1 - 1);
+  ZAYA_CHECK(S % (2 * C) == 0,
+             "context parallelism: the sequence length {} is not divisible by 2·cp = {} (each of "
+             "the {} ranks holds two chunks)",
+             S, 2 * C, C);
+  ZAYA_CHECK(S / (2 * C) >= std::max<int64_t>(1, P),
+             "context parallelism: chunks of {} tokens (sequence {} over 2·{}) are shorter than "
+             "the convolutions' history of {} tokens",
+             S / (2 * C), S, C, P);
+  Trainer t(m, grads, B, S, cp);
+  const int64_t n = t.local_tokens();
+  std::vector<int32_t> lid(static_cast<size_t>(n)), ltg(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) {
+    lid[size_t(i)] = ids[t.global_index(i)];
+    ltg[size_t(i)] = targets[t.global_index(i)];
+  }
+  return t.run(lid.data(), ltg.data(), loss_scale);
 }
 
 }  // namespace zaya

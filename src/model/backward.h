@@ -4,6 +4,7 @@
 // state chain, CCA attention) and the input affine/embedding. Gradients accumulate into a
 // ModelGrads that mirrors ZayaModel::named_tensors(), in fp32.
 #pragma once
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "model/zaya.h"
 
 namespace zaya {
+
+class Communicator;
 
 // Gradients with the same names, shapes and order as model.named_tensors(), fp32.
 struct ModelGrads {
@@ -30,13 +33,33 @@ struct StepStats {
   std::vector<std::vector<int64_t>> routed;  // per layer, tokens per class 0..E (E = skip)
 };
 
+// Context parallelism (ZAYA1.md §4): the C ranks of `comm` share every sequence. Each row is cut
+// into 2·C chunks of L = S/(2C) tokens and rank i computes chunks i and 2C−1−i (context_chunks),
+// so every rank does the same causal-attention work. Keys and values are all-gathered (CCA's are
+// small: Hkv heads) and their gradients reduce-scattered; the convolutions' history (the last
+// (t0−1)+(t1−1) pre-convolution [q0 | k0] columns) and the delayed value (Wv_del x of the last
+// token) of each chunk go point to point to the rank of the next chunk, and their gradients come
+// back to the rank that produced them. RoPE positions are the global ones.
+struct ContextParallel {
+  Communicator* comm = nullptr;  // the cp group, size C >= 2 (null or size 1: no splitting)
+  bool send_halo_grads = true;   // false drops the halo gradients (tests: a detached halo fails)
+};
+// The global chunk indices rank `rank` of a cp group of `size` holds, in its slot order.
+std::array<int64_t, 2> context_chunks(int rank, int size);
+
 // ids, targets: [B,S] int32; targets[n] < 0 are ignored. Computes the mean cross-entropy and
 // ACCUMULATES (+=) loss_scale * d(mean loss)/d(param) into grads (loss_scale = 1/micro_batches for
 // gradient accumulation). Balancing biases get no gradient (the choice is discrete). Every weight
 // must be fp32 (training keeps fp32 master weights); anything else is refused with an error.
 // Deterministic: the result does not depend on the thread count. Scratch memory (about one step's
 // activations) is kept by the calling thread between calls, so repeated steps do not reallocate.
+// With `cp`, every rank of the group passes the same full rows and computes its two chunks: the
+// gradients are this rank's part (their sum over the group is the whole gradient), StepStats.loss
+// its share of the mean (the shares sum to the mean over the group's scored tokens), tokens and
+// routed its own tokens' counts. A sequence length not divisible by 2·C, or chunks shorter than
+// the convolutions' history, is refused with an error.
 StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t* targets,
-                           int64_t B, int64_t S, ModelGrads& grads, float loss_scale = 1.0f);
+                           int64_t B, int64_t S, ModelGrads& grads, float loss_scale = 1.0f,
+                           const ContextParallel* cp = nullptr);
 
 }  // namespace zaya

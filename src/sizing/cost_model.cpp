@@ -23,11 +23,16 @@ void TrainSetup::validate() const {
   ZAYA_CHECK(global_batch >= 0, "--global-batch must be positive, found {}", global_batch);
   ZAYA_CHECK(grad_bytes == 2 || grad_bytes == 4, "gradient element size must be 2 or 4 bytes");
   ZAYA_CHECK(grad_comm_bytes == 2 || grad_comm_bytes == 4, "--grad-comm must be bf16 or fp32");
-  const int64_t per_step = micro_batch * ranks;
-  ZAYA_CHECK(
-      global_sequences() % per_step == 0 && global_sequences() >= per_step,
-      "--global-batch {} must be a positive multiple of --micro-batch × --ranks = {} × {} = {}",
-      global_sequences(), micro_batch, ranks, per_step);
+  ZAYA_CHECK(cp >= 1 && ranks % cp == 0, "--cp {} must be positive and divide --ranks {}", cp,
+             ranks);
+  ZAYA_CHECK(cp == 1 || seq % (2 * cp) == 0,
+             "--seq {} must be divisible by 2 × --cp = {} (each rank holds two chunks)", seq,
+             2 * cp);
+  const int64_t per_step = micro_batch * groups();
+  ZAYA_CHECK(global_sequences() % per_step == 0 && global_sequences() >= per_step,
+             "--global-batch {} must be a positive multiple of --micro-batch × --ranks / --cp = {} "
+             "× {} = {}",
+             global_sequences(), micro_batch, groups(), per_step);
 }
 
 double roofline_seconds(const HardwareProfile& hw, OpKind kind, double flops, double bytes,

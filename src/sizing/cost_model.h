@@ -25,18 +25,22 @@ namespace zaya::sizing {
 struct TrainSetup {
   int64_t micro_batch = 4;   // sequences per rank per micro-step
   int64_t seq = 4096;        // tokens per sequence
-  int ranks = 8;             // data-parallel GPUs
+  int ranks = 8;             // GPUs (ZeRO-1 shards over all of them)
+  int cp = 1;                // context-parallel GPUs per sequence: ranks / cp data-parallel groups
   int64_t global_batch = 0;  // sequences per optimizer step; 0: micro_batch * ranks
   bool recompute = false;    // full per-layer activation recomputation
   OptimizerKind optimizer = OptimizerKind::Muon;
   int grad_bytes = 4;       // gradient buffer element (fp32 accumulation)
   int grad_comm_bytes = 4;  // reduce-scatter element (fp32 by default; 2 for bf16)
-  int64_t micro_tokens() const { return micro_batch * seq; }
-  int64_t global_sequences() const { return global_batch > 0 ? global_batch : micro_batch * ranks; }
+  int64_t micro_tokens() const { return micro_batch * seq / cp; }  // per rank
+  int64_t groups() const { return ranks / cp; }
+  int64_t global_sequences() const {
+    return global_batch > 0 ? global_batch : micro_batch * groups();
+  }
   // Throws zaya::Error naming the flag when a value is out of range or the global batch is not a
   // whole number of micro-batches per rank.
   void validate() const;
-  int64_t accumulation_steps() const { return global_sequences() / (micro_batch * ranks); }
+  int64_t accumulation_steps() const { return global_sequences() / (micro_batch * groups()); }
 };
 
 // Bytes the elementwise optimizer step moves per parameter of a rank's shard: the gradient read

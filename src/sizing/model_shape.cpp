@@ -290,6 +290,14 @@ MemoryPlan memory_plan(const ZayaConfig& c, int ranks, int64_t micro_tokens, Opt
   return m;
 }
 
+double context_parallel_kv_bytes(const ZayaConfig& c, int64_t micro_batch, int64_t seq, int cp,
+                                 bool recompute) {
+  if (cp <= 1) return 0;
+  const double per_layer = double(micro_batch) * double(seq) * (1.0 - 1.0 / double(cp)) * 2.0 *
+                           double(c.num_key_value_heads * c.head_dim) * 2.0;
+  return per_layer * (recompute ? 1.0 : double(c.num_hidden_layers));
+}
+
 int64_t kv_bytes_per_token(const ZayaConfig& c) {
   return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim * 2;
 }

@@ -87,6 +87,10 @@ FlopSplit forward_flop_split(const ZayaConfig& c, int64_t seq);  // per token
 int64_t activation_bytes_per_token_layer(const ZayaConfig& c);
 int64_t head_activation_bytes_per_token(const ZayaConfig& c);
 double activation_bytes(const ZayaConfig& c, int64_t tokens, bool recompute);
+// Context parallelism over `cp` ranks: the keys and values of the other ranks' chunks that each
+// rank gathers (bf16, every layer's kept for backward; one layer's with recomputation).
+double context_parallel_kv_bytes(const ZayaConfig& c, int64_t micro_batch, int64_t seq, int cp,
+                                 bool recompute);
 
 enum class OptimizerKind { Muon, AdamW };
 const char* optimizer_name(OptimizerKind o);

@@ -271,7 +271,11 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
   {  // memory
     RuleResult r;
     r.id = "memory";
-    const MemoryPlan m = memory_plan(c, o.train.ranks, T, o.train.optimizer, o.train.grad_bytes);
+    MemoryPlan m = memory_plan(c, o.train.ranks, T, o.train.optimizer, o.train.grad_bytes);
+    const TrainSetup& ts = o.train;
+    const double cp_kv = context_parallel_kv_bytes(c, ts.micro_batch, ts.seq, ts.cp, false);
+    m.activations += cp_kv;
+    m.activations_recompute += context_parallel_kv_bytes(c, ts.micro_batch, ts.seq, ts.cp, true);
     const double cap = hw.hbm_gib * kGiB, usable = cap * o.memory_headroom;
     const double full = m.total(false), rec = m.total(true);
     r.value = fmt::format(
@@ -293,6 +297,8 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
     else
       r.status = full <= usable ? Status::Pass : rec <= usable ? Status::Warn : Status::Fail;
     r.numbers = {{"ranks", o.train.ranks},
+                 {"cp", o.train.cp},
+                 {"cp_gathered_kv_bytes", cp_kv},
                  {"optimizer", optimizer_name(o.train.optimizer)},
                  {"weights_bytes", m.weights},
                  {"grads_bytes", m.grads},

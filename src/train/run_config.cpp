@@ -289,6 +289,7 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
   });
   r.table("parallel", [&](Reader& q) {
     q.get("dp", &c.parallel.dp);
+    q.get("cp", &c.parallel.cp);
     q.get("backend", &c.parallel.backend);
     q.get("bucket_mb", &c.parallel.bucket_mb);
   });
@@ -303,6 +304,7 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
     p.get("batch_size", &ph.batch_size);
     p.get("batch_start", &ph.batch_start);
     p.get("batch_ramp_tokens", &ph.batch_ramp_tokens);
+    p.get("cp", &ph.cp);
     c.phases.push_back(ph);
   });
   r.finish();
@@ -367,6 +369,7 @@ toml::table to_table(const RunConfig& c) {
                                    {"device", c.train.device},
                                    {"log_every", c.train.log_every}});
   root.insert("parallel", toml::table{{"dp", c.parallel.dp},
+                                      {"cp", c.parallel.cp},
                                       {"backend", c.parallel.backend},
                                       {"bucket_mb", c.parallel.bucket_mb}});
   toml::array phases;
@@ -380,6 +383,7 @@ toml::table to_table(const RunConfig& c) {
     if (p.seq_len) t.insert("seq_len", *p.seq_len);
     if (p.rope_theta) t.insert("rope_theta", *p.rope_theta);
     if (p.batch_size) t.insert("batch_size", *p.batch_size);
+    if (p.cp) t.insert("cp", *p.cp);
     phases.push_back(std::move(t));
   }
   root.insert("phase", std::move(phases));
@@ -396,6 +400,7 @@ const toml::table& schema() {
     p.seq_len = 1;
     p.rope_theta = 1.0;
     p.batch_size = 1;
+    p.cp = 1;
     p.blend.push_back({"p", 1.0});
     c.phases.push_back(p);
     return to_table(c);
@@ -721,9 +726,22 @@ void RunConfig::validate() const {
   check(checkpoint.keep_last >= 1, "checkpoint.keep_last", checkpoint.keep_last, "an integer >= 1");
   check(!checkpoint.dir.empty(), "checkpoint.dir", "\"\"", "a directory path");
   check(checkpoint.staging_mb >= 0 && checkpoint.staging_mb <= (int64_t(1) << 30),
-        "checkpoint.staging_mb", checkpoint.staging_mb, "an integer from 0 to 2^30 (MiB; 0: one save's size)");
+        "checkpoint.staging_mb", checkpoint.staging_mb,
+        "an integer from 0 to 2^30 (MiB; 0: one save's size)");
   // Parallel.
   check(parallel.dp >= 0, "parallel.dp", parallel.dp, "an integer >= 0 (0: the world size)");
+  check(parallel.cp >= 1 && parallel.cp <= 4096, "parallel.cp", parallel.cp,
+        "an integer from 1 to 4096 (1: no context parallelism)");
+  // Context parallelism cuts every sequence into 2·cp chunks of at least the convolutions'
+  // history (2 tokens for ZAYA1's kernels): seq_len must be a multiple of 2·cp.
+  auto check_cp_seq = [&](const std::string& what, int64_t cp, int64_t seq) {
+    if (cp > 1 && seq % (2 * cp) != 0)
+      fail(
+          "{}: {} = {} is not divisible by 2·cp = {} (each of the {} context-parallel ranks "
+          "holds two chunks of every sequence)",
+          f, what, seq, 2 * cp, cp);
+  };
+  if (phases.empty()) check_cp_seq("train.seq_len", parallel.cp, train.seq_len);
   check(parallel.backend == "auto" || parallel.backend == "nccl" || parallel.backend == "mpi",
         "parallel.backend", fmt::format("\"{}\"", parallel.backend),
         "\"auto\", \"nccl\" or \"mpi\"");
@@ -751,6 +769,11 @@ void RunConfig::validate() const {
     by_steps += p.steps > 0;
     budget_sum = checked_add(budget_sum, p.tokens + p.steps, f + ": the phase budgets' sum");
     if (p.seq_len) check(*p.seq_len >= 1, k + ".seq_len", *p.seq_len, "an integer >= 1");
+    if (p.cp)
+      check(*p.cp >= 1 && *p.cp <= 4096, k + ".cp", *p.cp,
+            "an integer from 1 to 4096 (1: no context parallelism)");
+    check_cp_seq(p.seq_len ? k + ".seq_len" : "train.seq_len (of " + k + ")",
+                 p.cp.value_or(parallel.cp), p.seq_len.value_or(train.seq_len));
     if (p.rope_theta)
       check(std::isfinite(*p.rope_theta) && *p.rope_theta > 0, k + ".rope_theta", *p.rope_theta,
             "a number > 0");
@@ -781,26 +804,37 @@ void RunConfig::validate() const {
 RunConfig::ResolvedParallel RunConfig::resolve_parallel(int64_t world) const {
   ZAYA_CHECK(world >= 1, "resolve_parallel: world size {} must be >= 1", world);
   ResolvedParallel r;
-  r.dp = parallel.dp == 0 ? world : parallel.dp;
+  for (size_t i = 0; i <= phases.size(); i++) {
+    const int64_t cp = i < phases.size() ? phase_cp(i) : parallel.cp;
+    if (world % cp != 0)
+      fail("{}: {} = {} does not divide the world size {} (the job has {} ranks)", source,
+           i < phases.size() && phases[i].cp ? fmt::format("phase.{}.cp", i) : "parallel.cp", cp,
+           world, world);
+  }
+  r.dp = parallel.dp == 0 ? world / parallel.cp : parallel.dp;
   if (world % r.dp != 0)
     fail("{}: parallel.dp = {} does not divide the world size {} (the job has {} ranks)", source,
          r.dp, world, world);
-  if (r.dp != world)
+  if (r.dp * parallel.cp != world)
     fail(
-        "{}: parallel.dp = {} with {} ranks: the other factor ({}) would be tensor, pipeline or "
-        "expert parallelism, which zaya does not have; set parallel.dp = {} or leave it 0",
-        source, r.dp, world, world / r.dp, world);
+        "{}: parallel.dp = {} with {} ranks and parallel.cp = {}: the other factor ({}) would be "
+        "tensor, pipeline or expert parallelism, which zaya does not have; set parallel.dp = {} "
+        "or leave it 0",
+        source, r.dp, world, parallel.cp, world / (r.dp * parallel.cp), world / parallel.cp);
   r.backend =
       parallel.backend == "auto" ? (train.device == "cuda" ? "nccl" : "mpi") : parallel.backend;
   r.bucket_elems = std::max<int64_t>(1, int64_t(parallel.bucket_mb * double(1 << 20) / 4.0));
-  const int64_t quantum = train.micro_batch * r.dp;
   for (size_t i = 0; i < phases.size(); i++) {
     const auto& p = phases[i];
+    const int64_t dp = world / phase_cp(i), quantum = train.micro_batch * dp;
     if (p.batch_size && *p.batch_size % quantum != 0)
       fail(
           "{}: phase.{}.batch_size = {} (global sequences per step) is not divisible by "
-          "train.micro_batch × parallel.dp = {} × {} = {}",
-          source, i, *p.batch_size, train.micro_batch, r.dp, quantum);
+          "train.micro_batch × {} = {} × {} = {}",
+          source, i, *p.batch_size,
+          phase_cp(i) > 1 ? fmt::format("data-parallel groups (world / cp {})", phase_cp(i))
+                          : std::string("parallel.dp"),
+          train.micro_batch, dp, quantum);
   }
   return r;
 }
@@ -867,15 +901,23 @@ ScheduleSettings RunConfig::resolved_schedule() const {
   return s;
 }
 
-PhaseState RunConfig::phase_at(int64_t step, int64_t tokens, int64_t data_parallel,
+int64_t RunConfig::phase_cp(size_t i) const {
+  return i < phases.size() && phases[i].cp ? *phases[i].cp : parallel.cp;
+}
+
+PhaseState RunConfig::phase_at(int64_t step, int64_t tokens, int64_t world,
                                double model_rope_theta) const {
-  ZAYA_CHECK(data_parallel >= 1, "phase_at: data_parallel must be >= 1, got {}", data_parallel);
+  ZAYA_CHECK(world >= 1, "phase_at: world must be >= 1, got {}", world);
   ZAYA_CHECK(step >= 0 && tokens >= 0, "phase_at: step ({}) and tokens ({}) must be >= 0", step,
              tokens);
-  const int64_t quantum = train.micro_batch * data_parallel;  // sequences per micro-step, all ranks
-  const int64_t default_batch = quantum * train.grad_accum;
   PhaseState st;
   if (phases.empty()) {
+    st.cp = parallel.cp;
+    ZAYA_CHECK(world % st.cp == 0, "{}: parallel.cp = {} does not divide the world size {}", source,
+               st.cp, world);
+    st.dp = world / st.cp;
+    const int64_t quantum = train.micro_batch * st.dp;  // sequences per micro-step, all groups
+    const int64_t default_batch = quantum * train.grad_accum;
     st.name = "main";
     st.seq_len = train.seq_len;
     st.rope_theta = model_rope_theta;
@@ -902,6 +944,13 @@ PhaseState RunConfig::phase_at(int64_t step, int64_t tokens, int64_t data_parall
     start -= by_tokens ? phases[i].tokens : phases[i].steps;
   }
   const PhaseSection& p = phases[i];
+  st.cp = phase_cp(i);
+  ZAYA_CHECK(world % st.cp == 0,
+             "{}: phase '{}' has cp = {}, which does not divide the world size {}", source, p.name,
+             st.cp, world);
+  st.dp = world / st.cp;
+  const int64_t quantum = train.micro_batch * st.dp;  // sequences per micro-step, all groups
+  const int64_t default_batch = quantum * train.grad_accum;
   st.index = i;
   st.name = p.name;
   st.seq_len = p.seq_len.value_or(train.seq_len);
@@ -920,7 +969,7 @@ PhaseState RunConfig::phase_at(int64_t step, int64_t tokens, int64_t data_parall
   ZAYA_CHECK(full % quantum == 0,
              "{}: phase '{}' batch_size {} is not a multiple of micro_batch × data-parallel ranks "
              "({} × {})",
-             source, p.name, full, train.micro_batch, data_parallel);
+             source, p.name, full, train.micro_batch, st.dp);
   st.batch_size = batch;
   st.micro_steps = batch / quantum;
   return st;

@@ -64,8 +64,8 @@ struct CheckpointSection {
   int64_t every = 500;  // steps; 0: only at the end
   int64_t keep_last = 3;
   std::string dir = "checkpoints";
-  bool async = true;           // write in the background after the snapshot (false: wait for it)
-  int64_t staging_mb = 0;      // host memory for the snapshot per rank, MiB; 0: one save's size
+  bool async = true;       // write in the background after the snapshot (false: wait for it)
+  int64_t staging_mb = 0;  // host memory for the snapshot per rank, MiB; 0: one save's size
 };
 
 struct TrainSection {
@@ -78,9 +78,11 @@ struct TrainSection {
   int64_t log_every = 10;
 };
 
-// [parallel]: data parallelism across the ranks of a launched job (mpirun, srun).
+// [parallel]: data parallelism across the ranks of a launched job (mpirun, srun), and context
+// parallelism: cp ranks share every sequence (model/backward.h), dp = world / cp groups.
 struct ParallelSection {
-  int64_t dp = 0;                // data-parallel ranks; 0: the world size
+  int64_t dp = 0;                // data-parallel ranks; 0: the world size over cp
+  int64_t cp = 1;                // context-parallel ranks per sequence (phases may override)
   std::string backend = "auto";  // "auto" (nccl on cuda, mpi on cpu), "nccl" or "mpi"
   double bucket_mb = 25.0;       // MiB of fp32 gradients per rank per reduce-scatter bucket
 };
@@ -95,6 +97,7 @@ struct PhaseSection {
   std::optional<int64_t> batch_size;  // global sequences per step; unset: micro_batch·grad_accum·dp
   int64_t batch_start = 0;            // batch ramp: sequences per step at the phase start, growing
   int64_t batch_ramp_tokens = 0;      // linearly to batch_size over this many tokens; 0: no ramp
+  std::optional<int64_t> cp;          // context-parallel ranks in this phase; unset: parallel.cp
 };
 
 // What the loop needs to know about the phase a (step, tokens) position falls in.
@@ -105,6 +108,8 @@ struct PhaseState {
   double rope_theta = 0;    // the phase's, else the model_rope_theta passed in
   int64_t batch_size = 0;   // global sequences for this step (after the ramp)
   int64_t micro_steps = 0;  // forward/backward passes per rank: batch_size / (micro_batch·dp)
+  int64_t cp = 1;           // context-parallel ranks per sequence group
+  int64_t dp = 1;           // sequence groups: world / cp
   std::vector<BlendEntry> blend;  // empty: the built-in corpus data.corpus
   bool past_end = false;          // beyond the last phase's budget (the last phase continues)
 };
@@ -150,9 +155,12 @@ struct RunConfig {
   // given model.config differs from the checkpoint (the checkpoint's value is used).
   ZayaConfig resolve_model(std::vector<std::string>* notes = nullptr) const;
   ScheduleSettings resolved_schedule() const;  // total_steps 0 → train.steps
-  // Phase of the step about to run, given the tokens consumed before it. `data_parallel` ranks.
-  PhaseState phase_at(int64_t step, int64_t tokens, int64_t data_parallel = 1,
+  // Phase of the step about to run, given the tokens consumed before it, in a job of `world`
+  // ranks (the phase's dp is world / its cp; throws zaya::Error when cp does not divide it).
+  PhaseState phase_at(int64_t step, int64_t tokens, int64_t world = 1,
                       double model_rope_theta = 0) const;
+  // The context-parallel size of phase i (parallel.cp unless the phase sets its own).
+  int64_t phase_cp(size_t i) const;
   // Every valid key path ("phase.N.seq_len" for list entries), for help and suggestions.
   static std::vector<std::string> key_paths();
 };

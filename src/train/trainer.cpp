@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -9,12 +11,13 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
-#include <unistd.h>
-
+#include "ckpt/checkpoint.h"
+#include "ckpt/model_io.h"
 #include "core/log.h"
-#include "core/source_dir.h"
 #include "core/plot.h"
+#include "core/source_dir.h"
 #include "data/corpus.h"
 #include "data/indexed_dataset.h"
 #include "data/loader.h"
@@ -22,8 +25,6 @@
 #include "data/tokenizer.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
-#include "ckpt/checkpoint.h"
-#include "ckpt/model_io.h"
 #include "engine/data_parallel_step.h"
 #include "engine/train_step.h"
 #include "io/atomic.h"
@@ -200,7 +201,7 @@ TrainResult train(const TrainOptions& opts) {
   TrainStepOptions so;
   so.device = rc.train.device;
   so.device_index = job.launch.local_rank;  // GPU = local rank
-  so.max_seq = max_seq_len(rc) + 1;  // evaluation scores S+1 tokens per row
+  so.max_seq = max_seq_len(rc) + 1;         // evaluation scores S+1 tokens per row
   so.max_tokens = rc.train.micro_batch * so.max_seq;
   job.agree("the start-up checks", [&] {
     // GPU = local rank; over MPI several ranks may share a GPU (local rank modulo the devices).
@@ -217,6 +218,13 @@ TrainResult train(const TrainOptions& opts) {
       check_gpus_per_node(hosts, counts);
     }
     par = rc.resolve_parallel(job.world);
+    for (size_t i = 0; i <= rc.phases.size(); i++) {
+      const int64_t c = i < rc.phases.size() ? rc.phase_cp(i) : rc.parallel.cp;
+      ZAYA_CHECK(c == 1 || so.device == "cpu",
+                 "{}: context parallelism (cp = {}) runs on the CPU reference step; the CUDA step "
+                 "has none yet (train with cp = 1 on the GPU)",
+                 rc.source, c);
+    }
     if (job.parallel() && par.backend == "mpi" && gpus > 0) so.device_index %= gpus;
     if (job.parallel() && so.device == "cuda")
       ZAYA_CHECK(so.device_index < gpus,
@@ -235,6 +243,16 @@ TrainResult train(const TrainOptions& opts) {
   const int64_t dp = par.dp;
   if (job.parallel() && par.backend == "nccl")
     job.agree("the NCCL bootstrap", [&] { job.grads = make_world_communicator("nccl"); });
+  // Context-parallel groups, one communicator per cp size any phase uses: ranks r with the same
+  // r / cp share sequences (adjacent ranks, so a group sits on one node when it can).
+  std::map<int64_t, std::unique_ptr<Communicator>> cp_groups;
+  {
+    std::set<int64_t> sizes = {rc.parallel.cp};
+    for (size_t i = 0; i < rc.phases.size(); i++) sizes.insert(rc.phase_cp(i));
+    for (int64_t c : sizes)
+      if (c > 1 && job.parallel())
+        cp_groups[c] = job.host->split(int(job.rank / c), int(job.rank % c));
+  }
   const std::string ckpt_root = opts.out_dir + "/" + rc.checkpoint.dir;
   ZayaConfig mcfg;
   std::unique_ptr<Tokenizer> tok;
@@ -251,8 +269,8 @@ TrainResult train(const TrainOptions& opts) {
       if (job.lead()) ZAYA_WARN("model.init: {}", n);
     tok = Tokenizer::load(rc.data.tokenizer);
     ZAYA_CHECK(tok->vocab_size() <= mcfg.vocab_size,
-               "data.tokenizer '{}' has {} ids but the model's vocab_size is {}",
-               rc.data.tokenizer, tok->vocab_size(), mcfg.vocab_size);
+               "data.tokenizer '{}' has {} ids but the model's vocab_size is {}", rc.data.tokenizer,
+               tok->vocab_size(), mcfg.vocab_size);
     if (any_builtin && job.lead()) builtin = builtin_corpus(rc, opts.out_dir, *tok);
   });
   // Every rank takes part in the second agreement (the lead with nothing left to do), so the
@@ -271,63 +289,62 @@ TrainResult train(const TrainOptions& opts) {
   DataParallelStep* dstep = nullptr;
   double base_theta = 0;
   job.agree("the model set-up", [&] {
-  // The lead rank picks (and fully verifies) the checkpoint; the others check the bytes they read.
-  std::string chosen;
-  if (job.lead()) chosen = resolve_resume(ckpt_root, opts.resume);
-  resume_from = job.parallel() ? job.host->host_all_gather(chosen)[0] : chosen;
-  if (!resume_from.empty()) {
-    ck = load_checkpoint(resume_from, /*verify=*/!job.lead());
-    model = std::move(ck.model);
-    st.step = ck.trainer.step;
-    st.tokens = ck.trainer.tokens;
-    st.phase = ck.trainer.phase;
-    st.skipped = ck.trainer.skipped_steps;
-    st.cursor = ck.trainer.data_cursor;
-    if (job.lead())
-      ZAYA_INFO("resuming from {} (step {}, {} tokens, written by {} rank{})", resume_from,
-                st.step, st.tokens, ck.trainer.world, ck.trainer.world == 1 ? "" : "s");
-  } else if (!rc.model.init.empty()) {
-    // Continued pretraining: every rank reads the same checkpoint (no broadcast needed).
-    model = load_model_f32(rc.model.init);
-  } else {
-    model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
-  }
-  if (job.lead() && !rc.model.init.empty() && !resume_from.empty())
-    ZAYA_INFO("model.init = {} is ignored: the run resumes from {}, which holds the weights",
-              rc.model.init, resume_from);
-  else if (job.lead() && !rc.model.init.empty())
-    ZAYA_INFO("model.init: starting from the weights of {}", rc.model.init);
-  base_theta = model.cfg.rope_hybrid.theta;
-  // The step starts with the first phase's RoPE settings (the GPU model takes them at
-  // construction).
-  model.cfg.rope_hybrid.theta = rc.phase_at(st.step, st.tokens, dp, base_theta).rope_theta;
-  if (job.parallel()) {
-    Communicator& gc = job.grads ? *job.grads : *job.host;
-    auto d = make_data_parallel_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so,
-                                     gc, *job.host, par.bucket_elems);
-    dstep = d.get();
-    step = std::move(d);
-  } else {
-    step = make_train_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so);
-  }
-  // Each rank reads the pieces it owns now, whatever world size wrote the checkpoint.
-  if (!resume_from.empty())
-    step->load_state_from(*ck.state, ck.trainer.optimizer_steps, ck.trainer.balancing_steps);
-  ck.state.reset();
+    // The lead rank picks (and fully verifies) the checkpoint; the others check the bytes they
+    // read.
+    std::string chosen;
+    if (job.lead()) chosen = resolve_resume(ckpt_root, opts.resume);
+    resume_from = job.parallel() ? job.host->host_all_gather(chosen)[0] : chosen;
+    if (!resume_from.empty()) {
+      ck = load_checkpoint(resume_from, /*verify=*/!job.lead());
+      model = std::move(ck.model);
+      st.step = ck.trainer.step;
+      st.tokens = ck.trainer.tokens;
+      st.phase = ck.trainer.phase;
+      st.skipped = ck.trainer.skipped_steps;
+      st.cursor = ck.trainer.data_cursor;
+      if (job.lead())
+        ZAYA_INFO("resuming from {} (step {}, {} tokens, written by {} rank{})", resume_from,
+                  st.step, st.tokens, ck.trainer.world, ck.trainer.world == 1 ? "" : "s");
+    } else if (!rc.model.init.empty()) {
+      // Continued pretraining: every rank reads the same checkpoint (no broadcast needed).
+      model = load_model_f32(rc.model.init);
+    } else {
+      model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
+    }
+    if (job.lead() && !rc.model.init.empty() && !resume_from.empty())
+      ZAYA_INFO("model.init = {} is ignored: the run resumes from {}, which holds the weights",
+                rc.model.init, resume_from);
+    else if (job.lead() && !rc.model.init.empty())
+      ZAYA_INFO("model.init: starting from the weights of {}", rc.model.init);
+    base_theta = model.cfg.rope_hybrid.theta;
+    // The step starts with the first phase's RoPE settings (the GPU model takes them at
+    // construction).
+    model.cfg.rope_hybrid.theta = rc.phase_at(st.step, st.tokens, job.world, base_theta).rope_theta;
+    if (job.parallel()) {
+      Communicator& gc = job.grads ? *job.grads : *job.host;
+      auto d = make_data_parallel_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so,
+                                       gc, *job.host, par.bucket_elems);
+      dstep = d.get();
+      step = std::move(d);
+    } else {
+      step = make_train_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so);
+    }
+    // Each rank reads the pieces it owns now, whatever world size wrote the checkpoint.
+    if (!resume_from.empty())
+      step->load_state_from(*ck.state, ck.trainer.optimizer_steps, ck.trainer.balancing_steps);
+    ck.state.reset();
   });
 
   // Checkpoints: every rank writes its own files, in the background after the snapshot.
   std::unique_ptr<Checkpointer> ckpt;
   job.agree("the checkpoint set-up", [&] {
-    const std::string mine = fmt::format("{:x}-{:x}", uint64_t(::getpid()),
-                                         uint64_t(std::chrono::system_clock::now()
-                                                      .time_since_epoch()
-                                                      .count()) & 0xffffffffffULL);
+    const std::string mine = fmt::format(
+        "{:x}-{:x}", uint64_t(::getpid()),
+        uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) & 0xffffffffffULL);
     const std::string tag = job.parallel() ? job.host->host_all_gather(mine)[0] : mine;
-    ckpt = std::make_unique<Checkpointer>(ckpt_root, rc.checkpoint.keep_last,
-                                          size_t(rc.checkpoint.staging_mb) << 20,
-                                          checkpoint_staging(*step),
-                                          job.parallel() ? job.host.get() : nullptr, tag);
+    ckpt = std::make_unique<Checkpointer>(
+        ckpt_root, rc.checkpoint.keep_last, size_t(rc.checkpoint.staging_mb) << 20,
+        checkpoint_staging(*step), job.parallel() ? job.host.get() : nullptr, tag);
     step->sync();
     ckpt->reserve(contribution_bytes(checkpoint_contribution(*step, job.rank, job.world)));
   });
@@ -343,9 +360,11 @@ TrainResult train(const TrainOptions& opts) {
     DataLoaderOptions lo;
     lo.sources = sources_for(ph.blend.empty() ? rc.data.blend : ph.blend, builtin);
     lo.seq_len = ph.seq_len;
-    lo.batch_size = mb * dp;  // global rows per micro-step; this rank reads its mb of them
-    lo.rank = job.rank;
-    lo.world = int(dp);
+    // Global rows per micro-step; each sequence group (the ranks of one context-parallel group,
+    // or one rank) reads its mb of them.
+    lo.batch_size = mb * ph.dp;
+    lo.rank = int(job.rank / ph.cp);
+    lo.world = int(ph.dp);
     lo.seed = uint64_t(rc.train.seed);
     lo.split = Split::Train;
     lo.heldout_fraction = kHeldoutFraction;
@@ -455,46 +474,47 @@ TrainResult train(const TrainOptions& opts) {
   TrainResult res;
   std::vector<std::string> layout_rows;
   if (job.parallel())
-    layout_rows = job.host->host_all_gather(
-        fmt::format("host {} local rank {} device {}", job.host->host_name(),
-                    job.launch.local_rank, step->name()));
+    layout_rows = job.host->host_all_gather(fmt::format("host {} local rank {} device {}",
+                                                        job.host->host_name(),
+                                                        job.launch.local_rank, step->name()));
   if (job.lead()) {
-  fmt::print(stderr, "zaya train: resolved config\n{}\n", rc.to_toml());
-  fmt::print(stderr, "model: {} layers, D={}, {} experts; {:.2f}M parameters ({:.2f}M active)\n",
-             model.cfg.num_hidden_layers, model.cfg.hidden_size, model.cfg.num_experts,
-             double(model.cfg.params_total(true)) / 1e6,
-             double(model.cfg.params_active(true)) / 1e6);
-  if (job.parallel()) {
-    fmt::print(stderr, "parallel: {} ranks ({}), dp = {}, backend {}, buckets of {} per rank\n",
-               job.world, job.launch.launcher, dp, par.backend,
-               fmt_mib(double(par.bucket_elems) * 4.0));
-    for (int r = 0; r < job.world; r++)
-      fmt::print(stderr, "  rank {:>3}: {}\n", r, layout_rows[size_t(r)]);
-    fmt::print(stderr, "ZeRO-1 ownership ({} buckets of a {}-element segment):\n{}",
-               dstep->plan().buckets(), dstep->plan().seg, dstep->plan().describe(dstep->items()));
-    const DataParallelMemory m = dstep->memory();
-    const sizing::MemoryPlan pred = sizing::memory_plan(
-        model.cfg, int(dp), mb * max_seq_len(rc), sizing::OptimizerKind::Muon, 4);
-    fmt::print(stderr,
-               "memory per rank (rank 0): fp32 masters {}, fp32 gradients {}, owned optimizer "
-               "state {}, reduce buffers {}, host staging {}{}\n",
-               fmt_mib(double(m.masters)), fmt_mib(double(m.grads)),
-               fmt_mib(double(m.optimizer_state)), fmt_mib(double(m.comm_buffers)),
-               fmt_mib(double(m.staging)),
-               step->device_bytes() > 0
-                   ? fmt::format(", device in use {}", fmt_mib(double(step->device_bytes())))
-                   : std::string());
-    fmt::print(stderr,
-               "  `zaya size` ZeRO-1 prediction for {} ranks: weights {}, gradients {}, masters "
-               "{}, optimizer state {}, activations {} ({} with recomputation)\n",
-               dp, fmt_mib(pred.weights), fmt_mib(pred.grads), fmt_mib(pred.master),
-               fmt_mib(pred.optimizer), fmt_mib(pred.activations),
-               fmt_mib(pred.activations_recompute));
-  }
+    fmt::print(stderr, "zaya train: resolved config\n{}\n", rc.to_toml());
+    fmt::print(stderr, "model: {} layers, D={}, {} experts; {:.2f}M parameters ({:.2f}M active)\n",
+               model.cfg.num_hidden_layers, model.cfg.hidden_size, model.cfg.num_experts,
+               double(model.cfg.params_total(true)) / 1e6,
+               double(model.cfg.params_active(true)) / 1e6);
+    if (job.parallel()) {
+      fmt::print(stderr, "parallel: {} ranks ({}), dp = {}, backend {}, buckets of {} per rank\n",
+                 job.world, job.launch.launcher, dp, par.backend,
+                 fmt_mib(double(par.bucket_elems) * 4.0));
+      for (int r = 0; r < job.world; r++)
+        fmt::print(stderr, "  rank {:>3}: {}\n", r, layout_rows[size_t(r)]);
+      fmt::print(stderr, "ZeRO-1 ownership ({} buckets of a {}-element segment):\n{}",
+                 dstep->plan().buckets(), dstep->plan().seg,
+                 dstep->plan().describe(dstep->items()));
+      const DataParallelMemory m = dstep->memory();
+      const sizing::MemoryPlan pred = sizing::memory_plan(
+          model.cfg, int(job.world), mb * max_seq_len(rc), sizing::OptimizerKind::Muon, 4);
+      fmt::print(stderr,
+                 "memory per rank (rank 0): fp32 masters {}, fp32 gradients {}, owned optimizer "
+                 "state {}, reduce buffers {}, host staging {}{}\n",
+                 fmt_mib(double(m.masters)), fmt_mib(double(m.grads)),
+                 fmt_mib(double(m.optimizer_state)), fmt_mib(double(m.comm_buffers)),
+                 fmt_mib(double(m.staging)),
+                 step->device_bytes() > 0
+                     ? fmt::format(", device in use {}", fmt_mib(double(step->device_bytes())))
+                     : std::string());
+      fmt::print(stderr,
+                 "  `zaya size` ZeRO-1 prediction for {} ranks: weights {}, gradients {}, masters "
+                 "{}, optimizer state {}, activations {} ({} with recomputation)\n",
+                 dp, fmt_mib(pred.weights), fmt_mib(pred.grads), fmt_mib(pred.master),
+                 fmt_mib(pred.optimizer), fmt_mib(pred.activations),
+                 fmt_mib(pred.activations_recompute));
+    }
   }
   if (job.lead() && step->reports_mfu())
-    fmt::print(stderr, "device: {}, {:.1f} GiB in use; MFU against {:.0f} TFLOP/s\n",
-               step->name(), double(step->device_bytes()) / double(1 << 30), opts.peak_tflops);
+    fmt::print(stderr, "device: {}, {:.1f} GiB in use; MFU against {:.0f} TFLOP/s\n", step->name(),
+               double(step->device_bytes()) / double(1 << 30), opts.peak_tflops);
   const int64_t start_step = st.step;
   SampleTrace trace(job.rank);
   auto t_loop = std::chrono::steady_clock::now();
@@ -502,9 +522,10 @@ TrainResult train(const TrainOptions& opts) {
   bool first = true;
   while (st.step < total_steps) {
     injected_failure(job, st.step + 1);
-    phase = rc.phase_at(st.step, st.tokens, dp, base_theta);
+    phase = rc.phase_at(st.step, st.tokens, job.world, base_theta);
     if (int64_t(phase.index) != loader_phase) {
       make_loaders(phase);
+      step->set_context_parallel(phase.cp > 1 ? cp_groups.at(phase.cp).get() : nullptr);
       if (int64_t(phase.index) == st.phase && !st.cursor.is_null())
         loader->restore(DataCursor::from_json(st.cursor));
       if (job.lead() && (loader_phase >= 0 || st.phase != int64_t(phase.index)))
@@ -541,7 +562,7 @@ TrainResult train(const TrainOptions& opts) {
       // The gradient is the mean over the global batch: micro × dp micro-batches, summed over
       // the ranks by the data-parallel step.
       StepStats ss =
-          step->forward_backward(ids.data(), tgt.data(), mb, S, 1.0f / float(micro * dp));
+          step->forward_backward(ids.data(), tgt.data(), mb, S, 1.0f / float(micro * phase.dp));
       loss += ss.loss / double(micro);
       ntok += ss.tokens;
       if (counts.empty())
@@ -556,13 +577,14 @@ TrainResult train(const TrainOptions& opts) {
       for (auto& l : counts)
         for (auto c : l) sums.push_back(double(c));
       job.host->host_all_reduce(sums.data(), sums.size(), RedOp::Sum);
-      loss = sums[0] / double(dp);
+      // (a context-parallel group's ranks hold shares of their sequences' mean)
+      loss = sums[0] / double(phase.dp);
       ntok = int64_t(sums[1]);
       size_t k = 2;
       for (auto& l : counts)
         for (auto& c : l) c = int64_t(sums[k++]);
     }
-    st.tokens += mb * dp * micro * S;
+    st.tokens += mb * phase.dp * micro * S;
     const double gnorm = std::sqrt(step->grad_sq_norm());
     const double lr = schedule_lr(sched, rc.optim.lr, rc.optim.min_lr, st.step);
     st.step++;
@@ -570,7 +592,7 @@ TrainResult train(const TrainOptions& opts) {
       st.skipped++;
       if (job.lead())
         ZAYA_WARN("step {}: non-finite loss {} or grad norm {}: update skipped", st.step, loss,
-                gnorm);
+                  gnorm);
       if (++st.nonfinite_streak >= kMaxNonFinite)
         fail("stopping: {} consecutive steps with non-finite loss or gradients (last at step {})",
              st.nonfinite_streak, st.step);
@@ -582,7 +604,7 @@ TrainResult train(const TrainOptions& opts) {
     // This step's own throughput (no evaluation or checkpoint in it), for MFU on the GPU path.
     const double step_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
-    const double step_tps = double(mb * dp * micro * S) / std::max(step_s, 1e-9);
+    const double step_tps = double(mb * phase.dp * micro * S) / std::max(step_s, 1e-9);
     const double mfu =
         step_tps * sizing::train_flops_per_token(model.cfg, S) / (opts.peak_tflops * 1e12);
     if (st.step == start_step + 1) res.first_loss = loss;
@@ -621,8 +643,9 @@ TrainResult train(const TrainOptions& opts) {
       ZAYA_CHECK(metrics.good(), "appending step {} to {} failed (disk full?)", st.step,
                  metrics_path);
     }
-    if (job.lead() && !opts.quiet && (st.step % std::max<int64_t>(1, rc.train.log_every) == 0 || do_eval ||
-                        st.step == start_step + 1))
+    if (job.lead() && !opts.quiet &&
+        (st.step % std::max<int64_t>(1, rc.train.log_every) == 0 || do_eval ||
+         st.step == start_step + 1))
       fmt::print(
           stderr,
           "step {:>6}/{} | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s{} | ETA {}\n",
@@ -639,7 +662,7 @@ TrainResult train(const TrainOptions& opts) {
   res.tokens = st.tokens;
   res.skipped_steps = st.skipped;
   if (!loader) {  // nothing left to run (resumed at the end): still make loaders for the cursor
-    phase = rc.phase_at(st.step > 0 ? st.step - 1 : 0, st.tokens, dp, base_theta);
+    phase = rc.phase_at(st.step > 0 ? st.step - 1 : 0, st.tokens, job.world, base_theta);
     make_loaders(phase);
     if (!st.cursor.is_null()) loader->restore(DataCursor::from_json(st.cursor));
   }
@@ -665,8 +688,7 @@ TrainResult train(const TrainOptions& opts) {
   // The trained model, ready for `zaya generate --model`.
   res.model_dir = opts.out_dir + "/model";
   if (!job.lead()) {
-    res.seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     return res;
   }
   step->export_weights(model);

@@ -148,8 +148,8 @@ void add_embedding(Cases& cs, uint64_t seed, int64_t N, int64_t V, int64_t D, DT
       test_util::DeviceArena dv;
       cuda::Workspace ws = workspace(dv, cuda::embed_affine_bwd_workspace_bytes(N, D, V));
       float* dtable = dv.up(g[0]);
-      cuda::embed_affine_bwd(dtable, dv.alloc<float>(sz(D)), dv.alloc<float>(sz(D)),
-                             dv.up(dy[0]), dv.up(ids), dv.up_bf16(in[0]), dv.up(Buf(sz(D), 1.0f)),
+      cuda::embed_affine_bwd(dtable, dv.alloc<float>(sz(D)), dv.alloc<float>(sz(D)), dv.up(dy[0]),
+                             dv.up(ids), dv.up_bf16(in[0]), dv.up(Buf(sz(D), 1.0f)),
                              dv.up(Buf(sz(D), 0.0f)), N, D, V, ws, nullptr);
       sync();
       g[0] = get(dtable, V * D);
@@ -243,8 +243,8 @@ void add_residual_scale(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
   c.name = fmt::format("residual_scale_N{}_D{}", N, D);
   // a on the bf16 grid: the CUDA kernels read the block output a in bf16.
   c.in = {{"a", randn_bf16(r, N * D), Grad::Overwrite}, {"h", randn(r, N * D), Grad::Overwrite},
-          {"hs", randn(r, D), Grad::Accumulate},   {"hb", randn(r, D), Grad::Accumulate},
-          {"rs", randn(r, D), Grad::Accumulate},   {"rb", randn(r, D), Grad::Accumulate}};
+          {"hs", randn(r, D), Grad::Accumulate},        {"hb", randn(r, D), Grad::Accumulate},
+          {"rs", randn(r, D), Grad::Accumulate},        {"rb", randn(r, D), Grad::Accumulate}};
   c.out = {{"out"}};
   c.op = [=](const Bufs& in) {
     Buf y(sz(N * D), kNaN);
@@ -303,7 +303,8 @@ void add_affine(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
   Rng r(seed);
   OpCase c;
   c.name = fmt::format("affine_N{}_D{}", N, D);
-  c.in = {{"x", randn_bf16(r, N * D)}, {"s", randn(r, D)}, {"b", randn(r, D)}};  // x: CUDA reads bf16
+  c.in = {
+      {"x", randn_bf16(r, N * D)}, {"s", randn(r, D)}, {"b", randn(r, D)}};  // x: CUDA reads bf16
   c.out = {{"y"}};
   c.op = [=](const Bufs& in) {
     Buf y(sz(N * D), kNaN);
@@ -327,8 +328,8 @@ void add_affine(Cases& cs, uint64_t seed, int64_t N, int64_t D) {
     for (int64_t n = 0; n < N; n++) ids[sz(n)] = int32_t(n);
     float* y = dv.alloc<float>(sz(N * D));
     int32_t* flag = dv.up(std::vector<int32_t>{0});
-    cuda::embed_affine_fwd(y, dv.up(ids), dv.up_bf16(in[0]), dv.up(in[1]), dv.up(in[2]), flag, N,
-                           D, N, nullptr);
+    cuda::embed_affine_fwd(y, dv.up(ids), dv.up_bf16(in[0]), dv.up(in[1]), dv.up(in[2]), flag, N, D,
+                           N, nullptr);
     sync();
     return Bufs{get(y, N * D)};
   };
@@ -430,8 +431,8 @@ void add_bias_gelu(Cases& cs, uint64_t seed, int64_t N, int64_t F, bool bias) {
     cuda::Workspace ws = workspace(dv, cuda::bias_gelu_bwd_workspace_bytes(N, F));
     float* dx = dv.alloc<float>(sz(N * F));
     float* db = bias ? dv.up(g[1]) : nullptr;
-    cuda::bias_gelu_bwd(dx, db, dv.up(dy[0]), dv.up(in[0]), bias ? dv.up(in[1]) : nullptr, N, F,
-                        ws, nullptr);
+    cuda::bias_gelu_bwd(dx, db, dv.up(dy[0]), dv.up(in[0]), bias ? dv.up(in[1]) : nullptr, N, F, ws,
+                        nullptr);
     sync();
     g[0] = get(dx, N * F);
     if (bias) g[1] = get(db, F);
@@ -539,8 +540,7 @@ void add_cross_entropy(Cases& cs, uint64_t seed, int64_t N, int64_t V,
     auto chunk = [=](const Buf& l, size_t k) {
       const int64_t v0 = edges[k], Vc = edges[k + 1] - v0;
       Buf out(sz(N * Vc));
-      for (int64_t n = 0; n < N; n++)
-        std::copy_n(l.data() + n * V + v0, Vc, out.data() + n * Vc);
+      for (int64_t n = 0; n < N; n++) std::copy_n(l.data() + n * V + v0, Vc, out.data() + n * Vc);
       return out;
     };
     // Runs the statistics pass; returns the chunks' device logits and fills lse.
@@ -670,15 +670,14 @@ void add_cca_conv(Cases& cs, uint64_t seed, int64_t B, int64_t S, int64_t C, int
   c.name = fmt::format("cca_conv_B{}_S{}_C{}_d{}_t0{}_t1{}{}", B, S, C, d, t0, t1,
                        with_hist ? "_hist" : "");
   const int64_t P = (t0 - 1) + (t1 - 1), M = S + t1 - 1;
-  // Gradients only without history (backward is training-only).
-  const Grad ow = with_hist ? Grad::None : Grad::Overwrite;
-  const Grad ac = with_hist ? Grad::None : Grad::Accumulate;
+  // With history (a context-parallel chunk's halo), the history gets its gradient too (=).
+  const Grad ow = Grad::Overwrite, ac = Grad::Accumulate;
   c.in = {{"x", randn_bf16(r, B * S * C), ow},  // the CUDA kernel reads x from bf16 rows
           {"wdw", randn(r, C * t0, 0.7f), ac},
           {"bdw", randn(r, C, 0.5f), ac},
           {"wg", randn(r, C * d * t1, 1.0f / std::sqrt(float(d * t1))), ac},
           {"bg", randn(r, C, 0.5f), ac},
-          {"hist", with_hist ? randn(r, B * P * C) : Buf{}, Grad::None}};
+          {"hist", with_hist ? randn(r, B * P * C) : Buf{}, with_hist ? ow : Grad::None}};
   c.out = {{"y"}, {"mid", false}};
   c.op = [=](const Bufs& in) {
     Buf y(sz(B * S * C), kNaN), mid(sz(B * M * C), kNaN);
@@ -687,15 +686,15 @@ void add_cca_conv(Cases& cs, uint64_t seed, int64_t B, int64_t S, int64_t C, int
     return Bufs{y, mid};
   };
   c.ref = [=](const DBufs& in) { return ref_cca_conv(in, B, S, C, d, t0, t1); };
-  if (!with_hist)
-    c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
-      Buf y(sz(B * S * C)), mid(sz(B * M * C));
-      cpu::cca_conv(y.data(), mid.data(), in[0].data(), nullptr, in[1].data(), in[2].data(),
-                    in[3].data(), in[4].data(), B, S, C, d, t0, t1);
-      cpu::cca_conv_backward(g[0].data(), g[1].data(), g[2].data(), g[3].data(), g[4].data(),
-                             dy[0].data(), in[0].data(), mid.data(), in[1].data(), in[3].data(), B,
-                             S, C, d, t0, t1);
-    };
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    const float* hist = with_hist ? in[5].data() : nullptr;
+    Buf y(sz(B * S * C)), mid(sz(B * M * C));
+    cpu::cca_conv(y.data(), mid.data(), in[0].data(), hist, in[1].data(), in[2].data(),
+                  in[3].data(), in[4].data(), B, S, C, d, t0, t1);
+    cpu::cca_conv_backward(g[0].data(), g[1].data(), g[2].data(), g[3].data(), g[4].data(),
+                           dy[0].data(), in[0].data(), mid.data(), in[1].data(), in[3].data(), B, S,
+                           C, d, t0, t1, hist, with_hist ? g[5].data() : nullptr);
+  };
 #if ZAYA_OP_TESTS_CUDA
   if (d % 32 == 0) {  // the head dims cca_conv_fwd/bwd support
     // The CUDA kernels read x as the first C channels of bf16 packed-projection rows (row stride
@@ -735,20 +734,19 @@ void add_cca_conv(Cases& cs, uint64_t seed, int64_t B, int64_t S, int64_t C, int
       test_util::DeviceArena dv;
       float *y = dv.alloc<float>(sz(B * S * C)), *mid = dv.alloc<float>(sz(B * M * C));
       cuda::cca_conv_fwd(y, mid, dv.up_bf16(pack(in[0])), ld, with_hist ? dv.up(in[5]) : nullptr,
-                         false, dv.up(in[1]), dv.up(in[2]), dv.up(in[3]), dv.up(in[4]), B, S, C,
-                         d, t0, t1, nullptr);
+                         false, dv.up(in[1]), dv.up(in[2]), dv.up(in[3]), dv.up(in[4]), B, S, C, d,
+                         t0, t1, nullptr);
       sync();
       return Bufs{get(y, B * S * C), get(mid, B * M * C)};
     };
     if (!with_hist) {
-      v.grads = {Grad::Overwrite, Grad::Accumulate, Grad::Accumulate, Grad::Accumulate,
-                 Grad::Accumulate, Grad::None};
+      v.grads = {Grad::Overwrite,  Grad::Accumulate, Grad::Accumulate,
+                 Grad::Accumulate, Grad::Accumulate, Grad::None};
       v.grad_bf16 = {true, true, true, true, true, false};
       v.bwd_repeatable = true;  // deterministic parameter-gradient reductions
       v.bwd = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
         test_util::DeviceArena dv;
-        cuda::Workspace ws =
-            workspace(dv, cuda::cca_conv_bwd_workspace_bytes(B, S, C, d, t0, t1));
+        cuda::Workspace ws = workspace(dv, cuda::cca_conv_bwd_workspace_bytes(B, S, C, d, t0, t1));
         bf16* qkv = dv.up_bf16(pack(in[0]));
         float *wdw = dv.up(in[1]), *bdw = dv.up(in[2]), *wg = dv.up(in[3]), *bg = dv.up(in[4]);
         float* mid = dv.alloc<float>(sz(B * M * C));
@@ -756,8 +754,8 @@ void add_cca_conv(Cases& cs, uint64_t seed, int64_t B, int64_t S, int64_t C, int
                            wg, bg, B, S, C, d, t0, t1, nullptr);
         bf16* dqkv = dv.up_bf16(Buf(sz(B * S * ld), 0.0f));
         float *dwdw = dv.up(g[1]), *dbdw = dv.up(g[2]), *dwg = dv.up(g[3]), *dbg = dv.up(g[4]);
-        cuda::cca_conv_bwd(dqkv, ld, dwdw, dbdw, dwg, dbg, dv.up(dy[0]), qkv, mid, wdw, wg, B, S,
-                           C, d, t0, t1, ws, nullptr);
+        cuda::cca_conv_bwd(dqkv, ld, dwdw, dbdw, dwg, dbg, dv.up(dy[0]), qkv, mid, wdw, wg, B, S, C,
+                           d, t0, t1, ws, nullptr);
         sync();
         const Buf rows = get(dqkv, B * S * ld);
         for (int64_t n = 0; n < B * S; n++)
@@ -922,8 +920,9 @@ DBufs naive_attention(const DBufs& in, const Buf* dout, int64_t B, int64_t Sq, i
   return {dq, dk, dv};
 }
 
-// Causal GQA attention with queries at q_start.. over keys 0..Sk-1; backward only for the training
-// layout (Sq == Sk, q_start == 0).
+// Causal GQA attention with queries at q_start.. over keys 0..Sk-1. The CPU backward covers every
+// layout (context parallelism runs a chunk's queries against all keys); the CUDA backward only the
+// training layout (Sq == Sk, q_start == 0).
 void add_attention(Cases& cs, uint64_t seed, int64_t B, int64_t Sq, int64_t Sk, int64_t q_start,
                    int64_t Hq, int64_t Hkv, int64_t d, int64_t window) {
   Rng r(seed);
@@ -931,7 +930,7 @@ void add_attention(Cases& cs, uint64_t seed, int64_t B, int64_t Sq, int64_t Sk, 
   c.name = fmt::format("attention_B{}_Sq{}_Sk{}_q{}_Hq{}_Hkv{}_d{}_w{}", B, Sq, Sk, q_start, Hq,
                        Hkv, d, window);
   const bool train = Sq == Sk && q_start == 0;
-  const Grad gm = train ? Grad::Overwrite : Grad::None;
+  const Grad gm = Grad::Overwrite;
   c.in = {{"q", randn_bf16(r, B * Sq * Hq * d, 1.2f), gm},
           {"k", randn_bf16(r, B * Sk * Hkv * d, 1.2f), gm},
           {"v", randn_bf16(r, B * Sk * Hkv * d), gm}};
@@ -970,15 +969,19 @@ void add_attention(Cases& cs, uint64_t seed, int64_t B, int64_t Sq, int64_t Sk, 
         }
     return DBufs{o, lse};
   };
-  if (train)
-    c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
-      Buf o(sz(B * Sq * Hq * d)), lse(sz(B * Hq * Sq));
-      cpu::attention(o.data(), lse.data(), in[0].data(), in[1].data(), in[2].data(), B, Sq, Sk, 0,
-                     Hq, Hkv, d, window);
+  c.backward = [=](const Bufs& in, const Bufs& dy, Bufs& g) {
+    Buf o(sz(B * Sq * Hq * d)), lse(sz(B * Hq * Sq));
+    cpu::attention(o.data(), lse.data(), in[0].data(), in[1].data(), in[2].data(), B, Sq, Sk,
+                   q_start, Hq, Hkv, d, window);
+    if (train)  // the training form, as the model calls it
       cpu::attention_backward(g[0].data(), g[1].data(), g[2].data(), dy[0].data(), o.data(),
                               lse.data(), in[0].data(), in[1].data(), in[2].data(), B, Sq, Hq, Hkv,
                               d, window);
-    };
+    else
+      cpu::attention_backward(g[0].data(), g[1].data(), g[2].data(), dy[0].data(), o.data(),
+                              lse.data(), in[0].data(), in[1].data(), in[2].data(), B, Sq, Sk,
+                              q_start, Hq, Hkv, d, window);
+  };
   c.naive_bf16 = [=](const DBufs& in) {
     return naive_attention(in, nullptr, B, Sq, Sk, q_start, Hq, Hkv, d, window);
   };
@@ -1105,15 +1108,15 @@ Cases make_cases() {
   add_linear(cs, s++, 7, 5, 3, DType::F16, true, false);
   add_embedding(cs, s++, 9, 5, 7, DType::F32);
   add_embedding(cs, s++, 20, 7, 16, DType::BF16);
-  add_embedding(cs, s++, 77, 50, 68, DType::BF16);   // CUDA: 4-wide rows, repeated ids
+  add_embedding(cs, s++, 77, 50, 68, DType::BF16);    // CUDA: 4-wide rows, repeated ids
   add_embedding(cs, s++, 45, 1000, 30, DType::BF16);  // CUDA: scalar rows, mostly distinct ids
   add_embedding(cs, s++, 3, 90, 2048, DType::BF16);   // CUDA decode: a row split over warps
   add_rmsnorm(cs, s++, 4, 16);
   add_rmsnorm(cs, s++, 3, 37);
   add_rmsnorm(cs, s++, 1, 7);
-  add_rmsnorm(cs, s++, 37, 64);    // CUDA: 4-wide rows
-  add_rmsnorm(cs, s++, 5, 33);     // CUDA: scalar rows
-  add_rmsnorm(cs, s++, 300, 2048); // CUDA: the model's width
+  add_rmsnorm(cs, s++, 37, 64);     // CUDA: 4-wide rows
+  add_rmsnorm(cs, s++, 5, 33);      // CUDA: scalar rows
+  add_rmsnorm(cs, s++, 300, 2048);  // CUDA: the model's width
   add_residual_scale(cs, s++, 5, 12);
   add_residual_scale(cs, s++, 3, 7);
   add_residual_scale(cs, s++, 50, 128);
@@ -1182,6 +1185,9 @@ Cases make_cases() {
   add_attention(cs, s++, 1, 70, 70, 0, 2, 1, 4, 0);
   add_attention(cs, s++, 1, 67, 67, 0, 2, 2, 3, 5);
   add_attention(cs, s++, 1, 66, 70, 4, 2, 1, 4, 0);
+  // A context-parallel chunk: queries of the middle of the sequence against all of its keys.
+  add_attention(cs, s++, 2, 5, 20, 10, 4, 2, 4, 0);
+  add_attention(cs, s++, 1, 6, 18, 6, 2, 1, 4, 4);
   // The CUDA kernel's layouts (head dims 32, 64, 128): sequences that are not multiples of the
   // 64-row tiles, GQA 8:2 and plain 4:4, full causal and sliding window.
   for (int64_t d : {32, 64, 128})

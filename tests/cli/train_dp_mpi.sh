@@ -65,22 +65,15 @@ grep -q "parallel: 3 ranks" "$T/np3.log" || fail "rank 0 did not print the layou
 grep -q "zaya size. ZeRO-1 prediction for 3 ranks" "$T/np3.log" || fail "no memory prediction"
 [ "$(grep -c 'resolved config' "$T/np3.log")" = 1 ] || fail "more than one rank printed the config"
 
-python3 - "$T" <<'PY' || fail "equivalence"
-import json, struct, sys
+python3 - "$T" "$src" <<'PY' || fail "equivalence"
+import json, sys
 T = sys.argv[1]
+sys.path.insert(0, sys.argv[2] + "/tests/cli/lib")
+from run_files import losses as run_losses, weights as run_weights
 def losses(n):
-    return [json.loads(l) for l in open(f"{T}/{n}/metrics.jsonl")]
+    return run_losses(f"{T}/{n}")
 def weights(n):
-    b = open(f"{T}/{n}/model/model.safetensors", "rb").read()
-    h = struct.unpack("<Q", b[:8])[0]
-    head = json.loads(b[8:8 + h])
-    out = {}
-    for k, v in head.items():
-        if k == "__metadata__": continue
-        assert v["dtype"] == "F32", v
-        s, e = v["data_offsets"]
-        out[k] = struct.unpack(f"<{(e - s) // 4}f", b[8 + h + s:8 + h + e])
-    return out
+    return run_weights(f"{T}/{n}")
 ref, wref = losses("ref"), weights("ref")
 assert len(ref) == 30
 for n in ["np1", "np2", "np2b", "np3", "np4"]:

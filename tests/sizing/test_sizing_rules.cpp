@@ -187,6 +187,31 @@ TEST(SizingRules, MemoryUnderZero1) {
   EXPECT_EQ(rule(check_rules(c, builtin_hardware("h100"), o), "memory").status, Status::Pass);
 }
 
+TEST(SizingRules, MemoryUnderContextParallelism) {
+  // 32K tokens of ZAYA1-base on 8 ranks: with cp = 2 each rank keeps the activations of 16K tokens
+  // (16384·(40·68784 + 536840)) plus the other chunk's gathered bf16 keys and values of every
+  // layer: 40 · 32768 · (1 − 1/2) · 2 · (2·128) · 2 bytes = 671,088,640.
+  const ZayaConfig c = ZayaConfig::preset("zaya1-base");
+  CheckOptions o = opts(1, 8);
+  o.train.seq = 32768;
+  const auto r1 = rule(check_rules(c, builtin_hardware("h200"), o), "memory");
+  o.train.cp = 2;
+  const auto r2 = rule(check_rules(c, builtin_hardware("h200"), o), "memory");
+  EXPECT_DOUBLE_EQ(r2.numbers["cp_gathered_kv_bytes"].get<double>(), 671088640.0);
+  const double act1 = r1.numbers["activations_bytes"].get<double>();
+  const double act2 = r2.numbers["activations_bytes"].get<double>();
+  EXPECT_NEAR(act2, 16384.0 * (40 * 68784.0 + 536840) + 671088640.0, 1);
+  EXPECT_NEAR(act1, 32768.0 * (40 * 68784.0 + 536840), 1);
+  // The state is sharded over all 8 ranks either way.
+  EXPECT_EQ(r1.numbers["master_bytes"], r2.numbers["master_bytes"]);
+  // cp must divide the ranks and 2·cp the sequence.
+  o.train.cp = 3;
+  EXPECT_THROW(check_rules(c, builtin_hardware("h200"), o), Error);
+  o.train.cp = 2;
+  o.train.seq = 32766;
+  EXPECT_THROW(check_rules(c, builtin_hardware("h200"), o), Error);
+}
+
 TEST(SizingRules, CollectivesFollowTheTopology) {
   const ZayaConfig c = ZayaConfig::preset("zaya1-base");
   // A 4-GPU group on a fully connected MI300X node gets 3 of 7 links: warned.

@@ -144,8 +144,11 @@ TEST(RunConfig, ParsesTheZaya1Recipe) {
   EXPECT_DOUBLE_EQ(p0.rope_theta, 1e4);
   EXPECT_EQ(c.phase_at(0, 200'000'000'000, dp, 1e6).batch_size, 4096);
   EXPECT_EQ(c.phase_at(0, 200'000'000'000, dp, 1e6).micro_steps, 4);
-  auto p2 = c.phase_at(0, 12'000'000'000'000, dp / 2, 1e6);  // context parallelism over 2 ranks
+  auto p2 = c.phase_at(0, 12'000'000'000'000, dp, 1e6);  // context parallelism over 2 ranks
   EXPECT_EQ(p2.name, "context-extension");
+  EXPECT_EQ(p2.cp, 2);
+  EXPECT_EQ(p2.dp, dp / 2);
+  EXPECT_EQ(c.resolve_parallel(dp).dp, dp);
   EXPECT_EQ(p2.seq_len, 32768);
   EXPECT_DOUBLE_EQ(p2.rope_theta, 1e6);
   EXPECT_EQ(p2.batch_size * p2.seq_len, 4096 * 4096);
@@ -425,4 +428,43 @@ batch_ramp_tokens = 2000
   EXPECT_EQ(batch(11000), 10);
   EXPECT_EQ(batch(12000), 16);
   for (int64_t t = 0; t < 1000; t += 37) ASSERT_LE(batch(t), batch(t + 37));
+}
+
+// [parallel] cp and a phase's cp: dp = world / cp groups, seq_len a multiple of 2·cp.
+TEST(RunConfigParallel, ContextParallelSizes) {
+  RunConfig c = RunConfig::from_toml(R"(
+[train]
+micro_batch = 1
+seq_len = 32
+[parallel]
+cp = 2
+[[phase]]
+name = "a"
+steps = 5
+batch_size = 8
+cp = 1
+[[phase]]
+name = "b"
+seq_len = 64
+batch_size = 4
+cp = 4
+)");
+  EXPECT_EQ(c.resolve_parallel(8).dp, 4);  // parallel.cp = 2 over 8 ranks
+  const PhaseState a = c.phase_at(0, 0, 8), b = c.phase_at(5, 0, 8);
+  EXPECT_EQ(a.cp, 1);
+  EXPECT_EQ(a.dp, 8);
+  EXPECT_EQ(b.cp, 4);
+  EXPECT_EQ(b.dp, 2);
+  EXPECT_EQ(b.micro_steps, 2);  // 4 sequences over 2 groups of micro_batch 1
+  EXPECT_NE(error_of([&] { c.resolve_parallel(6); }).find("phase.1.cp = 4 does not divide"),
+            std::string::npos)
+      << error_of([&] { c.resolve_parallel(6); });
+  EXPECT_NE(error_of([&] { RunConfig::from_toml("[train]\nseq_len = 30\n[parallel]\ncp = 2\n"); })
+                .find("train.seq_len = 30 is not divisible by 2·cp = 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { RunConfig::from_toml("[parallel]\ncp = 0\n"); }).find("parallel.cp"),
+            std::string::npos);
+  RunConfig d = RunConfig::from_toml("[train]\nseq_len = 32\n[parallel]\ncp = 2\ndp = 4\n");
+  EXPECT_EQ(d.resolve_parallel(8).dp, 4);
+  EXPECT_NE(error_of([&] { d.resolve_parallel(4); }).find("the other factor"), std::string::npos);
 }

@@ -78,11 +78,14 @@ void cca_mean_skip(float* mq_NHd, float* mk_NGd, const float* q0_NHd, const floa
 void cca_conv(float* y_BSC, float* mid, const float* x_BSC, const float* hist_BPC,
               const float* wdw_Ct0, const float* bdw_C, const float* wg_Cdt1, const float* bg_C,
               int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0, int64_t t1);
-// dx (=), dwdw, dbdw, dwg, dbg (+=). Requires mid from the forward (hist must be null: training).
+// dx (=), dwdw, dbdw, dwg, dbg (+=). Requires mid from the forward. hist_BPC is the forward's
+// history (null: zero padding); with it, dhist_BPC (=) receives the gradient of the history columns
+// when non-null (context parallelism sends it back to the rank that produced them).
 void cca_conv_backward(float* dx_BSC, float* dwdw, float* dbdw, float* dwg, float* dbg,
                        const float* dy_BSC, const float* x_BSC, const float* mid,
                        const float* wdw_Ct0, const float* wg_Cdt1, int64_t B, int64_t S, int64_t C,
-                       int64_t d, int64_t t0, int64_t t1);
+                       int64_t d, int64_t t0, int64_t t1, const float* hist_BPC = nullptr,
+                       float* dhist_BPC = nullptr);
 // Per head of d values: x ← sqrt(d) · x / max(‖x‖, eps) · (temp[h] if temp else 1). Saves the
 // clamped norm per head in norm_NH when non-null.
 void qk_norm(float* y_NHd, float* norm_NH, const float* x_NHd, const float* temp_H, int64_t N,
@@ -107,6 +110,13 @@ void attention(float* o_BSHd, float* lse_BHS, const float* q_BSHd, const float* 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* o,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window);
+// The same for the forward's general form: queries [B,Sq] at positions q_start.., keys and values
+// [B,Sk]; dk, dv [B,Sk,Hkv,d] (=) hold these queries' contributions only (keys no query sees get
+// 0).
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* o,
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t Sq, int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv, int64_t d,
+                        int64_t window);
 
 // ---- router
 // ---------------------------------------------------------------------------------------- softmax

@@ -114,7 +114,8 @@ void cca_conv(float* y, float* mid, const float* x, const float* hist, const flo
 
 void cca_conv_backward(float* dx, float* dwdw, float* dbdw, float* dwg, float* dbg, const float* dy,
                        const float* x, const float* mid, const float* wdw, const float* wg,
-                       int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0, int64_t t1) {
+                       int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0, int64_t t1,
+                       const float* hist, float* dhist) {
   const int64_t P = (t0 - 1) + (t1 - 1);
   const int64_t M = S + t1 - 1;
   const int64_t N = B * S, groups = C / d, KU = d * t1;
@@ -163,9 +164,9 @@ void cca_conv_backward(float* dx, float* dwdw, float* dbdw, float* dwg, float* d
     const float* dr = du + r * C;
     for (int64_t c = 0; c < C; c++) dbdw[c] += dr[c];
     for (int64_t j = 0; j < t0; j++) {
-      const int64_t pi = i + j;  // padded index
-      if (pi < P) continue;      // zero padding: no input, no weight gradient
-      const float* xr = x + (b * S + pi - P) * C;
+      const int64_t pi = i + j;       // padded index
+      if (pi < P && !hist) continue;  // zero padding: no input, no weight gradient
+      const float* xr = pi < P ? hist + (b * P + pi) * C : x + (b * S + pi - P) * C;
       float* dw = dwt + j * C;
       for (int64_t c = 0; c < C; c++) dw[c] += dr[c] * xr[c];
     }
@@ -186,6 +187,20 @@ void cca_conv_backward(float* dx, float* dwdw, float* dbdw, float* dwg, float* d
       }
     }
   });
+  // The history columns are padded indices 0..P-1: dhist[b,p,c] = Σ_j du[b, p−j, c] · wdw[c,j].
+  if (hist && dhist)
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t p = 0; p < P; p++) {
+        float* dh = dhist + (b * P + p) * C;
+        for (int64_t c = 0; c < C; c++) dh[c] = 0.0f;
+        for (int64_t j = t0 - 1; j >= 0; j--) {
+          const int64_t i = p - j;
+          if (i < 0 || i >= M) continue;
+          const float* dr = du + (b * M + i) * C;
+          const float* w = wt + j * C;
+          for (int64_t c = 0; c < C; c++) dh[c] += dr[c] * w[c];
+        }
+      }
   release_if_large(unfbuf);
   release_if_large(dunfbuf);
   release_if_large(dubuf);
@@ -319,6 +334,13 @@ void attention(float* o, float* lse, const float* q, const float* k, const float
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* o,
                         const float* lse, const float* q, const float* k, const float* v, int64_t B,
                         int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window) {
+  attention_backward(dq, dk, dv, dout, o, lse, q, k, v, B, S, S, 0, Hq, Hkv, d, window);
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* o,
+                        const float* lse, const float* q, const float* k, const float* v, int64_t B,
+                        int64_t Sq, int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv, int64_t d,
+                        int64_t window) {
   const int64_t G = Hq / Hkv, qs = Hq * d, ks = Hkv * d;
   const float scale = 1.0f / std::sqrt(float(d));
   // One task per (batch, KV head): it owns dk/dv of that head and dq of its G query heads, and
@@ -327,30 +349,30 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
     thread_local std::vector<float> pbuf, dpbuf;
     for (int64_t w = wb; w < we; w++) {
       const int64_t b = w / Hkv, g = w % Hkv;
-      for (int64_t j = 0; j < S; j++)
+      for (int64_t j = 0; j < Sk; j++)
         for (int64_t i = 0; i < d; i++) {
-          dk[((b * S + j) * Hkv + g) * d + i] = 0;
-          dv[((b * S + j) * Hkv + g) * d + i] = 0;
+          dk[((b * Sk + j) * Hkv + g) * d + i] = 0;
+          dv[((b * Sk + j) * Hkv + g) * d + i] = 0;
         }
       for (int64_t h = g * G; h < (g + 1) * G; h++)
-        for (int64_t t0 = 0; t0 < S; t0 += kQBlock) {
-          const int64_t mq = std::min(kQBlock, S - t0);
-          const int64_t lo = window > 0 ? std::max<int64_t>(0, t0 - window + 1) : 0;
-          const int64_t nk = t0 + mq - lo;
+        for (int64_t t0 = 0; t0 < Sq; t0 += kQBlock) {
+          const int64_t mq = std::min(kQBlock, Sq - t0), a0 = q_start + t0;  // a0: absolute
+          const int64_t lo = window > 0 ? std::max<int64_t>(0, a0 - window + 1) : 0;
+          const int64_t nk = a0 + mq - lo;
           float* p = scratch(pbuf, mq * nk);
           float* ds = scratch(dpbuf, mq * nk);
-          const int64_t qoff = ((b * S + t0) * Hq + h) * d, koff = ((b * S + lo) * Hkv + g) * d;
+          const int64_t qoff = ((b * Sq + t0) * Hq + h) * d, koff = ((b * Sk + lo) * Hkv + g) * d;
           // p = scale · Q Kᵀ, ds = dO Vᵀ, then p ← exp(p − lse), ds ← p (ds − D) · scale.
           gemm(p, nk, rows_of(q + qoff, qs), transpose_of(k + koff, ks), mq, d, nk, scale);
           gemm(ds, nk, rows_of(dout + qoff, qs), transpose_of(v + koff, ks), mq, d, nk);
           for (int64_t r = 0; r < mq; r++) {
-            const int64_t t = t0 + r;
+            const int64_t t = a0 + r;
             const int64_t lo_r = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
             const float* go = dout + qoff + r * qs;
             const float* orow = o + qoff + r * qs;
             float Dt = 0;
             for (int64_t i = 0; i < d; i++) Dt += go[i] * orow[i];
-            const float L = lse[(b * Hq + h) * S + t];
+            const float L = lse[(b * Hq + h) * Sq + t0 + r];
             float* pr = p + r * nk;
             float* dr = ds + r * nk;
             for (int64_t jj = 0; jj < nk; jj++) {

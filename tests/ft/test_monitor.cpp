@@ -20,16 +20,29 @@ json beat(int rank, int world, int step, const char* section, double step_s = -1
   e["step_s"] = step_s > 0 ? json(step_s) : json();
   return msg("beat", rank, world, e);
 }
+// A monitor over `world` ranks that said hello from step 0 at t = 0 (`settings` sets its fields).
+struct Watch {
+  StepTimes times;
+  AttemptMonitor m;
+  template <typename F>
+  Watch(int world, F settings) : m(make(settings), 0, &times) {
+    for (int r = 0; r < world; r++) m.on_message(r, msg("hello", r, world, {{"step", 0}}), 0);
+  }
+  template <typename F>
+  static MonitorSettings make(F settings) {
+    MonitorSettings s;
+    settings(s);
+    return s;
+  }
+};
 }  // namespace
 
 TEST(Monitor, NamesTheRankThatStoppedFirst) {
-  MonitorSettings s;
-  s.hang_min = 2;
-  s.hang_factor = 4;
-  StepTimes times;
-  AttemptMonitor m(s, 0, &times);
-  for (int r = 0; r < 3; r++)
-    m.on_message(r, msg("hello", r, 3, {{"step", 0}, {"kind", "train"}}), 0);
+  Watch w(3, [](MonitorSettings& s) {
+    s.hang_min = 2;
+    s.hang_factor = 4;
+  });
+  AttemptMonitor& m = w.m;
   for (int step = 1; step <= 4; step++)
     for (int r = 0; r < 3; r++) m.on_message(r, beat(r, 3, step, "forward", 1.0), step);
   EXPECT_DOUBLE_EQ(m.step_timeout(), 4.0);  // 4 x the median step time of 1 s
@@ -54,11 +67,8 @@ TEST(Monitor, NamesTheRankThatStoppedFirst) {
 TEST(Monitor, SectionSecondsShowChangesThatBeatsMissed) {
   // Rank 0 hangs in the optimizer; rank 1 passed through its optimizer between two beats and now
   // waits in the next collective: its section_s says it entered it after rank 0 stopped.
-  MonitorSettings s;
-  s.hang_min = 2;
-  StepTimes times;
-  AttemptMonitor m(s, 0, &times);
-  for (int r = 0; r < 2; r++) m.on_message(r, msg("hello", r, 2, {{"step", 0}}), 0);
+  Watch w(2, [](MonitorSettings& s) { s.hang_min = 2; });
+  AttemptMonitor& m = w.m;
   m.on_message(1, beat(1, 2, 3, "collective"), 1.0);
   m.on_message(0, beat(0, 2, 3, "optimizer"), 1.2);
   json b = beat(1, 2, 3, "collective");
@@ -71,11 +81,8 @@ TEST(Monitor, SectionSecondsShowChangesThatBeatsMissed) {
 }
 
 TEST(Monitor, BlamesTheRankOutsideTheCollectiveOrBehindInSteps) {
-  MonitorSettings s;
-  s.hang_min = 1;
-  StepTimes times;
-  AttemptMonitor m(s, 0, &times);
-  for (int r = 0; r < 2; r++) m.on_message(r, msg("hello", r, 2, {{"step", 0}}), 0);
+  Watch w(2, [](MonitorSettings& s) { s.hang_min = 1; });
+  AttemptMonitor& m = w.m;
   m.on_message(0, beat(0, 2, 4, "collective"), 1.0);  // waits for rank 1 since t = 1
   m.on_message(1, beat(1, 2, 4, "optimizer"), 1.1);
   auto f = m.check_hang(2.5);
@@ -133,12 +140,11 @@ TEST(Monitor, DeathsErrorsAndNumerics) {
 }
 
 TEST(Monitor, FlagsAPersistentStraggler) {
-  MonitorSettings s;
-  s.straggler_window = 4;
-  s.straggler_windows = 2;
-  StepTimes times;
-  AttemptMonitor m(s, 0, &times);
-  for (int r = 0; r < 3; r++) m.on_message(r, msg("hello", r, 3, {{"step", 0}}), 0);
+  Watch w(3, [](MonitorSettings& s) {
+    s.straggler_window = 4;
+    s.straggler_windows = 2;
+  });
+  AttemptMonitor& m = w.m;
   std::vector<Finding> found;
   for (int step = 1; step <= 13; step++)
     for (int r = 0; r < 3; r++) {
@@ -155,12 +161,11 @@ TEST(Monitor, FlagsAPersistentStraggler) {
 
 TEST(Monitor, StragglerFromObservedComputeTime) {
   // Without busy_s: the time from a step's first beat to its first collective beat.
-  MonitorSettings s;
-  s.straggler_window = 2;
-  s.straggler_windows = 1;
-  StepTimes times;
-  AttemptMonitor m(s, 0, &times);
-  for (int r = 0; r < 2; r++) m.on_message(r, msg("hello", r, 2, {{"step", 0}}), 0);
+  Watch w(2, [](MonitorSettings& s) {
+    s.straggler_window = 2;
+    s.straggler_windows = 1;
+  });
+  AttemptMonitor& m = w.m;
   std::vector<Finding> found;
   for (int step = 1; step <= 3; step++)
     for (int r = 0; r < 2; r++) {
@@ -175,12 +180,11 @@ TEST(Monitor, StragglerFromObservedComputeTime) {
 TEST(Monitor, StragglerWhoseCollectivesBeatsMissed) {
   // Data parallelism: both ranks' steps take 2 s. Rank 0 waits 1.5 s in each collective; rank 1
   // arrives last and its collectives are too short to be seen: its compute time is the step.
-  MonitorSettings s;
-  s.straggler_window = 2;
-  s.straggler_windows = 1;
-  StepTimes times;
-  AttemptMonitor m(s, 0, &times);
-  for (int r = 0; r < 2; r++) m.on_message(r, msg("hello", r, 2, {{"step", 0}}), 0);
+  Watch w(2, [](MonitorSettings& s) {
+    s.straggler_window = 2;
+    s.straggler_windows = 1;
+  });
+  AttemptMonitor& m = w.m;
   std::vector<Finding> found;
   for (int step = 1; step <= 3; step++) {
     const double t0 = 2.0 * step;

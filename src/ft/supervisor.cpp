@@ -69,6 +69,36 @@ json finding_json(const Finding& f) {
   return j;
 }
 
+// "rank 1 on h2: gemm 95.4 (limit 1000 GFLOP/s)" for each failed check of the health event's
+// failed ranks ({"rank", "host", "checks"}), for the console.
+std::string short_number(const json& v) {
+  return v.is_number() ? fmt::format("{:.4g}", v.get<double>()) : v.dump();
+}
+
+std::string failed_checks(const json& failed) {
+  std::string s;
+  for (const auto& f : failed) {
+    std::string what;
+    if (f.contains("checks") && f["checks"].is_array())
+      for (const auto& c : f["checks"]) {
+        if (!c.is_object()) continue;
+        bool bad = false;
+        for (const char* k : {"ok", "pass"})
+          if (c.contains(k) && c[k].is_boolean() && !c[k].get<bool>()) bad = true;
+        if (!bad) continue;
+        const json v = c.contains("measured") ? c["measured"] : c.value("value", json());
+        const json l = c.contains("threshold") ? c["threshold"] : c.value("limit", json());
+        what += fmt::format("{}{} {} (limit {}{})", what.empty() ? "" : ", ",
+                            c.value("name", std::string("?")), short_number(v), short_number(l),
+                            c.contains("unit") ? " " + c.value("unit", std::string()) : "");
+      }
+    s += fmt::format("{}rank {} on {}: {}", s.empty() ? "" : "; ", f.value("rank", -1),
+                     f.value("host", std::string("?")),
+                     what.empty() ? std::string("no report") : what);
+  }
+  return s;
+}
+
 // The events log: one JSON object per line, flushed as written, and a console line beside it.
 class EventLog {
  public:
@@ -550,14 +580,15 @@ bool Supervisor::run_health(int attempt, int* code) {
       }
     }
     const bool ok = !r.failure && r.code == 0 && bad.empty();
-    log_->write(attempt, "health",
-                {{"ok", ok},
-                 {"seconds", mono_now() - t},
-                 {"exit", r.exit},
-                 {"failed", failed},
-                 {"ranks", r.mon->ranks().size()},
-                 {"command", show_argv(h.argv)}},
-                ok ? "" : fmt::format("health checks failed ({}): {}", r.exit, failed.dump()));
+    log_->write(
+        attempt, "health",
+        {{"ok", ok},
+         {"seconds", mono_now() - t},
+         {"exit", r.exit},
+         {"failed", failed},
+         {"ranks", r.mon->ranks().size()},
+         {"command", show_argv(h.argv)}},
+        ok ? "" : fmt::format("health checks failed ({}): {}", r.exit, failed_checks(failed)));
     if (ok) return true;
     if (r.exec_failed || (r.code == kExitBadConfig && bad.empty())) {
       *code = finish(kExitBadConfig, "bad_config",

@@ -322,6 +322,17 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
     r.failure = f;
     r.detected_at = now;
   };
+  const auto on_close = [&](int conn, double now) {
+    auto f = r.mon->on_close(conn, now);
+    if (!f || health) return;
+    // A rank that goes without bye at the very end may have finished: the launcher's exit
+    // status decides (for a short while).
+    if (f->section == "shutdown" || (last_step_ > 0 && f->step >= last_step_)) {
+      if (!pending_close) pending_close = {*f, now};
+    } else {
+      fail_with(*f, now);
+    }
+  };
   for (;;) {
     const double now0 = mono_now();
     for (const Incoming& in : listener_->poll(50)) {
@@ -331,15 +342,7 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
         continue;
       }
       if (in.closed) {
-        auto f = r.mon->on_close(in.conn, now);
-        if (!f || health) continue;
-        // A rank that goes without bye at the very end may have finished: the launcher's exit
-        // status decides (for a short while).
-        if (f->section == "shutdown" || (last_step_ > 0 && f->step >= last_step_)) {
-          if (!pending_close) pending_close = {*f, now};
-        } else {
-          fail_with(*f, now);
-        }
+        on_close(in.conn, now);
         continue;
       }
       const json& m = *in.message;
@@ -434,7 +437,7 @@ JobRun Supervisor::run_job(const LaunchCommand& launch, int attempt, bool health
         for (const Incoming& in : listener_->poll(20)) {
           const double t = mono_now();
           if (in.closed) {
-            if (auto f = r.mon->on_close(in.conn, t); f && !health) fail_with(*f, t);
+            on_close(in.conn, t);
           } else if (in.message) {
             for (const Finding& f : r.mon->on_message(in.conn, *in.message, t))
               if (f.failure() && !health) fail_with(f, t);

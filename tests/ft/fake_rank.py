@@ -10,7 +10,8 @@ sections data, forward, backward, collective, optimizer; a checkpoint every step
 holds the step; `--resume auto` starts after it). Faults (KIND@rank=R,step=S[,section=X][,arg=V]):
 kill (SIGKILL itself), exit (code arg), hang (stops in the section, beats go on), nan (a
 nonfinite event, exit 3), slow (steps arg times longer from step S on). FAKE_LOG, when set, gets
-one line per train process: "attempt rank argv...". FAKE_BADCONFIG=1 exits 2 at once.
+one line per train process: "attempt rank argv...". FAKE_BADCONFIG=1 exits 2 at once;
+FAKE_NO_BYE=1 ends a completed run without a bye.
 As `zaya health`: a health event, failing for the ranks listed in FAKE_UNHEALTHY ("1,3").
 """
 import json
@@ -175,7 +176,8 @@ def train(args):
                 r.send("event", event="checkpoint_saved", step=s)
         last, last_busy = time.time() - t0, busy
     r.beat(steps, "shutdown")
-    r.send("bye", status="completed", step=steps, code=0)
+    if os.environ.get("FAKE_NO_BYE") != "1":
+        r.send("bye", status="completed", step=steps, code=0)
     sys.exit(0)
 
 

@@ -33,6 +33,7 @@ class Supervise : public ::testing::Test {
     setenv("FAKE_LOG", (dir_ / "launches.log").c_str(), 1);
     unsetenv("FAKE_UNHEALTHY");
     unsetenv("FAKE_BADCONFIG");
+    unsetenv("FAKE_NO_BYE");
     unsetenv("ZAYA_FAULTS");
   }
   void TearDown() override {
@@ -190,6 +191,15 @@ TEST_F(Supervise, GivesUpWithoutProgress) {
   o.max_restarts = 1;
   EXPECT_EQ(supervise(o), kExitGaveUp);
   EXPECT_EQ(report()["attempts"], 2);
+}
+
+TEST_F(Supervise, ARankWithoutByeAtTheLastStepIsJudgedByTheExitStatus) {
+  auto o = options(2, 4);
+  setenv("FAKE_NO_BYE", "1", 1);
+  EXPECT_EQ(supervise(o), kExitCompleted);
+  EXPECT_EQ(report()["attempts"], 1);
+  EXPECT_FALSE(events("warning").empty());
+  unsetenv("FAKE_NO_BYE");
 }
 
 TEST_F(Supervise, BadConfiguration) {

@@ -130,20 +130,23 @@ std::vector<Finding> AttemptMonitor::on_message(int conn, const json& m, double 
   } else if (type == "beat") {
     const std::string section = get_str(m, "section", r.section);
     const bool new_step = step > r.step;
+    // The rank's own clock of its section ("section_s": seconds since it last changed) dates a
+    // change that beat throttling hid (a short optimizer section between two collectives).
+    const double section_s = get_num(m, "section_s", -1);
+    const double changed_at = section_s >= 0 ? std::min(now, now - section_s) : now;
     if (new_step || section != r.section) {
       if (r.section == "checkpoint" && !r.computing) r.restore_s += now - r.section_since;
+      // Checkpoints and evaluation are not the step's compute (rank 0 may do more of them).
+      if (r.computing && (r.section == "checkpoint" || r.section == "eval"))
+        r.aside[r.step] += std::max(0.0, changed_at - r.section_since);
       if (section != "startup" && section != "checkpoint" && !r.computing) {
         r.computing = true;
         if (first_compute_at_ < 0) first_compute_at_ = now;
       }
-      r.section_since = now;
+      r.section_since = changed_at;
       progress(r, now);
     }
-    // The rank's own clock of its section ("section_s": seconds since it last changed) shows a
-    // change that beat throttling hid (a short optimizer section between two collectives).
-    const double section_s = get_num(m, "section_s", -1);
-    if (section_s >= 0 && now - section_s > r.last_progress + 1e-3)
-      progress(r, std::min(now, now - section_s));
+    if (section_s >= 0 && changed_at > r.last_progress + 1e-3) progress(r, changed_at);
     if (new_step) {
       r.step = step;
       r.step_begin[step] = now;
@@ -155,9 +158,8 @@ std::vector<Finding> AttemptMonitor::on_message(int conn, const json& m, double 
       // rank's own section clock when it sends one).
       r.saw_collective = true;
       auto b = r.step_begin.find(r.step);
-      const double entered = section_s >= 0 ? now - section_s : now;
       if (b != r.step_begin.end() && !r.busy.count(r.step))
-        r.busy[r.step] = std::max(0.0, entered - b->second);
+        r.busy[r.step] = std::max(0.0, changed_at - b->second - r.aside[r.step]);
     }
     const double step_s = get_num(m, "step_s", -1);
     if (step_s > 0 && r.step >= 2) {
@@ -165,7 +167,7 @@ std::vector<Finding> AttemptMonitor::on_message(int conn, const json& m, double 
       step_s_[r.step - 1] = std::max(step_s_[r.step - 1], step_s);
       // No beat inside a collective during that step: it was shorter than the beat throttle,
       // so this rank was the one the others waited for; its compute time is the whole step.
-      r.busy.emplace(r.step - 1, step_s);
+      r.busy.emplace(r.step - 1, std::max(0.0, step_s - r.aside[r.step - 1]));
     }
     const double busy_s = get_num(m, kBeatBusyField, -1);
     if (busy_s > 0 && r.step >= 2) r.busy[r.step - 1] = busy_s;

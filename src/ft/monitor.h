@@ -79,7 +79,8 @@ struct RankView {
   double restore_s = 0;    // time in the checkpoint section before the first step
   bool computing = false;  // has left startup/checkpoint once
   double section_since = 0;
-  std::map<int64_t, double> step_begin, busy;  // per step: first beat's arrival; compute time
+  // Per step: the first beat's arrival; the compute time; seconds in checkpoint and eval.
+  std::map<int64_t, double> step_begin, busy, aside;
   bool saw_collective = false;
   nlohmann::json health;  // the newest health event (kind health)
 };

@@ -177,6 +177,26 @@ TEST(Monitor, StragglerFromObservedComputeTime) {
   EXPECT_EQ(found[0].rank, 1);
 }
 
+TEST(Monitor, CheckpointTimeIsNotComputeTime) {
+  // Rank 0 spends 1 s of every step in a checkpoint section, rank 1 none: not a straggler.
+  Watch w(2, [](MonitorSettings& s) {
+    s.straggler_window = 2;
+    s.straggler_windows = 1;
+  });
+  std::vector<Finding> found;
+  for (int step = 1; step <= 5; step++) {
+    const double t0 = 2.0 * step;
+    for (int r = 0; r < 2; r++) {
+      for (auto& f : w.m.on_message(r, beat(r, 2, step, "data"), t0)) found.push_back(f);
+      if (r == 0) w.m.on_message(r, beat(r, 2, step, "checkpoint"), t0 + 0.1);
+      w.m.on_message(r, beat(r, 2, step, "forward"), t0 + (r == 0 ? 1.1 : 0.1));
+      w.m.on_message(r, beat(r, 2, step, "collective"), t0 + (r == 0 ? 1.4 : 0.4));
+    }
+  }
+  EXPECT_TRUE(found.empty());
+  EXPECT_NEAR(w.m.ranks().at(0).busy.at(3), 0.4, 1e-9);
+}
+
 TEST(Monitor, StragglerWhoseCollectivesBeatsMissed) {
   // Data parallelism: both ranks' steps take 2 s. Rank 0 waits 1.5 s in each collective; rank 1
   // arrives last and its collectives are too short to be seen: its compute time is the step.

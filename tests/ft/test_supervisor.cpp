@@ -161,13 +161,13 @@ TEST_F(Supervise, CheckpointSectionHasTheLongerTimeout) {
 
 TEST_F(Supervise, NumericsTwiceAtTheSameStepStops) {
   auto o = options(2, 6);
-  o.faults = "0:nan@rank=1,step=4 1:nan@rank=1,step=4";
+  o.faults = "0:nan@rank=0,step=4 1:nan@rank=0,step=4";  // rank 0 writes the fake checkpoint
   EXPECT_EQ(supervise(o), kExitNumerics);
   EXPECT_EQ(report()["result"], "numerics");
   EXPECT_EQ(report()["attempts"], 2);
   // Once is relaunched and completes.
   fs::remove_all(dir_ / "run");
-  o.faults = "0:nan@rank=1,step=4";
+  o.faults = "0:nan@rank=0,step=4";
   EXPECT_EQ(supervise(o), kExitCompleted);
   EXPECT_EQ(report()["by_cause"]["numerics"], 1);
 }

@@ -315,15 +315,20 @@ std::optional<Finding> AttemptMonitor::check_hang(double now) const {
 std::optional<Finding> AttemptMonitor::check_stragglers() {
   const int W = s_.straggler_window;
   if (W <= 0 || world_ < 2) return std::nullopt;
+  // Every rank of the job, including those that finished or went: a window is judged once each
+  // rank still running is past it, with the step times the others left.
   std::vector<const RankView*> live;
   for (const auto& [k, r] : ranks_)
-    if (!r.closed && r.kind == "train") live.push_back(&r);
+    if (r.kind == "train") live.push_back(&r);
   if (int(live.size()) < world_) return std::nullopt;
   if (window_end_ < 0) window_end_ = start_step() + W;
   std::optional<Finding> found;
   for (;;) {
     for (const RankView* r : live)
-      if (r->done < window_end_) return found;
+      if (!r->closed && !r->bye && r->done < window_end_) return found;
+    bool any_running = false;
+    for (const RankView* r : live) any_running = any_running || (!r->closed && !r->bye);
+    if (!any_running) return found;
     std::map<int, double> val;
     for (const RankView* r : live) {
       std::vector<double> v;

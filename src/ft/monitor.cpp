@@ -343,7 +343,9 @@ std::optional<Finding> AttemptMonitor::check_stragglers() {
         for (const auto& [o, w] : val)
           if (o != rank) others.push_back(w);
         const double m = median_of(others);
-        const bool slow = m > 0 && v >= (1 + s_.straggler_threshold) * m;
+        // Ranks that wait in a collective from their step's first beat on measure 0 s: the
+        // comparison needs a margin in seconds too (1 ms), not only a fraction of the median.
+        const bool slow = v >= (1 + s_.straggler_threshold) * m && v > m + 1e-3;
         int& n = slow_windows_[rank];
         n = slow ? n + 1 : 0;
         if (slow && n >= s_.straggler_windows && !reported_[rank] && !found) {
@@ -353,9 +355,10 @@ std::optional<Finding> AttemptMonitor::check_stragglers() {
           f.step = window_end_;
           f.detect_s = 0;
           f.message = fmt::format(
-              "{:.0f}% slower than the others' median ({:.3f} s vs {:.3f} s per step) in {} "
+              "{} than the others' median ({:.3f} s vs {:.3f} s of compute per step) in {} "
               "consecutive windows of {} steps",
-              100 * (v / m - 1), v, m, n, W);
+              m > 0 ? fmt::format("{:.0f}% slower", 100 * (v / m - 1)) : std::string("slower"), v,
+              m, n, W);
           found = f;
         }
       }

@@ -177,6 +177,23 @@ TEST(Monitor, StragglerFromObservedComputeTime) {
   EXPECT_EQ(found[0].rank, 1);
 }
 
+TEST(Monitor, StragglerAgainstRanksThatMeasureNothing) {
+  // The other rank's first beat of each step is already in the collective: 0 s of compute.
+  Watch w(2, [](MonitorSettings& s) {
+    s.straggler_window = 2;
+    s.straggler_windows = 2;
+  });
+  std::vector<Finding> found;
+  for (int step = 1; step <= 5; step++) {
+    const double t0 = 2.0 * step;
+    for (auto& f : w.m.on_message(0, beat(0, 2, step, "collective"), t0)) found.push_back(f);
+    for (auto& f : w.m.on_message(1, beat(1, 2, step, "forward"), t0)) found.push_back(f);
+    w.m.on_message(1, beat(1, 2, step, "collective"), t0 + 0.5);
+  }
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].rank, 1);
+}
+
 TEST(Monitor, CheckpointTimeIsNotComputeTime) {
   // Rank 0 spends 1 s of every step in a checkpoint section, rank 1 none: not a straggler.
   Watch w(2, [](MonitorSettings& s) {

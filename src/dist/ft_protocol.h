@@ -70,4 +70,10 @@ inline constexpr const char* kSections[] = {"startup", "data",      "forward",  
 inline constexpr double kBeatInterval = 1.0;        // seconds between beats within one section
 inline constexpr double kBeatMinInterval = 0.05;    // at most this often on section changes
 
+// An optional beat field the supervisor reads when present (added with the supervisor): "busy_s",
+// the last completed step's time outside collectives (data, compute). It tells a straggler apart
+// when every rank's step_s is the same (data parallelism waits for the slowest); without it the
+// supervisor times a step from its first beat to its first "collective" beat.
+inline constexpr const char* kBeatBusyField = "busy_s";
+
 }  // namespace zaya::ft

@@ -88,7 +88,7 @@ struct ParallelSection {
 };
 
 // [fault_tolerance]: what a rank does about hung collectives and bad numerics
-// (docs/FAULT_TOLERANCE_RANK.md; the supervisor is `zaya supervise`).
+// (docs/FAULT_TOLERANCE.md, "Inside each rank"; the supervisor is `zaya supervise`).
 struct FaultToleranceSection {
   // Seconds a collective may make no progress before the rank's watchdog ends the job with exit
   // code 5 (0: off; ZAYA_COLLECTIVE_TIMEOUT, when set, wins).

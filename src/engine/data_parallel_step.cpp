@@ -317,7 +317,8 @@ class DpStep final : public DataParallelStep {
         copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset,
                         size_t(p.len) * sizeof(float));
     }
-    finish_step_copies();  // before the step's stream reads the reduced gradients
+    if (device_work_ || mirror_)
+      finish_step_copies();  // before the step's stream reads the reduced gradients
     reduced_ = true;
     times_.reduce_scatter = now_ms() - t0;
   }
@@ -347,7 +348,8 @@ class DpStep final : public DataParallelStep {
         });
     }
     if (mirror_) copy_step_bytes(m.data, host_m_, size_t(m.numel) * sizeof(float));
-    finish_step_copies();  // before the step's stream reads the gathered masters
+    if (device_work_ || mirror_)
+      finish_step_copies();  // before the step's stream reads the gathered masters
     inner_->weights_changed();
     times_.all_gather = now_ms() - t0;
   }

@@ -488,6 +488,15 @@ TrainResult train(const TrainOptions& opts) {
   auto save = [&](bool final_one) -> std::string {
     const auto saving = ft::section(ft::kCheckpoint, "save");
     const auto t0 = std::chrono::steady_clock::now();
+    // A save still in flight (a slow disk) is committed here, not silently inside begin(): it is
+    // reported to the supervisor and any corrupt_ckpt fault acts on it.
+    {
+      const std::string prev = ckpt->finish();
+      if (!prev.empty()) {
+        committed(prev);
+        if (job.lead() && !opts.quiet) ZAYA_INFO("checkpoint {}", prev);
+      }
+    }
     step->sync();
     RankContribution c = checkpoint_contribution(*step, job.rank, job.world);
     std::string save_id;

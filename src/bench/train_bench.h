@@ -26,6 +26,7 @@ struct TrainBenchOptions {
   uint64_t seed = 1234;
   double peak_tflops = 790.0, lr = 1e-4;
   bool recompute = false, no_profile = false;
+  bool no_overlap = false;  // with dp: reduce every bucket after the backward
   int device = 0;
 };
 

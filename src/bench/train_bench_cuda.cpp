@@ -216,8 +216,10 @@ int run_train_bench(const TrainBenchOptions& a_in) {
         i < a.warmup ? "warmup" : "step  ", i < a.warmup ? i : i - a.warmup, ss.loss, gnorm,
         st.fwd_bwd, st.norm, st.optim, st.total);
     if (!a.dp.empty())
-      fmt::print("  [reduce-scatter {:.2f}, update {:.2f}, all-gather {:.2f} ms]",
-                 st.dp.reduce_scatter, st.dp.update, st.dp.all_gather);
+      fmt::print(
+          "  [reduce-scatter {:.2f}, update {:.2f}, all-gather {:.2f} ms; {} bucket(s) "
+          "started in the backward]",
+          st.dp.reduce_scatter, st.dp.update, st.dp.all_gather, st.dp.buckets_in_backward);
     fmt::print("\n");
   };
   DataParallelMemory dp_mem;
@@ -260,8 +262,8 @@ int run_train_bench(const TrainBenchOptions& a_in) {
     so.recompute = a.recompute;
     so.ns_bf16 = oo.ns_bf16;
     Communicator& gc = nccl_comm ? *nccl_comm : *host_comm;
-    auto step =
-        make_data_parallel_step(host, os, BalancingSettings{}, so, gc, *host_comm, a.bucket_elems);
+    auto step = make_data_parallel_step(host, os, BalancingSettings{}, so, gc, *host_comm,
+                                        a.bucket_elems, !a.no_overlap);
     const double setup_s = now_s() - t0;
     fmt::print("# host init {:.1f} s, device setup (upload, arena, optimizer state) {:.1f} s\n",
                init_s, setup_s);
@@ -271,6 +273,7 @@ int run_train_bench(const TrainBenchOptions& a_in) {
       StepTimes st;
       const double s0 = now_s();
       step->zero_grads();
+      step->begin_accumulation(1);
       StepStats ss = step->forward_backward(ids.data(), tgt.data(), a.batch, a.seq, scale);
       ZAYA_CUDA_CHECK(cudaDeviceSynchronize());  // the plain path's forward_backward ends synced
       const double s1 = now_s();
@@ -420,6 +423,7 @@ int run_train_bench(const TrainBenchOptions& a_in) {
       j["data_parallel"] = {{"backend", a.dp},
                             {"ranks", world},
                             {"bucket_elems", a.bucket_elems},
+                            {"overlap", !a.no_overlap},
                             {"reduce_scatter_ms_median", rs_ms},
                             {"update_ms_median", upd_ms},
                             {"all_gather_ms_median", ag_ms},

@@ -44,6 +44,9 @@ int bench_train_cli(int argc, char** argv) {
   app.add_option("--bucket-elems", a.bucket_elems,
                  "with --dp: fp32 elements per rank per reduce-scatter / all-gather bucket")
       ->capture_default_str();
+  app.add_flag("--no-overlap", a.no_overlap,
+               "with --dp: reduce every bucket after the backward instead of starting each as "
+               "soon as its layers are done");
   app.add_flag("--no-profile", a.no_profile, "skip the profiled step (op-class times)");
   app.add_option("--json", a.json, "write results as JSON to this file");
   app.add_option("--hardware", a.hardware,

@@ -2,10 +2,16 @@
 // dispatches to the implementations compiled into this build.
 #include "dist/comm.h"
 
+#include <cstring>
+
 #include "core/error.h"
 #include "dist/comm_backends.h"
 
 namespace zaya {
+
+void Communicator::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
 
 const char* redop_name(RedOp op) {
   switch (op) {

@@ -71,6 +71,13 @@ class Communicator {
   virtual void free(void* p) = 0;
   virtual void copy_to_buffer(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_from_buffer(void* host_dst, const void* src, size_t bytes) = 0;
+  // Stream order for device buffers (NCCL): after_stream makes the communicator's later
+  // operations wait for the work enqueued so far on `stream` (a cudaStream_t of this rank's GPU,
+  // e.g. a training step's), without blocking the host; copy enqueues a copy between device
+  // buffers in order with the communicator's operations (synchronize() waits for it). MPI: host
+  // memory, nothing to order, and copy is memcpy.
+  virtual void after_stream(void* stream) { (void)stream; }
+  virtual void copy(void* dst, const void* src, size_t bytes);
 
   // Typed conveniences for the common host types.
   template <typename T>

@@ -5,7 +5,8 @@
 // Every call (and synchronize, where a hung collective is waited for) is the "collective" section
 // of dist/heartbeat.h; the watchdog (dist/watchdog.h) aborts the communicator with ncclCommAbort.
 // Sub-communicators come from ncclCommSplit, alongside an MPI split with the same colors.
-// Not here: multiple GPUs per rank, user-supplied streams, CUDA graphs.
+// after_stream orders the communicator's stream after another (a training step's) by an event.
+// Not here: multiple GPUs per rank, CUDA graphs.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -62,6 +63,7 @@ class NcclCommunicator : public Communicator {
       : boot_(std::move(boot)), comm_(comm), device_(device) {
     ZAYA_CUDA_CHECK(cudaSetDevice(device_));
     ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ZAYA_CUDA_CHECK(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming));
     // A collective the watchdog gives up on: abort the communicator, so its kernels stop waiting
     // for the peers and the device is left usable for the process's exit.
     abort_id_ = ft::on_watchdog_abort([c = comm_] { ncclCommAbort(c); });
@@ -70,6 +72,7 @@ class NcclCommunicator : public Communicator {
     ft::remove_watchdog_abort(abort_id_);
     if (stream_) cudaStreamSynchronize(stream_);
     if (comm_) ncclCommDestroy(comm_);
+    if (order_) cudaEventDestroy(order_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -168,11 +171,20 @@ class NcclCommunicator : public Communicator {
     ZAYA_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     synchronize();
   }
+  void after_stream(void* stream) override {
+    // The event captures the stream's work enqueued so far; the wait is enqueued, not waited.
+    ZAYA_CUDA_CHECK(cudaEventRecord(order_, static_cast<cudaStream_t>(stream)));
+    ZAYA_CUDA_CHECK(cudaStreamWaitEvent(stream_, order_, 0));
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) ZAYA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  }
 
  private:
   std::unique_ptr<MpiCommunicator> boot_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t order_ = nullptr;  // after_stream's marker (recorded and waited for at once)
   int device_ = 0;
   int abort_id_ = -1;
 };

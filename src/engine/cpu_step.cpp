@@ -74,8 +74,9 @@ class CpuStep final : public TrainStep {
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                              float loss_scale) override {
     return zaya::forward_backward(model_, ids, targets, B, S, grads_, loss_scale,
-                                  cp_.comm ? &cp_ : nullptr);
+                                  cp_.comm ? &cp_ : nullptr, ready_ ? &ready_ : nullptr);
   }
+  void set_grads_ready(LayerGradsReady fn) override { ready_ = std::move(fn); }
   void set_context_parallel(Communicator* cp) override {
     cp_.comm = cp && cp->size() > 1 ? cp : nullptr;
   }
@@ -173,6 +174,7 @@ class CpuStep final : public TrainStep {
 
   ZayaModel& model_;
   ContextParallel cp_;  // comm null: whole rows
+  LayerGradsReady ready_;
   ParamMask owned_state_;
   std::vector<std::pair<int64_t, int64_t>> slices_;
   std::vector<ParamSlot> layout_;

@@ -1,8 +1,10 @@
 // DataParallelStep (data_parallel_step.h): ZeRO-1 around an inner TrainStep.
 #include "engine/data_parallel_step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -45,13 +47,14 @@ double now_ms() {
 class DpStep final : public DataParallelStep {
  public:
   DpStep(std::unique_ptr<TrainStep> inner, std::vector<Zero1Item> items, Zero1Plan plan,
-         Communicator& comm, Communicator& host)
+         Communicator& comm, Communicator& host, bool overlap)
       : inner_(std::move(inner)),
         items_(std::move(items)),
         plan_(std::move(plan)),
         comm_(comm),
         host_(host),
-        rank_(comm.rank()) {
+        rank_(comm.rank()),
+        overlap_(overlap) {
     const auto& lay = inner_->layout();
     ZAYA_CHECK(lay.size() == items_.size(), "data parallel: the step has {} tensors, not {}",
                lay.size(), items_.size());
@@ -87,6 +90,7 @@ class DpStep final : public DataParallelStep {
       host_g_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
       host_m_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
     }
+    plan_buckets(lay);
   }
   ~DpStep() override {
     comm_.free(packed_);
@@ -118,11 +122,33 @@ class DpStep final : public DataParallelStep {
 
   void zero_grads() override {
     reduced_ = false;
+    issued_ = 0;
+    in_backward_ = 0;
+    hook_ms_ = 0;
+    micro_total_ = micro_seen_ = 0;
     inner_->zero_grads();
+  }
+  void begin_accumulation(int64_t micro_batches) override {
+    micro_total_ = micro_batches;
+    micro_seen_ = 0;
   }
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                              float loss_scale) override {
+    ZAYA_CHECK(issued_ == 0,
+               "data parallel: a forward_backward after the step's gradients started reducing "
+               "(begin_accumulation announced {} micro-batches)",
+               micro_total_);
     reduced_ = false;
+    // Overlap: the last micro-batch's backward reduces buckets as its layers complete. Not on
+    // the host-staged path, whose copies would wait for the GPU at every layer.
+    const bool eager = overlap_ && !mirror_ && micro_total_ > 0 && micro_seen_ + 1 == micro_total_;
+    micro_seen_++;
+    if (!eager) return inner_->forward_backward(ids, targets, B, S, loss_scale);
+    struct Unhook {
+      TrainStep& s;
+      ~Unhook() { s.set_grads_ready({}); }
+    } unhook{*inner_};
+    inner_->set_grads_ready([this](int64_t layer) { layer_ready(layer); });
     return inner_->forward_backward(ids, targets, B, S, loss_scale);
   }
   // The ranks of a context-parallel group hold the same weights: ZeRO-1 runs over all of them
@@ -213,6 +239,7 @@ class DpStep final : public DataParallelStep {
   }
 
   void sync() override { inner_->sync(); }
+  void* stream() const override { return inner_->stream(); }
 
   // This rank's pieces: the state of the tensors it owns, whole or its dim-0 slice (the plan's
   // owned_state_pieces), and (rank 0 alone) the balancing moments every rank holds alike.
@@ -279,37 +306,84 @@ class DpStep final : public DataParallelStep {
   }
 
  private:
-  // Copies within the working memory: host memcpy, or device copies on the NCCL path.
+  // Copies within the working memory: host memcpy, or (the NCCL path) device copies enqueued on
+  // the communicator's stream, in order with its collectives.
   void move(float* dst, const float* src, int64_t n) const {
     if (device_work_)
-      copy_step_bytes(dst, src, size_t(n) * sizeof(float));
+      comm_.copy(dst, src, size_t(n) * sizeof(float));
     else if (n)
       std::memcpy(dst, src, size_t(n) * sizeof(float));
+  }
+
+  // Per bucket: its packed runs (every rank's, bucket-local) and the layer whose backward
+  // completes it (the lowest layer among its tensors; -1 when it holds the embedding, the input
+  // affine or the final norm, which the backward finishes last). Buckets are issued in the order
+  // the backward completes them, the same on every rank (the plan and the names are).
+  void plan_buckets(const std::vector<ParamSlot>& lay) {
+    std::vector<std::pair<int64_t, int64_t>> starts;  // (flat offset, layer) of every tensor
+    for (const ParamSlot& sl : lay) starts.emplace_back(sl.offset, layer_of_param(sl.name));
+    std::sort(starts.begin(), starts.end());
+    auto layer_at = [&](int64_t fo) {
+      auto it = std::upper_bound(starts.begin(), starts.end(),
+                                 std::make_pair(fo, std::numeric_limits<int64_t>::max()));
+      ZAYA_CHECK(it != starts.begin(), "data parallel: flat offset {} precedes every tensor", fo);
+      return std::prev(it)->second;
+    };
+    const int64_t nb = plan_.buckets();
+    runs_.assign(size_t(nb), {});
+    bucket_layer_.assign(size_t(nb), std::numeric_limits<int64_t>::max());
+    for (int r = 0; r < plan_.world; r++)
+      for (const SegmentPiece& p : pieces_[size_t(r)])
+        for_each_packed_run(plan_, r, p, [&](int64_t po, int64_t fo, int64_t n) {
+          const int64_t k = po / (int64_t(plan_.world) * plan_.bucket_elems);
+          runs_[size_t(k)].push_back({po, fo, n});
+          bucket_layer_[size_t(k)] = std::min(bucket_layer_[size_t(k)], layer_at(fo));
+        });
+    order_.resize(size_t(nb));
+    for (int64_t k = 0; k < nb; k++) order_[size_t(k)] = k;
+    std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) {
+      return bucket_layer_[size_t(a)] > bucket_layer_[size_t(b)];
+    });
+  }
+
+  // Packs bucket k of every rank from `work` (the flat gradients) and starts its reduce-scatter.
+  void issue_bucket(int64_t k, const float* work) {
+    for (const Run& r : runs_[size_t(k)]) move(packed_ + r.packed, work + r.flat, r.len);
+    comm_.reduce_scatter(packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
+                         seg_ + k * plan_.bucket_elems, size_t(plan_.chunk(k)), DType::F32,
+                         RedOp::Sum);
+    reduce_scatters_++;
+  }
+
+  // The inner step's backward finished `layer` (LayerGradsReady): start every bucket it
+  // completed. On the GPU the reads are ordered after the step's stream, not waited for.
+  void layer_ready(int64_t layer) {
+    if (issued_ == order_.size() || bucket_layer_[size_t(order_[issued_])] < layer) return;
+    const double t0 = now_ms();
+    const float* work = inner_->grads().data;
+    if (device_work_) comm_.after_stream(inner_->stream());
+    while (issued_ < order_.size() && bucket_layer_[size_t(order_[issued_])] >= layer) {
+      issue_bucket(order_[issued_++], work);
+      if (layer >= 0) in_backward_++;
+    }
+    hook_ms_ += now_ms() - t0;
   }
 
   void reduce_grads() {
     if (reduced_) return;
     const double t0 = now_ms();
-    // The backward ran on the step's own stream, which no copy below waits for.
-    inner_->sync();
     const FlatBuffer g = inner_->grads();
     float* work = g.data;
     if (mirror_) {
+      // The backward ran on the step's own stream, which the copy does not wait for.
+      inner_->sync();
       copy_step_bytes(host_g_, g.data, size_t(g.numel) * sizeof(float));
       work = host_g_;
+    } else if (device_work_) {
+      comm_.after_stream(inner_->stream());  // packing reads what the backward wrote
     }
-    for (int r = 0; r < plan_.world; r++)
-      for (const SegmentPiece& p : pieces_[size_t(r)])
-        for_each_packed_run(plan_, r, p, [&](int64_t po, int64_t fo, int64_t n) {
-          move(packed_ + po, work + fo, n);
-        });
-    if (device_work_) finish_step_copies();  // before the communicator's stream reads packed_
-    for (int64_t k = 0; k < plan_.buckets(); k++) {
-      comm_.reduce_scatter(packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
-                           seg_ + k * plan_.bucket_elems, size_t(plan_.chunk(k)), DType::F32,
-                           RedOp::Sum);
-      reduce_scatters_++;
-    }
+    // The buckets the backward did not start (all of them without overlap).
+    while (issued_ < order_.size()) issue_bucket(order_[issued_++], work);
     comm_.synchronize();
     for (const SegmentPiece& p : pieces_[size_t(rank_)]) {
       move(work + p.flat_offset, seg_ + p.seg_offset, p.len);
@@ -317,24 +391,26 @@ class DpStep final : public DataParallelStep {
         copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset,
                         size_t(p.len) * sizeof(float));
     }
-    if (device_work_ || mirror_)
-      finish_step_copies();  // before the step's stream reads the reduced gradients
+    if (device_work_) comm_.synchronize();  // before the step's stream reads them
+    if (mirror_) finish_step_copies();
     reduced_ = true;
-    times_.reduce_scatter = now_ms() - t0;
+    times_.reduce_scatter = now_ms() - t0 + hook_ms_;
+    times_.buckets_in_backward = in_backward_;
   }
 
   void gather_weights() {
     const double t0 = now_ms();
-    inner_->sync();  // the update ran on the step's own stream
     const FlatBuffer m = inner_->masters();
     float* work = m.data;
     if (mirror_) {
+      inner_->sync();  // the update ran on the step's own stream
       copy_step_bytes(host_m_, m.data, size_t(m.numel) * sizeof(float));
       work = host_m_;
+    } else if (device_work_) {
+      comm_.after_stream(inner_->stream());  // packing reads what the update wrote
     }
     for (const SegmentPiece& p : pieces_[size_t(rank_)])
       move(seg_ + p.seg_offset, work + p.flat_offset, p.len);
-    if (device_work_) finish_step_copies();  // before the communicator's stream reads seg_
     for (int64_t k = 0; k < plan_.buckets(); k++)
       comm_.all_gather(seg_ + k * plan_.bucket_elems,
                        packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
@@ -347,9 +423,11 @@ class DpStep final : public DataParallelStep {
           move(work + fo, packed_ + po, n);
         });
     }
-    if (mirror_) copy_step_bytes(m.data, host_m_, size_t(m.numel) * sizeof(float));
-    if (device_work_ || mirror_)
-      finish_step_copies();  // before the step's stream reads the gathered masters
+    if (device_work_) comm_.synchronize();  // before the step's stream reads the masters
+    if (mirror_) {
+      copy_step_bytes(m.data, host_m_, size_t(m.numel) * sizeof(float));
+      finish_step_copies();
+    }
     inner_->weights_changed();
     times_.all_gather = now_ms() - t0;
   }
@@ -363,7 +441,18 @@ class DpStep final : public DataParallelStep {
   std::vector<std::vector<SegmentPiece>> pieces_;
   ParamMask mask_;
   int64_t flat_floats_ = 0;
+  bool overlap_ = true;
   bool device_work_ = false, mirror_ = false, reduced_ = false;
+  struct Run {
+    int64_t packed = 0, flat = 0, len = 0;
+  };
+  std::vector<std::vector<Run>> runs_;  // per bucket
+  std::vector<int64_t> bucket_layer_;   // per bucket: the layer that completes it
+  std::vector<int64_t> order_;          // buckets in the order the backward completes them
+  size_t issued_ = 0;                   // of order_, started this step
+  int64_t in_backward_ = 0;             // started inside the backward (layer >= 0)
+  int64_t micro_total_ = 0, micro_seen_ = 0;
+  double hook_ms_ = 0;
   float *packed_ = nullptr, *seg_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;
   int64_t reduce_scatters_ = 0;
   DataParallelTimes times_;
@@ -371,9 +460,12 @@ class DpStep final : public DataParallelStep {
 
 }  // namespace
 
-std::unique_ptr<DataParallelStep> make_data_parallel_step(
-    ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing,
-    TrainStepOptions options, Communicator& comm, Communicator& host, int64_t bucket_elems) {
+std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
+                                                          const OptimizerSettings& optim,
+                                                          const BalancingSettings& balancing,
+                                                          TrainStepOptions options,
+                                                          Communicator& comm, Communicator& host,
+                                                          int64_t bucket_elems, bool overlap) {
   ZAYA_CHECK(comm.size() == host.size() && comm.rank() == host.rank(),
              "data parallel: the {} communicator (rank {} of {}) and the host one (rank {} of {}) "
              "differ",
@@ -391,7 +483,8 @@ std::unique_ptr<DataParallelStep> make_data_parallel_step(
       if (e.count > 0) options.owned_slices[i] = {e.first, e.count};
     }
   auto inner = make_train_step(model, optim, balancing, options);
-  return std::make_unique<DpStep>(std::move(inner), std::move(items), std::move(plan), comm, host);
+  return std::make_unique<DpStep>(std::move(inner), std::move(items), std::move(plan), comm, host,
+                                  overlap);
 }
 
 }  // namespace zaya

@@ -1,17 +1,24 @@
 // DataParallelStep: data parallelism with ZeRO-1 over any TrainStep and a Communicator. Every rank
 // holds a full model replica and runs the same loop on its own micro-batches; the step adds the
 // collectives between the inner step's stages (train_step.h):
-//   1. after the last forward_backward (the first grad_sq_norm or optimizer_step of the step), the
-//      fp32 gradients are packed into buckets (dist/zero1.h's layout) and reduce-scattered, so
-//      each rank holds the fully reduced gradients of the tensors it owns;
+//   1. the fp32 gradients are packed into buckets (dist/zero1.h's layout) and reduce-scattered,
+//      so each rank holds the fully reduced gradients of the tensors it owns. With overlap (the
+//      default) and begin_accumulation(n) called after zero_grads, the last micro-batch's backward
+//      starts each bucket as soon as the layers it holds are done (the inner step's
+//      LayerGradsReady; buckets in the order the backward completes them, the same on every
+//      rank): on NCCL the packing copies and the reduce-scatter run on the communicator's stream,
+//      ordered after the step's stream by an event, while the backward goes on; on MPI (blocking)
+//      they run between layers. The rest go after the backward (the first grad_sq_norm or
+//      optimizer_step of the step). Either way every bucket is reduced once, so the results are
+//      the same bits;
 //   2. grad_sq_norm returns the global Σg² (each rank's owned part, all-reduced), so clipping and
 //      the NaN/Inf decision are the same on every rank;
 //   3. optimizer_step updates the owned tensors only (the inner step keeps optimizer state only for
 //      them) and all-gathers the updated masters, then weights_changed() refreshes device copies.
 // Ownership is by whole matrix (dist/zero1.h): on the CPU a 3-D Muon expert tensor (and a big
 // AdamW tensor) may be split into dim-0 slices between ranks (the CPU step keeps and updates
-// just its slice); on the GPU tensors stay whole. Each Muon matrix is orthogonalised exactly once per
-// step, by its owner, from its fully reduced gradient. The loss scale of forward_backward must
+// just its slice); on the GPU tensors stay whole. Each Muon matrix is orthogonalised exactly once
+// per step, by its owner, from its fully reduced gradient. The loss scale of forward_backward must
 // already include 1/ranks (the caller averages over the global batch); the gradients are summed.
 // The routed counts given to update_balancing must be summed over ranks by the caller.
 //
@@ -22,9 +29,9 @@
 // load_state_from() (each rank reads the pieces it owns now). state() is collective and gathers
 // every owner's optimizer state as whole tensors on rank 0 (the other ranks get an empty list), for
 // comparisons against one process; load_state keeps each rank's own part of whole tensors.
-// Deliberately not here: overlap of the reduce-scatter with the backward (buckets are reduced
-// after it), slices on the GPU (CudaOptimizer keeps whole tensors), and element-sharded
-// AdamW tensors.
+// Deliberately not here: overlap of the weight all-gather with the next forward (it follows the
+// update), overlap on the host-staged path, slices on the GPU (CudaOptimizer keeps whole
+// tensors), and element-sharded AdamW tensors.
 #pragma once
 #include <memory>
 #include <string>
@@ -43,10 +50,13 @@ struct DataParallelMemory {
 // Wall-clock milliseconds of the last step's data-parallel stages on this rank (each ends
 // synchronised): the gradient reduce-scatter (packing, the collectives, unpacking, and the host
 // staging copies when there are any), the inner optimizer update of the owned tensors, and the
-// weight all-gather (packing, the collectives, unpacking; weights_changed() is issued, not waited for: on the GPU its
-// refresh of the bf16 copies lands in the next forward's time).
+// weight all-gather (packing, the collectives, unpacking; weights_changed() is issued, not waited
+// for: on the GPU its refresh of the bf16 copies lands in the next forward's time). reduce_scatter
+// counts the time spent in the backward's bucket starts too; buckets_in_backward is how many
+// buckets the last step started inside its backward (overlap).
 struct DataParallelTimes {
   double reduce_scatter = 0, update = 0, all_gather = 0;
+  int64_t buckets_in_backward = 0;
 };
 
 class DataParallelStep : public TrainStep {
@@ -62,12 +72,11 @@ class DataParallelStep : public TrainStep {
 // `comm` carries the gradients and weights (MPI: host buffers; NCCL: the rank's GPU); `host`
 // is an MPI communicator over the same ranks for host-side reductions and the state gather (it
 // may be `comm` itself when that is MPI). bucket_elems: fp32 elements per rank per bucket.
-std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
-                                                          const OptimizerSettings& optim,
-                                                          const BalancingSettings& balancing,
-                                                          TrainStepOptions options,
-                                                          Communicator& comm, Communicator& host,
-                                                          int64_t bucket_elems);
+// overlap: start buckets during the last micro-batch's backward (see above).
+std::unique_ptr<DataParallelStep> make_data_parallel_step(
+    ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing,
+    TrainStepOptions options, Communicator& comm, Communicator& host, int64_t bucket_elems,
+    bool overlap = true);
 
 // The ZeRO-1 items (name, shape, optimizer) of a model under these optimizer settings.
 std::vector<Zero1Item> zero1_items(ZayaModel& model, const OptimizerSettings& optim);

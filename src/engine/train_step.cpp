@@ -23,6 +23,19 @@ void TrainStep::set_context_parallel(Communicator* cp) {
              cp ? cp->size() : 1, name());
 }
 
+int64_t layer_of_param(const std::string& name) {
+  static const std::string prefix = "model.layers.";
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  int64_t layer = 0;
+  size_t i = prefix.size();
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') return -1;
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; i++) {
+    layer = layer * 10 + (name[i] - '0');
+    if (layer > (int64_t(1) << 40)) return -1;
+  }
+  return i < name.size() && name[i] == '.' ? layer : -1;
+}
+
 std::vector<int> TrainStep::weight_writers() const {
   return std::vector<int>(layout().size(), 0);
 }

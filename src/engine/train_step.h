@@ -146,6 +146,17 @@ class TrainStep {
                                int64_t balancing_steps);
   // Waits until the masters() hold the last update (the GPU step's stream); no-op on the CPU.
   virtual void sync() {}
+  // The CUDA stream (a cudaStream_t) the step's work runs on in order; nullptr on the CPU.
+  virtual void* stream() const { return nullptr; }
+  // Overlap (data parallelism): from now on every forward_backward tells `fn` as its backward
+  // completes layers' gradients (model/backward.h's LayerGradsReady); an empty fn stops it. The
+  // CPU and CUDA steps have it; the default ignores it (the gradients are then all ready after
+  // forward_backward returns, as before).
+  virtual void set_grads_ready(LayerGradsReady fn) { (void)fn; }
+  // Called by the loop after zero_grads(): the gradients of this step are complete after
+  // `micro_batches` forward_backward calls. A data-parallel step uses it to reduce buckets during
+  // the last one's backward; others ignore it.
+  virtual void begin_accumulation(int64_t micro_batches) { (void)micro_batches; }
   // Context parallelism (model/backward.h): from now on forward_backward gets the full rows of a
   // sequence group and computes this rank's two chunks over `cp` (null or size 1: whole rows).
   // The CPU step has it; others refuse a group of 2 or more with a zaya::Error.
@@ -175,6 +186,9 @@ std::unique_ptr<TrainStep> make_train_step(ZayaModel& model, const OptimizerSett
 void copy_step_bytes(void* dst, const void* src, size_t bytes);
 // Waits until every copy_step_bytes issued so far has completed (no-op without CUDA).
 void finish_step_copies();
+// The layer index of a parameter named "model.layers.<n>. ...", or -1 for the others (the
+// embedding, the input affine, the final norm): the LayerGradsReady index that completes it.
+int64_t layer_of_param(const std::string& name);
 // CUDA devices this process sees (0 in a build without CUDA or on a machine without a GPU).
 int visible_cuda_devices();
 void* alloc_pinned_host(size_t bytes);

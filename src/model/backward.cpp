@@ -187,7 +187,8 @@ class Trainer {
       pos_[size_t(n)] = cp_ ? gc_[n / (B_ * L_)] * L_ + n % L_ : n % S_;
   }
 
-  StepStats run(const int32_t* ids, const int32_t* targets, float loss_scale);
+  StepStats run(const int32_t* ids, const int32_t* targets, float loss_scale,
+                const LayerGradsReady* ready);
   int64_t local_tokens() const { return N_; }
   // Global index (b·S + t) of local token n.
   int64_t global_index(int64_t n) const {
@@ -672,7 +673,8 @@ void Trainer::moe_bwd(int64_t li, LayerActs& A, const LayerActs* prev, const flo
   dr_next.swap(dr);
 }
 
-StepStats Trainer::run(const int32_t* ids, const int32_t* targets, float loss_scale) {
+StepStats Trainer::run(const int32_t* ids, const int32_t* targets, float loss_scale,
+                       const LayerGradsReady* ready) {
   const int64_t N = N_, D = D_, V = V_, nl = int64_t(m_.layers.size());
   StepStats st;
   // ---- forward ----
@@ -754,6 +756,7 @@ StepStats Trainer::run(const int32_t* ids, const int32_t* targets, float loss_sc
                           A.rstd_in.data(), N, D);
     for (int64_t i = 0; i < N * D; i++) dh[size_t(i)] += dtmp[size_t(i)];
     acts[size_t(li)] = LayerActs();  // layer li+1, the last reader of this layer's r, is done
+    if (ready && *ready) (*ready)(li);
   }
   // Input affine h0 = (emb + b) ⊙ s, then the embedding lookup.
   const float* s = m_.input_scale.f32();
@@ -766,6 +769,7 @@ StepStats Trainer::run(const int32_t* ids, const int32_t* targets, float loss_sc
       dtmp[size_t(n * D + i)] = gval * s[i];
     }
   cpu::embedding_backward(g_embed_, dtmp.data(), ids, N, D, V);
+  if (ready && *ready) (*ready)(-1);
   return st;
 }
 
@@ -817,7 +821,7 @@ std::array<int64_t, 2> context_chunks(int rank, int size) {
 
 StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t* targets,
                            int64_t B, int64_t S, ModelGrads& grads, float loss_scale,
-                           const ContextParallel* cp) {
+                           const ContextParallel* cp, const LayerGradsReady* ready) {
   ZAYA_CHECK(B > 0 && S > 0, "forward_backward: batch {} x sequence {} is empty", B, S);
   ZAYA_CHECK(int64_t(m.layers.size()) == m.cfg.num_hidden_layers,
              "forward_backward: the model holds {} layers, its config {}", m.layers.size(),
@@ -826,7 +830,7 @@ StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t
   if (cp && cp->comm->size() < 2) cp = nullptr;
   if (!cp) {
     Trainer t(m, grads, B, S, nullptr);
-    return t.run(ids, targets, loss_scale);
+    return t.run(ids, targets, loss_scale, ready);
   }
   const int64_t C = cp->comm->size(), P = (m.cfg.cca_time0 - 1) + (m.cfg.cca_time1 - 1);
   ZAYA_CHECK(S % (2 * C) == 0,
@@ -844,7 +848,7 @@ StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t
     lid[size_t(i)] = ids[t.global_index(i)];
     ltg[size_t(i)] = targets[t.global_index(i)];
   }
-  return t.run(lid.data(), ltg.data(), loss_scale);
+  return t.run(lid.data(), ltg.data(), loss_scale, ready);
 }
 
 }  // namespace zaya

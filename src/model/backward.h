@@ -5,6 +5,7 @@
 // ModelGrads that mirrors ZayaModel::named_tensors(), in fp32.
 #pragma once
 #include <array>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,6 +45,14 @@ struct ContextParallel {
   Communicator* comm = nullptr;  // the cp group, size C >= 2 (null or size 1: no splitting)
   bool send_halo_grads = true;   // false drops the halo gradients (tests: a detached halo fails)
 };
+// Called by the backward as it finishes: layer(layer) once the gradients of every parameter of
+// layers >= `layer` ("model.layers.<n>.") are final for this micro-batch (L−1 first, then down),
+// and layer(-1) once every gradient is (the embedding, the input affine and the final norm last).
+// A data-parallel step starts reducing the buckets those complete (engine/data_parallel_step.h).
+// On the GPU it is called when the layer's kernels are enqueued, not done: order reads after the
+// step's stream.
+using LayerGradsReady = std::function<void(int64_t layer)>;
+
 // The global chunk indices rank `rank` of a cp group of `size` holds, in its slot order.
 std::array<int64_t, 2> context_chunks(int rank, int size);
 
@@ -57,9 +66,11 @@ std::array<int64_t, 2> context_chunks(int rank, int size);
 // gradients are this rank's part (their sum over the group is the whole gradient), StepStats.loss
 // its share of the mean (the shares sum to the mean over the group's scored tokens), tokens and
 // routed its own tokens' counts. A sequence length not divisible by 2·C, or chunks shorter than
-// the convolutions' history, is refused with an error.
+// the convolutions' history, is refused with an error. `ready` (may be null) is told as the
+// backward completes layers (LayerGradsReady).
 StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t* targets,
                            int64_t B, int64_t S, ModelGrads& grads, float loss_scale = 1.0f,
-                           const ContextParallel* cp = nullptr);
+                           const ContextParallel* cp = nullptr,
+                           const LayerGradsReady* ready = nullptr);
 
 }  // namespace zaya

@@ -292,6 +292,7 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
     q.get("cp", &c.parallel.cp);
     q.get("backend", &c.parallel.backend);
     q.get("bucket_mb", &c.parallel.bucket_mb);
+    q.get("overlap", &c.parallel.overlap);
   });
   r.table("fault_tolerance", [&](Reader& q) {
     q.get("collective_timeout", &c.fault_tolerance.collective_timeout);
@@ -377,7 +378,8 @@ toml::table to_table(const RunConfig& c) {
   root.insert("parallel", toml::table{{"dp", c.parallel.dp},
                                       {"cp", c.parallel.cp},
                                       {"backend", c.parallel.backend},
-                                      {"bucket_mb", c.parallel.bucket_mb}});
+                                      {"bucket_mb", c.parallel.bucket_mb},
+                                      {"overlap", c.parallel.overlap}});
   root.insert("fault_tolerance",
               toml::table{{"collective_timeout", c.fault_tolerance.collective_timeout},
                           {"nonfinite", c.fault_tolerance.nonfinite},

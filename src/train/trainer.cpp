@@ -371,7 +371,7 @@ TrainResult train(const TrainOptions& opts) {
     if (job.parallel()) {
       Communicator& gc = job.grads ? *job.grads : *job.host;
       auto d = make_data_parallel_step(model, rc.optim.optimizer_settings(), rc.optim.balancing, so,
-                                       gc, *job.host, par.bucket_elems);
+                                       gc, *job.host, par.bucket_elems, rc.parallel.overlap);
       dstep = d.get();
       step = std::move(d);
     } else {
@@ -616,6 +616,7 @@ TrainResult train(const TrainOptions& opts) {
     const auto t_step = std::chrono::steady_clock::now();
     const int64_t S = phase.seq_len, micro = std::max<int64_t>(1, phase.micro_steps);
     step->zero_grads();
+    step->begin_accumulation(micro);
     double loss = 0;
     int64_t ntok = 0;
     std::vector<std::vector<int64_t>> counts;
@@ -636,8 +637,8 @@ TrainResult train(const TrainOptions& opts) {
       // The gradient is the mean over the global batch: micro × dp micro-batches, summed over
       // the ranks by the data-parallel step.
       const auto computing = ft::section(ft::kForward);  // the step marks its backward part
-      const float scale =
-          poison && m == 0 ? std::numeric_limits<float>::quiet_NaN() : 1.0f / float(micro * phase.dp);
+      const float scale = poison && m == 0 ? std::numeric_limits<float>::quiet_NaN()
+                                           : 1.0f / float(micro * phase.dp);
       StepStats ss = step->forward_backward(ids.data(), tgt.data(), mb, S, scale);
       loss += ss.loss / double(micro);
       ntok += ss.tokens;

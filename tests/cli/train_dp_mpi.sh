@@ -4,7 +4,8 @@
 #  - -np 1 is the one-process run bit for bit (losses and the final weights);
 #  - -np 2, 3, 4: per-step losses and final weights agree with one process within fp32
 #    reduction-order noise (bounds below, measured: see docs/TRAINING.md);
-#  - two runs at -np 2 are bit-identical;
+#  - two runs at -np 2 are bit-identical, and so are runs with the buckets (small ones) started
+#    during the backward (parallel.overlap) or all after it;
 #  - held-out evaluation, each rank scoring its share of the eval batches (7: no N divides it):
 #    the eval losses of -np 2, 3, 4 agree with one process within the bound below, -np 1 and a
 #    repeat at -np 2 bit for bit; with weights equal on every N (a learning rate of 1e-50, so no
@@ -35,8 +36,8 @@ tiny_run_data "$T/ds" "$src" || fail "data prepare"
 # Two phases (a sequence-length change) with the same global batch of 12 sequences.
 # Evaluation every 10 steps over 7 batches (which 2, 3 and 4 ranks do not divide).
 tiny_run_toml "$T/ds" 30 15 0 cpu 10 7 > "$T/run.toml"
-run() {  # run NAME NP : trains into $T/NAME (NP = 0: no launcher)
-  local name="$1" np="$2" cmd=("$zaya" train --config "$T/run.toml" --out "$T/$1" --quiet)
+run() {  # run NAME NP [FLAGS...] : trains into $T/NAME (NP = 0: no launcher)
+  local name="$1" np="$2" cmd=("$zaya" train --config "$T/run.toml" --out "$T/$1" --quiet "${@:3}")
   if [ "$np" = 0 ]; then "${cmd[@]}" > "$T/$name.log" 2>&1
   else mpi "$np" "${cmd[@]}" > "$T/$name.log" 2>&1; fi || { tail -30 "$T/$name.log"; fail "$name"; }
 }
@@ -47,6 +48,9 @@ run np2 2
 run np2b 2
 run np3 3
 run np4 4
+# Small buckets (~20), started during the backward or all after it: the same bits.
+run ov_on 2 --parallel.bucket_mb=0.1
+run ov_off 2 --parallel.bucket_mb=0.1 --parallel.overlap=false
 # Evaluation with weights equal on every N: the updates of lr 1e-50 underflow in fp32.
 exact() {  # exact NAME NP BATCHES
   local cmd=("$zaya" train --config "$T/run.toml" --out "$T/$1" --quiet --optim.lr=1e-50
@@ -100,6 +104,11 @@ assert [x["loss"] for x in a] == [x["loss"] for x in b], "two np 2 runs differ"
 assert [x["grad_norm"] for x in a] == [x["grad_norm"] for x in b], "two np 2 runs differ"
 assert open(f"{T}/np2/model/model.safetensors", "rb").read() == \
        open(f"{T}/np2b/model/model.safetensors", "rb").read(), "two np 2 runs' weights differ"
+a, b = losses("ov_on"), losses("ov_off")
+assert [(x["loss"], x["grad_norm"]) for x in a] == [(x["loss"], x["grad_norm"]) for x in b], \
+    "overlapped and deferred bucket reduction differ"
+assert open(f"{T}/ov_on/model/model.safetensors", "rb").read() == \
+       open(f"{T}/ov_off/model/model.safetensors", "rb").read(), "overlap changed the weights"
 for n in ["np2", "np3", "np4"]:
     print(f"{n}: max |loss - one process| = {dl(n):.3e}, max |weight - one process| = {dw(n):.3e}")
     assert dl(n) <= 1e-6, (n, dl(n))   # measured <= 3.7e-8 (N = 2, 3, 4)

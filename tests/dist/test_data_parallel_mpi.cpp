@@ -10,10 +10,12 @@
 // matrix orthogonalised twice or never (counted every step).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
 
+#include "core/error.h"
 #include "dist/comm.h"
 #include "dist/launch.h"
 #include "engine/data_parallel_step.h"
@@ -166,6 +168,81 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
   }
 }
 
+// Overlap: buckets started during the last micro-batch's backward, as the layers they hold are
+// done, give the same bits as every bucket reduced after the backward; that fails if a bucket were
+// packed before the backward had finished writing any of its gradients (a layer reported done too
+// early). Real forward_backward on rank-specific tokens, two micro-batches per step (the first
+// one's backward must not start anything), small buckets so that most start inside the backward.
+TEST(DataParallelMpi, OverlappedReductionMatchesDeferredBitForBit) {
+  if (detect_launch().world < 2) GTEST_SKIP() << "run under mpirun -np N (N >= 2)";
+  auto comm = make_world_communicator("mpi");
+  const int N = comm->size(), R = comm->rank();
+  ZayaConfig cfg = ZayaConfig::preset("tiny");
+  OptimizerSettings os;
+  BalancingSettings bs;
+  ZayaModel ma = ZayaModel::init(cfg, 11), mb = ZayaModel::init(cfg, 11);
+  TrainStepOptions so;
+  const int64_t bucket = 2000;
+  auto over = make_data_parallel_step(ma, os, bs, so, *comm, *comm, bucket, true);
+  auto after = make_data_parallel_step(mb, os, bs, so, *comm, *comm, bucket, false);
+  const Zero1Plan& plan = over->plan();
+  const auto& lay = over->layout();
+  ASSERT_GT(plan.buckets(), 4);
+  std::vector<std::vector<int64_t>> counts;
+  for (auto& sl : lay)
+    if (is_balancing_bias(sl.name)) counts.push_back(std::vector<int64_t>(size_t(cfg.num_experts + 1)));
+  const int64_t B = 2, S = 16, micro = 2;
+  std::vector<int32_t> ids(size_t(B * S)), tgt(size_t(B * S));
+  for (int step = 0; step < 3; step++) {
+    for (auto* d : {over.get(), after.get()}) {
+      d->zero_grads();
+      d->begin_accumulation(micro);
+    }
+    for (int64_t m = 0; m < micro; m++) {
+      for (int64_t i = 0; i < B * S; i++) {
+        ids[size_t(i)] = int32_t((uint64_t(R) * 7919u + uint64_t(step) * 104729u +
+                                  uint64_t(m) * 15485863u + uint64_t(i) * 2654435761u) %
+                                 uint64_t(cfg.vocab_size));
+        tgt[size_t(i)] = i % 7 == 3 ? -1 : ids[size_t((i * 5 + 1) % (B * S))];
+      }
+      const float scale = 1.0f / float(micro * N);
+      const StepStats a = over->forward_backward(ids.data(), tgt.data(), B, S, scale);
+      const StepStats b = after->forward_backward(ids.data(), tgt.data(), B, S, scale);
+      EXPECT_EQ(a.loss, b.loss) << "step " << step << " micro-batch " << m;
+    }
+    const double sa = over->grad_sq_norm(), sb = after->grad_sq_norm();
+    EXPECT_EQ(sa, sb) << "step " << step;
+    // Most buckets started inside the backward (those holding the embedding or the final norm
+    // wait for its end); none without overlap; every bucket reduced once either way.
+    const int64_t early = over->last_times().buckets_in_backward;
+    EXPECT_GT(early, plan.buckets() / 2) << "of " << plan.buckets() << " buckets";
+    EXPECT_LT(early, plan.buckets());
+    EXPECT_EQ(after->last_times().buckets_in_backward, 0);
+    EXPECT_EQ(over->reduce_scatters(), after->reduce_scatters());
+    EXPECT_EQ(over->reduce_scatters(), int64_t(step + 1) * plan.buckets());
+    if (R == 0 && step == 0)
+      std::printf("overlap over %d ranks: %lld of %lld buckets started inside the backward\n", N,
+                  (long long)early, (long long)plan.buckets());
+    const float clip = float(1.0 / std::max(1.0, std::sqrt(sa)));
+    over->optimizer_step(1e-3, clip);
+    after->optimizer_step(1e-3, clip);
+    for (size_t l = 0; l < counts.size(); l++)
+      for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] = int64_t((l * 5 + e * 3 + step) % 7);
+    over->update_balancing(counts);
+    after->update_balancing(counts);
+    const FlatBuffer wa = over->masters(), wb = after->masters();
+    int64_t differ = 0;
+    for (auto& sl : lay)
+      differ += std::memcmp(wa.data + sl.offset, wb.data + sl.offset, size_t(sl.numel) * 4) != 0;
+    EXPECT_EQ(differ, 0) << "rank " << R << ": " << differ << " tensors differ at step " << step;
+  }
+  // More micro-batches than announced once buckets have started: refused, not silently wrong.
+  over->zero_grads();
+  over->begin_accumulation(1);
+  over->forward_backward(ids.data(), tgt.data(), B, S, 1.0f);
+  EXPECT_THROW(over->forward_backward(ids.data(), tgt.data(), B, S, 1.0f), Error);
+}
+
 // The LPT plan on its own, with and without dim-0 slices: every element of a tensor with a
 // gradient has one owner, none twice (so every matrix is owned exactly once, and a split tensor's
 // slices are whole experts or rows, at most one per rank); the packed layout is a bijection onto
@@ -273,6 +350,26 @@ TEST(Zero1Checkpoint, StatePiecesTileEveryTensorAndWritersOwnTheirWeight) {
         }
       }
     }
+}
+
+// The layer a parameter's gradient completes with (the overlap's bucket readiness).
+TEST(DataParallelMpi, LayerOfParamReadsTheLayerIndex) {
+  EXPECT_EQ(layer_of_param("model.layers.0.self_attn.qkv.weight"), 0);
+  EXPECT_EQ(layer_of_param("model.layers.39.zaya_block.experts.w1"), 39);
+  EXPECT_EQ(layer_of_param("model.embed_tokens.weight"), -1);
+  EXPECT_EQ(layer_of_param("model.final_norm.weight"), -1);
+  EXPECT_EQ(layer_of_param("model.layers.x.weight"), -1);
+  EXPECT_EQ(layer_of_param("model.layers.7"), -1);
+  EXPECT_EQ(layer_of_param("model.layers."), -1);
+  // Every tiny-model tensor is either in a layer below the layer count or one of the others.
+  ZayaModel m = ZayaModel::init(ZayaConfig::preset("tiny"), 1);
+  int64_t in_layers = 0;
+  for (auto& [name, t] : m.tensor_slots()) {
+    const int64_t l = layer_of_param(name);
+    EXPECT_LT(l, m.cfg.num_hidden_layers) << name;
+    in_layers += l >= 0;
+  }
+  EXPECT_GT(in_layers, 0);
 }
 
 // Ranks on one host that disagree on the GPUs they see are refused, naming host, counts and

@@ -13,7 +13,8 @@
 # 3. `zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096` without --dp and with
 #    --dp nccl (one rank), then --dp mpi under `mpirun -np 1`: the losses bit for bit, and the
 #    overhead of the data-parallel machinery (step time and the reduce-scatter + all-gather
-#    split), which the issue bounds at 2% of the step.
+#    split), which the issue bounds at 2% of the step; --dp nccl with buckets started during the
+#    backward (the default) and with --no-overlap, both the plain step's bits.
 # Every failed check prints FAIL and counts in the exit status (the return status when sourced).
 dp_check_main() {
   local root Z_="${Z:-build/zaya}" MPI_="${MPIRUN:-mpirun}" bound="${LOSS_BOUND:-1e-6}"
@@ -124,6 +125,7 @@ PY
   bench tiny_nccl -- "${tiny[@]}" --dp nccl
   bench base_plain -- "${base[@]}"
   bench base_nccl -- "${base[@]}" --dp nccl
+  bench base_nccl_after -- "${base[@]}" --dp nccl --no-overlap
   bench base_mpi "${mpi[@]}" -np 1 -- "${base[@]}" --dp mpi
   python3 - "$T" <<'PY' 2>&1 | tee -a "$summary"
 import json, sys
@@ -134,7 +136,8 @@ def j(n):
     except (OSError, ValueError):
         return None
 ok = True
-for plain, dp in [("tiny_plain", "tiny_nccl"), ("base_plain", "base_nccl"), ("base_plain", "base_mpi")]:
+for plain, dp in [("tiny_plain", "tiny_nccl"), ("base_plain", "base_nccl"),
+                  ("base_plain", "base_nccl_after"), ("base_plain", "base_mpi")]:
     p, d = j(plain), j(dp)
     if p is None or d is None:
         print(f"FAIL: no JSON from {plain} or {dp}"); ok = False; continue
@@ -149,7 +152,8 @@ for plain, dp in [("tiny_plain", "tiny_nccl"), ("base_plain", "base_nccl"), ("ba
         print(f"  {p['device']}: step {p['step_ms_median']:.2f} ms plain, {d['step_ms_median']:.2f} ms "
               f"with --dp {x['backend']} ({100 * over:+.2f}%); reduce-scatter {x['reduce_scatter_ms_median']:.2f} "
               f"+ all-gather {x['all_gather_ms_median']:.2f} ms = {100 * x['overhead_fraction']:.2f}% of the "
-              f"step; update {x['update_ms_median']:.2f} ms (plain optimizer {p['optimizer_ms_median']:.2f} ms)")
+              f"step; update {x['update_ms_median']:.2f} ms (plain optimizer {p['optimizer_ms_median']:.2f} ms); "
+              f"overlap {'on' if x.get('overlap', False) else 'off'}")
         if x["backend"] == "nccl" and over > 0.02:
             print(f"  NOTE: NCCL one-rank overhead {100 * over:.2f}% is above the 2% target")
 sys.exit(0 if ok else 1)

@@ -53,8 +53,10 @@ class CudaStep final : public TrainStep {
 
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                              float loss_scale) override {
-    return model_->forward_backward(ids, targets, B, S, loss_scale);
+    return model_->forward_backward(ids, targets, B, S, loss_scale, ready_ ? &ready_ : nullptr);
   }
+  void set_grads_ready(LayerGradsReady fn) override { ready_ = std::move(fn); }
+  void* stream() const override { return model_->stream(); }
 
   double grad_sq_norm(const ParamMask& owned) override { return optim_->grad_sq_norm(owned); }
 
@@ -188,6 +190,7 @@ class CudaStep final : public TrainStep {
   // first.
   std::unique_ptr<cuda::CudaModel> model_;
   std::unique_ptr<cuda::CudaOptimizer> optim_;
+  LayerGradsReady ready_;  // set by a data-parallel step around the last micro-batch
 };
 
 }  // namespace

@@ -243,7 +243,7 @@ struct CudaModel::Impl {
   // LM head + cross-entropy over chunks of tokens; with `grad_scale` > 0 also dlogits, d(hn) and
   // the tied embedding's head gradient. Leaves the loss sum and count in d_loss_sum / d_count.
   void head_loss(int64_t N, bool backward, float grad_scale);
-  void backward(int64_t B, int64_t S);
+  void backward(int64_t B, int64_t S, const LayerGradsReady* ready);
   void layer_backward(int64_t li, int64_t B, int64_t S);
   void moe_backward(int64_t li, int64_t N);
   void attention_backward(int64_t li, int64_t B, int64_t S);
@@ -793,7 +793,7 @@ void CudaModel::Impl::head_loss(int64_t N, bool backward, float grad_scale) {
 
 // ---- backward -----------------------------------------------------------------------------------
 
-void CudaModel::Impl::backward(int64_t B, int64_t S) {
+void CudaModel::Impl::backward(int64_t B, int64_t S, const LayerGradsReady* ready) {
   const int64_t N = B * S;
   {
     Scope s(this, kNorms);
@@ -814,11 +814,15 @@ void CudaModel::Impl::backward(int64_t B, int64_t S) {
   for (int64_t li = L - 1; li >= 0; li--) {
     if (opt.recompute) layer_forward(li, B, S, false);
     layer_backward(li, B, S);
+    // Layer li's gradients are all enqueued (its post-MLP residual's came with layer li+1's
+    // input norm, or first for the last layer); nothing later writes them.
+    if (ready && *ready) (*ready)(li);
   }
   // Input affine h0 = (table[id] + b) ⊙ s, then the embedding rows.
   Scope s(this, kOther);
   embed_affine_bwd(embed->grad, in_scale->grad, in_bias->grad, dh, d_ids, embed->copy,
                    in_scale->master, in_bias->master, N, D, V, wsr(), st);
+  if (ready && *ready) (*ready)(-1);
 }
 
 // On entry dh holds d loss / d h_out of layer li; on exit d loss / d h_in. Without recompute the
@@ -1075,7 +1079,7 @@ void CudaModel::zero_grads() {
 }
 
 StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets, int64_t B,
-                                      int64_t S, float loss_scale) {
+                                      int64_t S, float loss_scale, const LayerGradsReady* ready) {
   Impl& im = *impl_;
   im.check_batch(B, S, "forward_backward");
   const int64_t N = B * S;
@@ -1087,7 +1091,7 @@ StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets
   // Every gradient is linear in dlogits, so the loss scale and the 1/count of the mean enter once.
   im.head_loss(N, true, loss_scale / float(std::max<int64_t>(count, 1)));
   const auto in_backward = ft::section(ft::kBackward);  // the host waits for the GPU in it
-  im.backward(B, S);
+  im.backward(B, S, ready);
   ZAYA_CUDA_CHECK(
       cudaMemcpyAsync(im.h_loss, im.d_loss_sum, sizeof(double), cudaMemcpyDeviceToHost, im.st));
   ZAYA_CUDA_CHECK(

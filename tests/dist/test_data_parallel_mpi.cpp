@@ -83,17 +83,19 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
   EXPECT_GT(split, 0) << "no expert tensor was split";
   EXPECT_LE(mx, 1.02 * double(total_state) / N) << "optimizer state per rank far above total/N";
   if (R == 0)
-    std::printf("ZeRO-1 over %d ranks: optimizer state %lld bytes in all, at most %.0f per rank "
-                "(total/N = %.0f, %+.2f%%)\n",
-                N, (long long)total_state, mx, double(total_state) / N,
-                100.0 * (mx * N / double(total_state) - 1));
+    std::printf(
+        "ZeRO-1 over %d ranks: optimizer state %lld bytes in all, at most %.0f per rank "
+        "(total/N = %.0f, %+.2f%%)\n",
+        N, (long long)total_state, mx, double(total_state) / N,
+        100.0 * (mx * N / double(total_state) - 1));
   if (R == 0) std::printf("%s", plan.describe(dp->items()).c_str());
 
   int64_t muon_total = 0;
   for (int r = 0; r < N; r++) muon_total += plan.muon_matrices[size_t(r)];
   std::vector<std::vector<int64_t>> counts;
   for (auto& s : lay)
-    if (is_balancing_bias(s.name)) counts.push_back(std::vector<int64_t>(size_t(cfg.num_experts + 1)));
+    if (is_balancing_bias(s.name))
+      counts.push_back(std::vector<int64_t>(size_t(cfg.num_experts + 1)));
 
   for (int step = 0; step < 4; step++) {
     dp->zero_grads();
@@ -119,7 +121,8 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
     EXPECT_EQ(int64_t(ns), muon_total);
     EXPECT_EQ(int64_t(ns), ref->muon_matrices_last_step());
     for (size_t l = 0; l < counts.size(); l++)
-      for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] = int64_t((l * 7 + e * 13 + step) % 11);
+      for (size_t e = 0; e < counts[l].size(); e++)
+        counts[l][e] = int64_t((l * 7 + e * 13 + step) % 11);
     dp->update_balancing(counts);
     ref->update_balancing(counts);
     // Balancing biases identical on every rank (hash gathered from all).
@@ -128,7 +131,8 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
     for (auto& s : lay)
       if (!s.has_grad) h = fnv1a(m.data + s.offset, size_t(s.numel) * 4, h);
     auto all = comm->host_all_gather(std::to_string(h));
-    for (auto& x : all) EXPECT_EQ(x, all[0]) << "balancing biases differ between ranks at step " << step;
+    for (auto& x : all)
+      EXPECT_EQ(x, all[0]) << "balancing biases differ between ranks at step " << step;
     // Weights bit for bit equal to the one-process update.
     FlatBuffer mr = ref->masters();
     int64_t differ = 0;
@@ -143,9 +147,9 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
     ASSERT_EQ(st.size(), want.size());
     for (size_t i = 0; i < st.size(); i++) {
       EXPECT_EQ(st[i].first, want[i].first);
-      EXPECT_EQ(std::memcmp(st[i].second.f32(), want[i].second.f32(),
-                            size_t(want[i].second.numel()) * 4),
-                0)
+      EXPECT_EQ(
+          std::memcmp(st[i].second.f32(), want[i].second.f32(), size_t(want[i].second.numel()) * 4),
+          0)
           << st[i].first;
     }
   } else {
@@ -190,7 +194,8 @@ TEST(DataParallelMpi, OverlappedReductionMatchesDeferredBitForBit) {
   ASSERT_GT(plan.buckets(), 4);
   std::vector<std::vector<int64_t>> counts;
   for (auto& sl : lay)
-    if (is_balancing_bias(sl.name)) counts.push_back(std::vector<int64_t>(size_t(cfg.num_experts + 1)));
+    if (is_balancing_bias(sl.name))
+      counts.push_back(std::vector<int64_t>(size_t(cfg.num_experts + 1)));
   const int64_t B = 2, S = 16, micro = 2;
   std::vector<int32_t> ids(size_t(B * S)), tgt(size_t(B * S));
   for (int step = 0; step < 3; step++) {
@@ -227,7 +232,8 @@ TEST(DataParallelMpi, OverlappedReductionMatchesDeferredBitForBit) {
     over->optimizer_step(1e-3, clip);
     after->optimizer_step(1e-3, clip);
     for (size_t l = 0; l < counts.size(); l++)
-      for (size_t e = 0; e < counts[l].size(); e++) counts[l][e] = int64_t((l * 5 + e * 3 + step) % 7);
+      for (size_t e = 0; e < counts[l].size(); e++)
+        counts[l][e] = int64_t((l * 5 + e * 3 + step) % 7);
     over->update_balancing(counts);
     after->update_balancing(counts);
     const FlatBuffer wa = over->masters(), wb = after->masters();
@@ -251,56 +257,56 @@ TEST(DataParallelMpi, PlanCoversEveryTensorOnce) {
   ZayaModel m = ZayaModel::init(ZayaConfig::preset("tiny"), 1);
   auto items = zero1_items(m, OptimizerSettings{});
   for (int world : {1, 2, 3, 4, 7, 16})
-  for (bool split : {false, true}) {
-    Zero1Plan p = plan_zero1(items, world, 1000, split);
-    int64_t matrices = 0, want_matrices = 0;
-    for (int r = 0; r < world; r++) matrices += p.muon_matrices[size_t(r)];
-    for (size_t i = 0; i < items.size(); i++) {
-      if (items[i].kind == OwnedKind::Muon)
-        want_matrices += items[i].shape.size() == 3 ? items[i].shape[0] : 1;
-      if (p.owner[i] != Zero1Plan::kSplit) continue;
-      EXPECT_TRUE(split && world > 1);
-      int64_t experts = 0, holders = 0;
-      for (const Dim0Slice& e : p.slices[i]) {
-        experts += e.count;
-        holders += e.count > 0;
+    for (bool split : {false, true}) {
+      Zero1Plan p = plan_zero1(items, world, 1000, split);
+      int64_t matrices = 0, want_matrices = 0;
+      for (int r = 0; r < world; r++) matrices += p.muon_matrices[size_t(r)];
+      for (size_t i = 0; i < items.size(); i++) {
+        if (items[i].kind == OwnedKind::Muon)
+          want_matrices += items[i].shape.size() == 3 ? items[i].shape[0] : 1;
+        if (p.owner[i] != Zero1Plan::kSplit) continue;
+        EXPECT_TRUE(split && world > 1);
+        int64_t experts = 0, holders = 0;
+        for (const Dim0Slice& e : p.slices[i]) {
+          experts += e.count;
+          holders += e.count > 0;
+        }
+        EXPECT_EQ(experts, items[i].shape[0]) << items[i].name;
+        EXPECT_EQ(holders, std::min<int64_t>(world, items[i].shape[0])) << items[i].name;
       }
-      EXPECT_EQ(experts, items[i].shape[0]) << items[i].name;
-      EXPECT_EQ(holders, std::min<int64_t>(world, items[i].shape[0])) << items[i].name;
+      EXPECT_EQ(matrices, want_matrices) << world;
+      std::vector<int64_t> offsets;
+      int64_t off = 0;
+      for (auto& it : items) {
+        offsets.push_back(off);
+        off += it.numel;
+      }
+      std::vector<int> hit(size_t(world) * size_t(p.seg), 0);
+      for (int r = 0; r < world; r++)
+        for (auto& piece : segment_pieces(p, items, offsets, r))
+          for_each_packed_run(p, r, piece, [&](int64_t po, int64_t, int64_t n) {
+            for (int64_t k = 0; k < n; k++) hit[size_t(po + k)]++;
+          });
+      int64_t covered = 0;
+      for (int x : hit) {
+        EXPECT_LE(x, 1);
+        covered += x;
+      }
+      int64_t want = 0;
+      // Per element of the flat buffer: how many ranks' segments hold it.
+      std::vector<int> owners(size_t(off), 0);
+      for (int r = 0; r < world; r++)
+        for (auto& piece : segment_pieces(p, items, offsets, r))
+          for (int64_t k = 0; k < piece.len; k++) owners[size_t(piece.flat_offset + k)]++;
+      for (size_t i = 0; i < items.size(); i++) {
+        EXPECT_EQ(p.owner[i] == -1, items[i].kind == OwnedKind::NoGrad) << items[i].name;
+        if (p.owner[i] != -1) want += items[i].numel;
+        for (int64_t k = 0; k < items[i].numel; k++)
+          ASSERT_EQ(owners[size_t(offsets[i] + k)], p.owner[i] == -1 ? 0 : 1)
+              << items[i].name << " element " << k << ", world " << world;
+      }
+      EXPECT_EQ(covered, want) << world;
     }
-    EXPECT_EQ(matrices, want_matrices) << world;
-    std::vector<int64_t> offsets;
-    int64_t off = 0;
-    for (auto& it : items) {
-      offsets.push_back(off);
-      off += it.numel;
-    }
-    std::vector<int> hit(size_t(world) * size_t(p.seg), 0);
-    for (int r = 0; r < world; r++)
-      for (auto& piece : segment_pieces(p, items, offsets, r))
-        for_each_packed_run(p, r, piece, [&](int64_t po, int64_t, int64_t n) {
-          for (int64_t k = 0; k < n; k++) hit[size_t(po + k)]++;
-        });
-    int64_t covered = 0;
-    for (int x : hit) {
-      EXPECT_LE(x, 1);
-      covered += x;
-    }
-    int64_t want = 0;
-    // Per element of the flat buffer: how many ranks' segments hold it.
-    std::vector<int> owners(size_t(off), 0);
-    for (int r = 0; r < world; r++)
-      for (auto& piece : segment_pieces(p, items, offsets, r))
-        for (int64_t k = 0; k < piece.len; k++) owners[size_t(piece.flat_offset + k)]++;
-    for (size_t i = 0; i < items.size(); i++) {
-      EXPECT_EQ(p.owner[i] == -1, items[i].kind == OwnedKind::NoGrad) << items[i].name;
-      if (p.owner[i] != -1) want += items[i].numel;
-      for (int64_t k = 0; k < items[i].numel; k++)
-        ASSERT_EQ(owners[size_t(offsets[i] + k)], p.owner[i] == -1 ? 0 : 1)
-            << items[i].name << " element " << k << ", world " << world;
-    }
-    EXPECT_EQ(covered, want) << world;
-  }
 }
 
 // The checkpoint layout under a plan: every rank's owned_state_pieces together tile each item's

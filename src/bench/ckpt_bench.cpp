@@ -94,8 +94,12 @@ int run_ckpt_bench(const CkptBenchOptions& o) {
       o.preset, o.layers, o.device, step->name(), double(save_bytes) / (1 << 20), o.saves, o.dir);
   const double disk_bps = disk_write_bandwidth(o.dir + "/baseline.bin", save_bytes);
 
-  Checkpointer ck(o.dir + "/checkpoints", 1, size_t(o.staging_mb) << 20, checkpoint_staging(*step),
-                  nullptr, "bench");
+  const size_t budget = size_t(o.staging_mb) << 20;
+  StagingMemory staging = checkpoint_staging(
+      *step, o.snapshot, budget ? std::min<size_t>(budget, save_bytes) : size_t(save_bytes));
+  const std::string where = staging.where;
+  fmt::print("# snapshot into {} memory ({})\n", where, o.snapshot);
+  Checkpointer ck(o.dir + "/checkpoints", 1, budget, std::move(staging), nullptr, "bench");
   ck.reserve(save_bytes);  // as the trainer does before its loop
   std::vector<double> write_bps;
   for (int64_t k = 1; k <= o.saves; k++) {
@@ -132,6 +136,8 @@ int run_ckpt_bench(const CkptBenchOptions& o) {
                         {"save_bytes", save_bytes},
                         {"saves", o.saves},
                         {"staging_mb", o.staging_mb},
+                        {"snapshot", o.snapshot},
+                        {"staging_memory", where},
                         {"blocking_ms", st.blocking_ms},
                         {"blocking_ms_p50", st.percentile_ms(50)},
                         {"blocking_ms_p99", st.percentile_ms(99)},

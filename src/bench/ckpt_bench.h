@@ -15,6 +15,7 @@ namespace zaya::bench {
 
 struct CkptBenchOptions {
   std::string preset = "zaya1-base", device = "cpu", dir = "zaya-bench-ckpt", json;
+  std::string snapshot = "auto";  // checkpoint.snapshot: auto, device or host (GPU state)
   int64_t layers = 8, saves = 3, staging_mb = 0;
   uint64_t seed = 1234;
 };

@@ -10,8 +10,10 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <new>
 #include <set>
+#include <system_error>
 
 #include "core/error.h"
 #include "dist/fault_inject.h"
@@ -23,6 +25,8 @@ namespace {
 // The ring is filled and drained in pieces of at most this much, so the writer starts on the
 // first piece while the snapshot copies the next.
 constexpr size_t kPiece = size_t(16) << 20;
+// Pieces at least this large are hashed on a second thread while they are written.
+constexpr size_t kParallelHash = size_t(1) << 20;
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -62,6 +66,12 @@ AsyncWriter::~AsyncWriter() {
   cv_.notify_all();
   thread_.join();
   release_ring();
+  if (bounce_) {
+    if (mem_.bounce_free)
+      mem_.bounce_free(bounce_);
+    else
+      ::operator delete(bounce_, std::align_val_t(64));
+  }
 }
 
 void AsyncWriter::release_ring() {
@@ -91,7 +101,7 @@ void AsyncWriter::reserve(size_t total) {
   const bool fresh =
       !ring_ || cap_ < std::max<size_t>(cap_limit_ ? std::min(cap_limit_, total) : total, 4096);
   ensure_ring(total);
-  if (fresh) std::memset(ring_, 0, cap_);
+  if (fresh && !mem_.read) std::memset(ring_, 0, cap_);  // host pages faulted in now
 }
 
 void AsyncWriter::submit(std::vector<StreamFile> files) {
@@ -114,7 +124,7 @@ void AsyncWriter::submit(std::vector<StreamFile> files) {
   }
   cv_.notify_all();
   // The snapshot: copy every source into the ring, waiting for room when it is full.
-  const auto copy =
+  const std::function<void(void*, const void*, size_t)> copy =
       mem_.copy ? mem_.copy : [](void* d, const void* s, size_t n) { std::memcpy(d, s, n); };
   for (const StreamFile& f : files)
     for (const StreamSource& s : f.sources) {
@@ -198,6 +208,15 @@ void AsyncWriter::write_files(const std::vector<StreamFile>& files, bool enospc)
   uint64_t bytes = 0;
   std::unique_ptr<XXH64_state_t, XXH_errorcode (*)(XXH64_state_t*)> st(XXH64_createState(),
                                                                        XXH64_freeState);
+  if (mem_.read && !bounce_) {
+    try {
+      void* p = mem_.bounce_alloc ? mem_.bounce_alloc(kPiece)
+                                  : ::operator new(kPiece, std::align_val_t(64));
+      bounce_ = static_cast<unsigned char*>(p);
+    } catch (const std::exception& e) {
+      err = fmt::format("cannot allocate the checkpoint writer's bounce buffer: {}", e.what());
+    }
+  }
   for (const StreamFile& f : files) {
     int fd = -1;
     if (err.empty()) {
@@ -208,14 +227,27 @@ void AsyncWriter::write_files(const std::vector<StreamFile>& files, bool enospc)
     uint64_t size = 0;
     const auto put = [&](const void* p, size_t n) {
       if (fd < 0) return;
+      // The checksum of a large piece is computed beside its write (both only read it), so the
+      // writer runs at the disk's pace rather than the disk's plus the hash's.
+      std::future<void> hashing;
+      if (n >= kParallelHash) {
+        try {
+          hashing = std::async(std::launch::async, [&st, p, n] { XXH64_update(st.get(), p, n); });
+        } catch (const std::system_error&) {
+          // No thread to be had: hash after the write instead.
+        }
+      }
       std::string e = write_all(fd, p, n, enospc);
+      if (hashing.valid())
+        hashing.get();
+      else
+        XXH64_update(st.get(), p, n);
       if (!e.empty()) {
         err = fmt::format("writing {} failed: {}", f.path, e);
         ::close(fd);
         fd = -1;
         return;
       }
-      XXH64_update(st.get(), p, n);
       size += n;
     };
     put(f.prefix.data(), f.prefix.size());
@@ -229,7 +261,21 @@ void AsyncWriter::write_files(const std::vector<StreamFile>& files, bool enospc)
         pos = size_t(tail_ % cap_);
         n = std::min({remaining, size_t(head_ - tail_), cap_ - pos, kPiece});
       }
-      put(ring_ + pos, n);
+      if (mem_.read) {
+        // A GPU ring: through the bounce buffer (skipped once a write failed; still drained).
+        if (fd >= 0) {
+          try {
+            mem_.read(bounce_, ring_ + pos, n);
+            put(bounce_, n);
+          } catch (const std::exception& e) {
+            err = fmt::format("reading the staging ring for {} failed: {}", f.path, e.what());
+            ::close(fd);
+            fd = -1;
+          }
+        }
+      } else {
+        put(ring_ + pos, n);
+      }
       remaining -= n;
       {
         std::lock_guard<std::mutex> lk(m_);

@@ -2,11 +2,14 @@
 // the snapshot: it copies every source's bytes (host or GPU memory, through copy_step_bytes) into
 // a staging ring that the writer owns and returns as soon as the last byte is in the ring, so the
 // caller may change the sources (train on) right away. A thread drains the ring into the files
-// (prefix bytes, then the sources in order), hashing each file (XXH64) as it writes, fsyncs every
-// file and the directories holding them, and reports what it wrote. The ring is never refilled
-// where the writer has not finished reading, so a checkpoint can never hold bytes of a later
-// snapshot; when the ring is smaller than a save (the host-memory budget), submit() blocks until
-// the writer has drained enough of it, and the save is only partly asynchronous.
+// (prefix bytes, then the sources in order), hashing each file (XXH64) as it writes (a large
+// piece on a second thread beside its write), fsyncs every file and the directories holding
+// them, and reports what it wrote. The ring is never refilled where the writer has not finished
+// reading, so a checkpoint can never hold bytes of a later snapshot; when the ring is smaller than a save (the memory budget), submit() blocks until the
+// writer has drained enough of it, and the save is only partly asynchronous.
+// The ring may live in GPU memory (StagingMemory::read set): the snapshot is then a device-to-
+// device copy, which is what keeps the loop's stall short for state on a GPU, and the writer
+// reads the ring a piece at a time through a page-locked bounce buffer of its own.
 //
 // Deliberately not here: what the files mean (ckpt/sharded.h), committing a save or deciding when
 // one is durable across ranks (ckpt/checkpoint.h), and O_DIRECT or several writer threads.
@@ -14,6 +17,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -21,12 +25,21 @@
 
 namespace zaya {
 
-// How the ring is allocated and filled: ordinary memory and memcpy by default; the trainer passes
-// page-locked memory and a copy that reads GPU memory when the state lives on a GPU.
+// How the ring is allocated, filled and read: ordinary memory and memcpy by default; for state on
+// a GPU the trainer passes page-locked host memory and a copy that reads GPU memory, or a ring in
+// GPU memory (engine/train_step.h, checkpoint_staging).
 struct StagingMemory {
-  void* (*alloc)(size_t bytes) = nullptr;  // nullptr: operator new (64-byte aligned)
-  void (*free)(void* p) = nullptr;
-  void (*copy)(void* dst, const void* src, size_t bytes) = nullptr;  // nullptr: memcpy
+  std::function<void*(size_t bytes)> alloc;  // empty: operator new (64-byte aligned)
+  std::function<void(void* p)> free;
+  // Into the ring, complete on return (the sources may change right after). Empty: memcpy.
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;
+  // Set when the ring is not host memory (a GPU ring): the writer thread reads ring bytes into
+  // host memory with it (complete on return), into a bounce buffer from bounce_alloc (empty:
+  // operator new), freed with bounce_free.
+  std::function<void(void* host_dst, const void* ring_src, size_t bytes)> read;
+  std::function<void*(size_t bytes)> bounce_alloc;
+  std::function<void(void* p)> bounce_free;
+  std::string where = "host";  // for messages: "host", "pinned host", "GPU"
 };
 
 // Bytes to copy into a file, in memory that StagingMemory::copy can read.
@@ -78,6 +91,7 @@ class AsyncWriter {
   uint64_t last_bytes() const;
   double last_write_seconds() const;
   size_t ring_bytes() const { return cap_; }
+  const std::string& ring_where() const { return mem_.where; }
 
  private:
   void run();
@@ -90,7 +104,8 @@ class AsyncWriter {
   size_t cap_limit_ = 0, cap_ = 0;
   StagingMemory mem_;
   unsigned char* ring_ = nullptr;
-  uint64_t head_ = 0, tail_ = 0;  // bytes put into / taken out of the ring, ever
+  unsigned char* bounce_ = nullptr;  // the writer's, with mem_.read (one piece)
+  uint64_t head_ = 0, tail_ = 0;     // bytes put into / taken out of the ring, ever
 
   mutable std::mutex m_;
   std::condition_variable cv_;

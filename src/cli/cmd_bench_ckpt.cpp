@@ -24,7 +24,12 @@ int bench_ckpt_cli(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--saves", a.saves, "timed saves")->capture_default_str();
   app.add_option("--staging-mb", a.staging_mb,
-                 "host staging budget in MiB, as [checkpoint] staging_mb (0: one save's size)")
+                 "staging budget in MiB, as [checkpoint] staging_mb (0: one save's size)")
+      ->capture_default_str();
+  app.add_option("--snapshot", a.snapshot,
+                 "where a GPU step's snapshot goes, as [checkpoint] snapshot: device (GPU "
+                 "memory), host (page-locked host memory) or auto")
+      ->check(CLI::IsMember({"auto", "device", "host"}))
       ->capture_default_str();
   app.add_option("--seed", a.seed, "weights seed")->capture_default_str();
   app.add_option("--json", a.json, "write results as JSON to this file");

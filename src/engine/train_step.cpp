@@ -58,9 +58,19 @@ RankContribution checkpoint_contribution(TrainStep& step, int rank, int world) {
   return c;
 }
 
-StagingMemory checkpoint_staging(TrainStep& step) {
+StagingMemory checkpoint_staging(TrainStep& step, const std::string& snapshot, size_t ring_bytes) {
+  ZAYA_CHECK(snapshot == "auto" || snapshot == "device" || snapshot == "host",
+             "checkpoint snapshot '{}': expected auto, device or host", snapshot);
   if (step.masters().device != Device::CUDA) return {};
-  return {alloc_pinned_host, free_pinned_host, copy_step_bytes};
+  constexpr size_t kHeadroom = size_t(2) << 30;
+  if (snapshot == "device" || (snapshot == "auto" && free_device_bytes() >= ring_bytes + kHeadroom))
+    return device_ring_staging();
+  StagingMemory m;
+  m.alloc = alloc_pinned_host;
+  m.free = free_pinned_host;
+  m.copy = copy_step_bytes;
+  m.where = "pinned host";
+  return m;
 }
 
 void TrainStep::load_state_from(const StateSource& source, int64_t optimizer_steps,
@@ -88,6 +98,14 @@ void copy_step_bytes(void* dst, const void* src, size_t bytes) {
 }
 
 void finish_step_copies() {}
+
+StagingMemory device_ring_staging() {
+  fail("checkpoint.snapshot = \"device\": this zaya was built without CUDA");
+}
+
+size_t free_device_bytes() {
+  return 0;
+}
 
 int visible_cuda_devices() {
   return 0;

@@ -199,9 +199,18 @@ void free_pinned_host(void* p);
 // rank 0 every weight's placement. The caller adds config_json and trainer_json (rank 0). Call
 // after sync(); the sources stay valid until the step changes its masters.
 RankContribution checkpoint_contribution(TrainStep& step, int rank, int world);
-// How a checkpoint writer may copy from the step's memory: page-locked staging and
-// copy_step_bytes for a GPU step, ordinary memory and memcpy for a CPU one.
-StagingMemory checkpoint_staging(TrainStep& step);
+// How a checkpoint writer may copy from the step's memory (ckpt/async_writer.h): ordinary memory
+// and memcpy for a CPU step; for a GPU step, by `snapshot` (checkpoint.snapshot): "host" =
+// page-locked host memory filled by device-to-host copies; "device" = a ring in the GPU's memory
+// filled by device-to-device copies, read by the writer through a page-locked bounce buffer;
+// "auto" = "device" when the GPU has ring_bytes (the ring the writer will allocate) plus 2 GiB
+// free, else "host". Call from the thread that drives the step (its current CUDA device).
+StagingMemory checkpoint_staging(TrainStep& step, const std::string& snapshot = "host",
+                                 size_t ring_bytes = 0);
+// The CUDA build's GPU ring (the current device) and the current device's free bytes; a build
+// without CUDA throws / returns 0.
+StagingMemory device_ring_staging();
+size_t free_device_bytes();
 
 // Throws zaya::Error unless options.device can train here (for "cuda": the build has the CUDA
 // backend and the machine has the device). The loop calls it first, before any data or model work.

@@ -277,6 +277,7 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
     k.get("dir", &c.checkpoint.dir);
     k.get("async", &c.checkpoint.async);
     k.get("staging_mb", &c.checkpoint.staging_mb);
+    k.get("snapshot", &c.checkpoint.snapshot);
   });
   r.table("train", [&](Reader& t) {
     t.get("seed", &c.train.seed);
@@ -367,7 +368,8 @@ toml::table to_table(const RunConfig& c) {
                                         {"keep_last", c.checkpoint.keep_last},
                                         {"dir", c.checkpoint.dir},
                                         {"async", c.checkpoint.async},
-                                        {"staging_mb", c.checkpoint.staging_mb}});
+                                        {"staging_mb", c.checkpoint.staging_mb},
+                                        {"snapshot", c.checkpoint.snapshot}});
   root.insert("train", toml::table{{"seed", c.train.seed},
                                    {"micro_batch", c.train.micro_batch},
                                    {"grad_accum", c.train.grad_accum},
@@ -764,6 +766,10 @@ void RunConfig::validate() const {
   check(checkpoint.staging_mb >= 0 && checkpoint.staging_mb <= (int64_t(1) << 30),
         "checkpoint.staging_mb", checkpoint.staging_mb,
         "an integer from 0 to 2^30 (MiB; 0: one save's size)");
+  check(checkpoint.snapshot == "auto" || checkpoint.snapshot == "device" ||
+            checkpoint.snapshot == "host",
+        "checkpoint.snapshot", fmt::format("\"{}\"", checkpoint.snapshot),
+        "\"auto\", \"device\" or \"host\"");
   // Parallel.
   check(parallel.dp >= 0, "parallel.dp", parallel.dp, "an integer >= 0 (0: the world size)");
   check(parallel.cp >= 1 && parallel.cp <= 4096, "parallel.cp", parallel.cp,

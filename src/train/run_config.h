@@ -65,7 +65,11 @@ struct CheckpointSection {
   int64_t keep_last = 3;
   std::string dir = "checkpoints";
   bool async = true;       // write in the background after the snapshot (false: wait for it)
-  int64_t staging_mb = 0;  // host memory for the snapshot per rank, MiB; 0: one save's size
+  int64_t staging_mb = 0;  // staging memory for the snapshot per rank, MiB; 0: one save's size
+  // Where the snapshot of a GPU step's state goes: "device" (a ring in GPU memory: the loop
+  // stalls for a device copy), "host" (page-locked host memory), "auto" (device when the GPU has
+  // the ring plus 2 GiB free, else host). CPU steps always stage in host memory.
+  std::string snapshot = "auto";
 };
 
 struct TrainSection {

@@ -390,11 +390,20 @@ TrainResult train(const TrainOptions& opts) {
         "{:x}-{:x}", uint64_t(::getpid()),
         uint64_t(std::chrono::system_clock::now().time_since_epoch().count()) & 0xffffffffffULL);
     const std::string tag = job.parallel() ? job.host->host_all_gather(mine)[0] : mine;
-    ckpt = std::make_unique<Checkpointer>(
-        ckpt_root, rc.checkpoint.keep_last, size_t(rc.checkpoint.staging_mb) << 20,
-        checkpoint_staging(*step), job.parallel() ? job.host.get() : nullptr, tag);
     step->sync();
-    ckpt->reserve(contribution_bytes(checkpoint_contribution(*step, job.rank, job.world)));
+    const uint64_t save_bytes =
+        contribution_bytes(checkpoint_contribution(*step, job.rank, job.world));
+    const size_t budget = size_t(rc.checkpoint.staging_mb) << 20;
+    const size_t ring = budget ? std::min<size_t>(budget, save_bytes) : size_t(save_bytes);
+    StagingMemory staging = checkpoint_staging(*step, rc.checkpoint.snapshot, ring);
+    const std::string where = staging.where;
+    ckpt = std::make_unique<Checkpointer>(ckpt_root, rc.checkpoint.keep_last, budget,
+                                          std::move(staging),
+                                          job.parallel() ? job.host.get() : nullptr, tag);
+    ckpt->reserve(save_bytes);
+    if (job.lead() && !opts.quiet)
+      ZAYA_INFO("checkpoints: {} of staging in {} memory per save (rank 0)", fmt_mib(double(ring)),
+                where);
   });
 
   const ScheduleSettings sched = rc.resolved_schedule();

@@ -7,8 +7,11 @@
 #include <gtest/gtest.h>
 #include <xxhash.h>
 
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "../io/io_test_util.h"
 #include "ckpt/async_writer.h"
@@ -138,6 +141,69 @@ TEST(AsyncWriter, FilesHoldTheSnapshotAndTheirChecksums) {
   EXPECT_EQ(w.last_bytes(), want.size() + 10);
 }
 
+// A ring the writer may not read directly (a GPU ring): every byte goes through StagingMemory::read
+// into the bounce buffer, and the files are those of a host ring, byte for byte and checksum for
+// checksum, the snapshot included. A read that fails is an error naming the file, and never a hang.
+TEST(AsyncWriter, ARingReadThroughABounceBufferWritesTheSameFiles) {
+  TempDir d;
+  std::vector<float> a(3 << 20), b(777);  // 12 MiB: several ring pieces
+  for (size_t i = 0; i < a.size(); i++) a[i] = float(i % 1000003) * 0.5f;
+  for (size_t i = 0; i < b.size(); i++) b[i] = float(i) - 300.0f;
+  auto files_of = [&](const std::string& tag) {
+    return std::vector<StreamFile>{
+        {d / (tag + "-one.bin"), "one.bin", "HEAD", {{a.data(), a.size() * 4}, {b.data(), 3000}}},
+        {d / (tag + "-two.bin"), "two.bin", "", {{b.data(), b.size() * 4}}}};
+  };
+  AsyncWriter host(0);
+  host.submit(files_of("host"));
+  const auto want = host.wait();
+  std::atomic<int64_t> read_bytes{0}, bounces{0};
+  std::thread::id writer_thread;
+  StagingMemory m;
+  m.alloc = [](size_t n) {
+    auto* p = static_cast<unsigned char*>(::operator new(n, std::align_val_t(64)));
+    std::memset(p, 0xAB, n);  // garbage where nothing was copied
+    return static_cast<void*>(p);
+  };
+  m.free = [](void* p) { ::operator delete(p, std::align_val_t(64)); };
+  m.read = [&](void* dst, const void* src, size_t n) {
+    writer_thread = std::this_thread::get_id();
+    std::memcpy(dst, src, n);
+    read_bytes += int64_t(n);
+  };
+  m.bounce_alloc = [&](size_t n) {
+    bounces++;
+    return ::operator new(n, std::align_val_t(64));
+  };
+  m.bounce_free = [](void* p) { ::operator delete(p, std::align_val_t(64)); };
+  m.where = "test ring";
+  {
+    AsyncWriter w(size_t(5) << 20, m);  // a ring smaller than the save: the snapshot waits
+    w.submit(files_of("ring"));
+    const std::vector<float> a0 = a;
+    std::fill(a.begin(), a.end(), 1.0f);  // after the snapshot: must not reach the files
+    const auto got = w.wait();
+    a = a0;
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); i++) {
+      EXPECT_EQ(got[i].size, want[i].size) << got[i].rel;
+      EXPECT_EQ(got[i].xxh64, want[i].xxh64) << got[i].rel;
+    }
+    EXPECT_TRUE(read_raw(d / "ring-one.bin") == read_raw(d / "host-one.bin"));
+    EXPECT_TRUE(read_raw(d / "ring-two.bin") == read_raw(d / "host-two.bin"));
+    EXPECT_EQ(read_bytes.load(), int64_t(a.size() * 4 + 3000 + b.size() * 4));
+    EXPECT_EQ(bounces.load(), 1);
+    EXPECT_NE(writer_thread, std::this_thread::get_id());
+    EXPECT_EQ(w.ring_where(), "test ring");
+  }
+  m.read = [](void*, const void*, size_t) { throw Error("device unreachable"); };
+  AsyncWriter w(0, m);
+  w.submit(files_of("bad"));
+  expect_error([&] { w.wait(); }, {"bad-one.bin", "device unreachable"});
+  w.submit({{d / "next.bin", "next.bin", "ok", {}}});
+  EXPECT_EQ(w.wait().size(), 1u);
+}
+
 TEST(AsyncWriter, AFailedWriteIsReportedAndNeverHangs) {
   TempDir d;
   std::vector<float> a(100000, 1.0f);
@@ -168,8 +234,11 @@ TEST(ShardedState, ThreeRanksReadBackAsAnyBox) {
   // Only the files read from were verified: rank 0's (bias, row 0 not needed here: rows 2..4
   // touched ranks 1 and 2) -- all three by now.
   EXPECT_GT(s->verified_bytes(), 0u);
-  expect_error([&] { s->read("optim.muon.momentum.w", {5, 0, 0}, {2, 4, 3}); },
-               {"optim.muon.momentum.w", "outside"});
+  expect_error(
+      [&] {
+        s->read("optim.muon.momentum.w", {5, 0, 0}, {2, 4, 3});
+      },
+      {"optim.muon.momentum.w", "outside"});
 }
 
 TEST(ShardedState, RefusesAMissingRankFileAndCorruptBytes) {
@@ -252,11 +321,10 @@ TEST(Checkpointer, OneProcessSavesCommitsAndPrunes) {
       const Manifest m = read_manifest(dir);
       std::vector<std::string> paths;
       for (const auto& e : m.files) paths.push_back(e.path);
-      EXPECT_EQ(paths, (std::vector<std::string>{"model/config.json",
-                                                 "model/model-00001-of-00001.safetensors",
-                                                 "model/model.safetensors.index.json",
-                                                 "state/rank-00000-of-00001.safetensors",
-                                                 "trainer.json"}));
+      EXPECT_EQ(paths, (std::vector<std::string>{
+                           "model/config.json", "model/model-00001-of-00001.safetensors",
+                           "model/model.safetensors.index.json",
+                           "state/rank-00000-of-00001.safetensors", "trainer.json"}));
       EXPECT_TRUE(verify_manifest(dir).unlisted.empty());
     }
     EXPECT_EQ(ck.stats().blocking_ms.size(), 0u);  // recorded by the caller

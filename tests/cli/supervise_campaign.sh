@@ -7,6 +7,7 @@
 #    its final weights are bit-identical to the uninterrupted run's;
 #  - every hang is detected within 10 s and, outside collectives, the hung rank is named;
 #  - a slow rank is flagged as a straggler;
+#  - a hang in a collective caught by the ranks' own watchdog (exit 5) is recovered from;
 #  - a NaN at the same step again after the relaunch stops with the numerics code (3);
 #  - a relaunch loop without progress stops with the give-up code (4).
 # Prints the campaign's counts and its detection and recovery times.
@@ -126,6 +127,26 @@ r = json.load(open('$T/s/supervisor/report.json'))
 assert [s['rank'] for s in r['stragglers']] == [1], r['stragglers']
 " || fail "the straggler is not rank 1"
 echo "straggler run: $((SECONDS - t0)) s"
+
+# A hang inside a collective caught by the ranks' own watchdog (2 s, long before the supervisor's
+# 30 s): the job ends with the watchdog's exit code, the supervisor records a collective hang from
+# the rank's watchdog_abort event, resumes from the checkpoint, and the run completes.
+t0=$SECONDS
+# shellcheck disable=SC2046
+ZAYA_COLLECTIVE_TIMEOUT=2 timeout 300 "$zaya" supervise "${sup[@]}" --health off --hang-min 30 \
+  --faults "0:hang@rank=1,step=3,section=collective" -- $(job w --steps 6) > "$T/w.log" 2>&1 ||
+  { tail -20 "$T/w.log"; fail "the run whose watchdog fired"; }
+python3 - "$T/w/supervisor/report.json" <<'PY' || { tail -20 "$T/w.log"; fail "the watchdog run's report"; }
+import json, sys
+r = json.load(open(sys.argv[1]))
+f = r["failure_list"]
+assert r["result"] == "completed" and len(f) == 1, r
+assert f[0]["cause"] == "collective_hang", f
+assert 0 <= f[0]["detect_s"] <= 8, f
+print(f"watchdog under supervision: collective hang detected in {f[0]['detect_s']:.2f} s, "
+      f"recovered in {f[0]['recover_s']:.2f} s")
+PY
+echo "watchdog run: $((SECONDS - t0)) s"
 
 # NaN at step 3, and again at step 3 after the relaunch: the numerics code.
 # shellcheck disable=SC2046

@@ -1,16 +1,19 @@
 # Checkpoint checks on the GPU, sourced by tools/device/ab_step.sh as its EXTRA script (it sets Z,
 # LOGS, note() and has trained ab-run-new, 30 tiny steps on the GPU):
 #     EXTRA=tools/device/ckpt_gpu.sh PREBUILT=build-pack/ab.tgz bash tools/device/ab_step.sh
-# 1. `zaya bench ckpt --device cuda --preset zaya1-base --layers 8`: the loop's stall per save
-#    (p50/p99) and the writer's bandwidth against the disk's;
+# 1. `zaya bench ckpt --device cuda --preset zaya1-base --layers 8`, the snapshot in GPU memory and
+#    in page-locked host memory: the loop's stall per save (p50/p99) and the writer's bandwidth
+#    against the disk's;
 # 2. the GPU run's checkpoint exported with `zaya ckpt export-hf --dtype fp32`, loaded by
 #    transformers (tools/device/export_check.py) and by zaya: cross-entropy on 300 tokens and the
 #    greedy continuations side by side;
 # 3. `zaya ckpt reshard` of that checkpoint to 2 ranks, verified.
-log="$LOGS/bench_ckpt.log"
-timeout -k 5 240 "$Z" bench ckpt --device cuda --preset zaya1-base --layers 8 --saves 3 \
-  --dir /tmp/zaya-bench-ckpt --json "$LOGS/bench_ckpt.json" >"$log" 2>&1
-note "bench ckpt cuda, 8 layers: exit $? | $(grep -iE "stall|MiB/s|GiB" "$log" | tr '\n' ' ' | cut -c1-400)"
+for snap in device host; do
+  log="$LOGS/bench_ckpt_$snap.log"
+  timeout -k 5 240 "$Z" bench ckpt --device cuda --preset zaya1-base --layers 8 --saves 3 \
+    --snapshot "$snap" --dir /tmp/zaya-bench-ckpt --json "$LOGS/bench_ckpt_$snap.json" >"$log" 2>&1
+  note "bench ckpt cuda, 8 layers, snapshot $snap: exit $? | $(grep -iE "snapshot|stall|MiB/s|GiB|%" "$log" | tr '\n' ' ' | cut -c1-500)"
+done
 exp=/tmp/ab-export
 rm -rf "$exp"
 "$Z" ckpt export-hf ab-run-new --out "$exp" --dtype fp32 >"$LOGS/export.log" 2>&1

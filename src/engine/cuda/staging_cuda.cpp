@@ -23,6 +23,51 @@ int visible_cuda_devices() {
   return n;
 }
 
+StagingMemory device_ring_staging() {
+  int device = 0;
+  ZAYA_CUDA_CHECK(cudaGetDevice(&device));
+  StagingMemory m;
+  m.alloc = [device](size_t bytes) {
+    ZAYA_CUDA_CHECK(cudaSetDevice(device));
+    void* p = nullptr;
+    ZAYA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 1)));
+    return p;
+  };
+  m.free = [device](void* p) {
+    cudaSetDevice(device);
+    cudaFree(p);
+  };
+  // The snapshot: a device-to-device copy (the sources were synchronised by the caller), waited
+  // for, so the step may overwrite them when submit returns.
+  m.copy = [device](void* dst, const void* src, size_t bytes) {
+    if (!bytes) return;
+    ZAYA_CUDA_CHECK(cudaSetDevice(device));
+    ZAYA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cudaStreamPerThread));
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+  };
+  // The writer thread: its own current device (no context on GPU 0 for a rank on another GPU),
+  // into the page-locked bounce buffer, complete on return.
+  m.read = [device](void* host_dst, const void* src, size_t bytes) {
+    ZAYA_CUDA_CHECK(cudaSetDevice(device));
+    ZAYA_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, cudaStreamPerThread));
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+  };
+  m.bounce_alloc = [device](size_t bytes) {
+    ZAYA_CUDA_CHECK(cudaSetDevice(device));
+    return alloc_pinned_host(bytes);
+  };
+  m.bounce_free = free_pinned_host;
+  m.where = "GPU";
+  return m;
+}
+
+size_t free_device_bytes() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return 0;
+  return free_b;
+}
+
 void* alloc_pinned_host(size_t bytes) {
   void* p = nullptr;
   ZAYA_CUDA_CHECK(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault));

@@ -44,9 +44,7 @@ void fill_normal(Tensor& t, uint64_t seed, float std) {
 }  // namespace
 
 ZayaModel random_model(const ZayaConfig& cfg, uint64_t seed) {
-  ZayaConfig small = cfg;
-  small.num_hidden_layers = std::min<int64_t>(2, cfg.num_hidden_layers);
-  if (!small.layer_types.empty()) small.layer_types.resize(size_t(small.num_hidden_layers));
+  ZayaConfig small = cfg.with_layers(std::min<int64_t>(2, cfg.num_hidden_layers));
   small.vocab_size = 128;
   small.num_experts = 1;  // the experts (most of the weights) are filled in parallel below
   small.pad_token_id = 0, small.bos_token_id = 2, small.eos_token_id = 1;

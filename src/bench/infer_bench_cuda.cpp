@@ -33,10 +33,7 @@ int run_infer_bench(const InferBenchOptions& a) {
              "--trace: this zaya was built without decode tracing (configure with "
              "-DZAYA_DECODE_TRACE=ON)");
   ZayaConfig cfg = ZayaConfig::preset(a.preset);
-  if (a.layers > 0) {
-    cfg.num_hidden_layers = a.layers;
-    if (!cfg.layer_types.empty()) cfg.layer_types.resize(size_t(a.layers));
-  }
+  if (a.layers > 0) cfg = cfg.with_layers(a.layers);
   cfg.max_position_embeddings =
       std::max(cfg.max_position_embeddings, a.prompt + a.decode + a.warmup);
   cfg.validate("bench infer");

@@ -142,9 +142,7 @@ int run_train_bench(const TrainBenchOptions& a_in) {
     ZAYA_CUDA_CHECK(cudaSetDevice(a.device));
     if (a.dp == "nccl") nccl_comm = make_world_communicator("nccl");
   }
-  ZayaConfig cfg = ZayaConfig::preset(a.preset);
-  cfg.num_hidden_layers = a.layers;
-  if (!cfg.layer_types.empty()) cfg.layer_types.resize(size_t(a.layers), cfg.layer_types.back());
+  ZayaConfig cfg = ZayaConfig::preset(a.preset).with_layers(a.layers);
   cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, a.seq);
   cfg.validate("bench train config");
   const int64_t tokens = a.batch * a.seq;

@@ -17,6 +17,9 @@ int64_t ZayaConfig::rotary_dim() const {
   return int64_t(double(head_dim) * rope_hybrid.partial_rotary_factor);
 }
 
+// The deepest stack a config may describe (a bound before any per-layer allocation).
+constexpr int64_t kMaxLayers = 4096;
+
 bool ZayaConfig::layer_is_sliding(int64_t layer) const {
   return !layer_types.empty() && layer_types.at(size_t(layer)) == "hybrid_sliding";
 }
@@ -74,7 +77,6 @@ void ZayaConfig::validate(const std::string& where) const {
   pos("cca_time1", cca_time1);
   // Bounds far beyond any model that exists, so that a config cannot ask for per-layer tables
   // (layer types, RoPE settings) or buffers larger than memory before anything is allocated.
-  constexpr int64_t kMaxLayers = 4096;
   ZAYA_CHECK(num_hidden_layers <= kMaxLayers, "{}: num_hidden_layers = {} exceeds {}", where,
              num_hidden_layers, kMaxLayers);
   // Every product of sizes the model forms (the parameter counts cover them all) must fit 64 bits
@@ -129,6 +131,14 @@ void ZayaConfig::validate(const std::string& where) const {
 
 std::vector<std::string> ZayaConfig::preset_names() {
   return {"tiny", "zaya1-base", "zaya1-8b"};
+}
+
+ZayaConfig ZayaConfig::with_layers(int64_t n) const {
+  ZAYA_CHECK(n >= 1 && n <= kMaxLayers, "a stack of {} layers: expected 1 to {}", n, kMaxLayers);
+  ZayaConfig c = *this;
+  c.num_hidden_layers = n;
+  if (!c.layer_types.empty()) c.layer_types.resize(size_t(n), c.layer_types.back());
+  return c;
 }
 
 ZayaConfig ZayaConfig::preset(const std::string& name) {

@@ -53,6 +53,10 @@ struct ZayaConfig {
   // (a file path or "preset tiny") for the message.
   void validate(const std::string& where = "config") const;
 
+  // The same architecture with n >= 1 layers: the first n entries of layer_types, the last one
+  // repeated when n is larger (bench-sized runs of a large preset).
+  ZayaConfig with_layers(int64_t n) const;
+
   static ZayaConfig preset(const std::string& name);  // "tiny", "zaya1-base", "zaya1-8b"
   static std::vector<std::string> preset_names();
   // Parses config.json content; `where` names the file in errors.

@@ -218,6 +218,7 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
   Reader r(root, "", file);
   r.table("model", [&](Reader& m) {
     m.get("init", &c.model.init);
+    m.get("layers", &c.model.layers);
     // With a checkpoint to start from, an unset config means "the checkpoint's".
     if (!c.model.init.empty() && !m.has("config")) c.model.config.clear();
     m.get("config", &c.model.config);
@@ -327,7 +328,9 @@ toml::array blend_to_toml(const std::vector<BlendEntry>& blend) {
 
 toml::table to_table(const RunConfig& c) {
   toml::table root;
-  root.insert("model", toml::table{{"config", c.model.config}, {"init", c.model.init}});
+  root.insert(
+      "model",
+      toml::table{{"config", c.model.config}, {"init", c.model.init}, {"layers", c.model.layers}});
   const auto& o = c.optim;
   toml::table optim{{"lr", o.lr},
                     {"min_lr", o.min_lr},
@@ -757,6 +760,8 @@ void RunConfig::validate() const {
   check(!data.corpus.empty() || !data.blend.empty(), "data.corpus", "\"\"",
         "a built-in corpus name when data.blend is empty");
   check(!data.tokenizer.empty(), "data.tokenizer", "\"\"", "\"bytes\" or a tokenizer.json path");
+  check(model.layers >= 0 && model.layers <= 4096, "model.layers", model.layers,
+        "an integer from 0 to 4096 (0: the config's own layer count)");
   check(eval.every >= 0, "eval.every", eval.every, "an integer >= 0 (0 turns evaluation off)");
   check(eval.batches >= 1, "eval.batches", eval.batches, "an integer >= 1");
   check(checkpoint.every >= 0, "checkpoint.every", checkpoint.every,
@@ -910,11 +915,19 @@ constexpr const char* kShapeFields[] = {"vocab_size",
                                         "tie_word_embeddings"};
 
 ZayaConfig RunConfig::resolve_model(std::vector<std::string>* notes) const {
+  const auto layered = [&](ZayaConfig c) {
+    if (model.layers > 0) {
+      c = c.with_layers(model.layers);
+      c.validate(fmt::format("{} (model.config = \"{}\" with model.layers = {})", source,
+                             model.config, model.layers));
+    }
+    return c;
+  };
   const auto named = [&] {
     const auto presets = ZayaConfig::preset_names();
     if (std::find(presets.begin(), presets.end(), model.config) != presets.end())
-      return ZayaConfig::preset(model.config);
-    return ZayaConfig::load(model.config);
+      return layered(ZayaConfig::preset(model.config));
+    return layered(ZayaConfig::load(model.config));
   };
   if (model.init.empty()) return named();
   ZayaConfig ck = load_model_config(model.init);

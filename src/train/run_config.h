@@ -31,6 +31,9 @@ struct ModelSection {
   // (the TOML reader sets it so when the file leaves it out); a non-empty config must agree with
   // the checkpoint on every shape-determining field. A resumed run ignores init.
   std::string init;
+  // > 0: the architecture with this many layers (the first ones of its layer_types), e.g. an
+  // 8-layer ZAYA1-base for a bench-sized run; 0: as the config says. With init it must agree.
+  int64_t layers = 0;
 };
 
 struct OptimSection {

@@ -108,8 +108,11 @@ struct Job {
   LaunchInfo launch;
   int rank = 0, world = 1;
   std::unique_ptr<Communicator> host, grads;  // null in a one-process run
+  // Launched as one rank with parallel.backend named: the data-parallel step over that one rank
+  // (its collectives, overhead and watchdog are then those of a real job).
+  bool one_rank_dp = false;
   bool lead() const { return rank == 0; }
-  bool parallel() const { return world > 1; }
+  bool parallel() const { return world > 1 || one_rank_dp; }
   // Runs fn on every rank and agrees on the outcome: when any rank failed, every rank throws a
   // JobWideError (its own message, or which rank failed), so nobody is left in a collective.
   template <typename Fn>
@@ -238,6 +241,7 @@ TrainResult train(const TrainOptions& opts) {
       job.host = make_world_communicator("mpi");
       job.rank = job.host->rank();
       job.world = job.host->size();
+      job.one_rank_dp = job.world == 1 && rc.parallel.backend != "auto";
       if (!job.parallel()) job.host.reset();
     }
   }

@@ -44,6 +44,7 @@ run() {  # run NAME NP [FLAGS...] : trains into $T/NAME (NP = 0: no launcher)
 start=$SECONDS
 run ref 0
 run np1 1
+run np1dp 1 --parallel.backend=mpi  # one rank through the data-parallel step
 run np2 2
 run np2b 2
 run np3 3
@@ -66,6 +67,8 @@ exact exs_ref 0 2
 exact exs_np3 3 2
 echo "eleven training runs: $((SECONDS - start)) s"
 grep -q "parallel: 3 ranks" "$T/np3.log" || fail "rank 0 did not print the layout"
+grep -q "ZeRO-1 ownership" "$T/np1dp.log" || fail "one rank with parallel.backend named ran without the data-parallel step"
+grep -q "ZeRO-1 ownership" "$T/np1.log" && fail "one rank with backend auto ran the data-parallel step"
 grep -q "zaya size. ZeRO-1 prediction for 3 ranks" "$T/np3.log" || fail "no memory prediction"
 [ "$(grep -c 'resolved config' "$T/np3.log")" = 1 ] || fail "more than one rank printed the config"
 
@@ -91,6 +94,8 @@ def dw(n, against="ref"):
         worst = max(worst, max(abs(x - y) for x, y in zip(v, w[k])))
     return worst
 assert dl("np1") == 0 and dw("np1") == 0, "np 1 is not the one-process run bit for bit"
+assert dl("np1dp") == 0 and dw("np1dp") == 0, \
+    "one rank through the data-parallel step is not the one-process run bit for bit"
 ev = lambda n: [(x["step"], x["eval_loss"]) for x in losses(n) if "eval_loss" in x]
 assert [s for s, _ in ev("ref")] == [10, 20, 30], ev("ref")
 assert ev("np1") == ev("ref"), "np 1's eval losses are not the one-process ones bit for bit"

@@ -70,6 +70,42 @@ TEST(RunConfigParallel, BadValuesNameTheField) {
       std::string::npos);
 }
 
+// parallel.overlap and checkpoint.snapshot: defaults, overrides, round trip, bad values.
+TEST(RunConfigParallel, OverlapAndSnapshotSettings) {
+  const RunConfig d = RunConfig::defaults({});
+  EXPECT_TRUE(d.parallel.overlap);
+  EXPECT_EQ(d.checkpoint.snapshot, "auto");
+  const RunConfig c =
+      RunConfig::defaults({"--parallel.overlap=false", "--checkpoint.snapshot=device"});
+  EXPECT_FALSE(c.parallel.overlap);
+  EXPECT_EQ(c.checkpoint.snapshot, "device");
+  const RunConfig back = RunConfig::from_toml(c.to_toml(), "round trip");
+  EXPECT_FALSE(back.parallel.overlap);
+  EXPECT_EQ(back.checkpoint.snapshot, "device");
+  const std::string e = error_of([] { RunConfig::defaults({"--checkpoint.snapshot=gpu"}); });
+  EXPECT_NE(e.find("checkpoint.snapshot"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"auto\", \"device\" or \"host\""), std::string::npos) << e;
+}
+
+// model.layers: a preset's widths with fewer (or more) layers; the layer pattern follows.
+TEST(RunConfigModel, LayersCutThePresetToThatDepth) {
+  const ZayaConfig full = ZayaConfig::preset("zaya1-base");
+  const ZayaConfig eight =
+      RunConfig::defaults({"--model.config=zaya1-base", "--model.layers=8"}).resolve_model();
+  EXPECT_EQ(eight.num_hidden_layers, 8);
+  EXPECT_EQ(eight.hidden_size, full.hidden_size);
+  EXPECT_EQ(eight.num_experts, full.num_experts);
+  ASSERT_EQ(eight.layer_types.size(), full.layer_types.empty() ? 0u : 8u);
+  for (size_t i = 0; i < eight.layer_types.size(); i++)
+    EXPECT_EQ(eight.layer_types[i], full.layer_types[i]);
+  EXPECT_EQ(RunConfig::defaults({}).resolve_model().num_hidden_layers,
+            ZayaConfig::preset("tiny").num_hidden_layers);
+  const ZayaConfig deeper = RunConfig::defaults({"--model.layers=7"}).resolve_model();
+  EXPECT_EQ(deeper.num_hidden_layers, 7);
+  const std::string e = error_of([] { RunConfig::defaults({"--model.layers=-1"}); });
+  EXPECT_NE(e.find("model.layers"), std::string::npos) << e;
+}
+
 // [fault_tolerance]: defaults, round trip, validation; every load error is a ConfigError (the CLI
 // exits 2 for it) with the message unchanged.
 TEST(RunConfigFaultTolerance, DefaultsRoundTripAndBadValues) {
@@ -493,8 +529,9 @@ cp = 4
   EXPECT_NE(error_of([&] { c.resolve_parallel(6); }).find("phase.1.cp = 4 does not divide"),
             std::string::npos)
       << error_of([&] { c.resolve_parallel(6); });
-  EXPECT_NE(error_of([&] { RunConfig::from_toml("[train]\nseq_len = 30\n[parallel]\ncp = 2\n"); })
-                .find("train.seq_len = 30 is not divisible by 2·cp = 4"),
+  EXPECT_NE(error_of([&] {
+              RunConfig::from_toml("[train]\nseq_len = 30\n[parallel]\ncp = 2\n");
+            }).find("train.seq_len = 30 is not divisible by 2·cp = 4"),
             std::string::npos);
   EXPECT_NE(error_of([&] { RunConfig::from_toml("[parallel]\ncp = 0\n"); }).find("parallel.cp"),
             std::string::npos);

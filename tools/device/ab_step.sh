@@ -13,7 +13,8 @@
 # 4. `zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096` and `zaya bench infer
 #    --preset zaya1-base --layers 8 --prompt 1024 --decode 64`, base and new alternating, ROUNDS
 #    (2) times each, so the card's drift is shared by both sides;
-# 5. EXTRA (optional): a further script run with Z=the new zaya, ZB=the base zaya, LOGS and note().
+# 5. EXTRA (optional): further scripts (space-separated) sourced with Z=the new zaya, ZB=the base
+#    zaya, LOGS and note().
 # PREBUILT=TGZ skips step 1: TGZ holds build-ab-new/zaya, build-ab-new/zaya_gpu_tests and
 # build-ab-base/zaya built here (no GPU needed; `bash tools/device/ab_step.sh --pack` makes
 # build-pack/ab.tgz from build-dev/ and the base tree's build, see tools/device/prebuilt.sh), so
@@ -134,9 +135,11 @@ for ((r = 0; r < ${ROUNDS:-2}; r++)); do
     note "infer round $r, $v: exit $? | $(grep -E "^(prefill tokens/s|decode ms/step|fraction of roofline)" "$log" | tr '\n' ' ')"
   done
 done
-if [ -n "${EXTRA:-}" ] && [ -f "$EXTRA" ]; then
+# EXTRA may name several scripts, separated by spaces, sourced in order.
+for extra in ${EXTRA:-}; do
+  [ -f "$extra" ] || { note "EXTRA $extra: no such file"; continue; }
   export Z ZB LOGS
   # shellcheck disable=SC1090
-  source "$EXTRA"
-fi
+  source "$extra"
+done
 exit 0

@@ -98,7 +98,9 @@ int run_ckpt_bench(const CkptBenchOptions& o) {
   StagingMemory staging = checkpoint_staging(
       *step, o.snapshot, budget ? std::min<size_t>(budget, save_bytes) : size_t(save_bytes));
   const std::string where = staging.where;
-  fmt::print("# snapshot into {} memory ({})\n", where, o.snapshot);
+  fmt::print("# snapshot into {} memory ({})\n", where,
+             o.device == "cpu" ? std::string("the step is on the CPU")
+                               : fmt::format("--snapshot {}", o.snapshot));
   Checkpointer ck(o.dir + "/checkpoints", 1, budget, std::move(staging), nullptr, "bench");
   ck.reserve(save_bytes);  // as the trainer does before its loop
   std::vector<double> write_bps;

@@ -61,9 +61,9 @@ std::vector<StreamFile> rank_checkpoint_files(const std::string& dir, const Rank
     std::vector<TensorSpec> specs;
     json pieces = json::object();
     for (const NamedState& s : c.state) {
-      ZAYA_CHECK(s.tensor.dtype() == DType::F32 && s.tensor.is_contiguous() &&
-                     s.tensor.device() == Device::CPU,
-                 "checkpoint: state '{}' must be a contiguous fp32 host tensor", s.name);
+      // Host memory, or GPU memory the staging copy reads (a GPU step's state).
+      ZAYA_CHECK(s.tensor.dtype() == DType::F32 && s.tensor.is_contiguous(),
+                 "checkpoint: state '{}' must be a contiguous fp32 tensor", s.name);
       specs.push_back({s.name, DType::F32, s.tensor.shape()});
       f.sources.push_back({s.tensor.raw(), s.tensor.nbytes()});
       pieces[s.name] = {{"global_shape", s.global_shape}, {"offset", s.offset}};

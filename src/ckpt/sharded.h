@@ -60,7 +60,7 @@ struct WeightPlacement {
 struct RankContribution {
   int rank = 0, world = 1;
   std::vector<WeightSource> weights;  // the weights this rank writes (its placements)
-  std::vector<NamedState> state;      // its state pieces (host tensors, fp32)
+  std::vector<NamedState> state;      // its state pieces (fp32; host, or GPU memory on a GPU step)
   // Rank 0 only: every weight's placement (for the index), the model's config.json and
   // trainer.json.
   std::vector<WeightPlacement> placements;

@@ -243,18 +243,27 @@ class DpStep final : public DataParallelStep {
 
   // This rank's pieces: the state of the tensors it owns, whole or its dim-0 slice (the plan's
   // owned_state_pieces), and (rank 0 alone) the balancing moments every rank holds alike.
+  // The inner step's pieces are its own (whole tensors, or the CPU step's slices under their
+  // tensors' names; on the GPU views of device memory), placed here in the global tensors.
   std::vector<NamedState> owned_state() override {
-    auto [opt, bal] = split_step_state(inner_->state());
-    std::map<std::string, Tensor> mine(opt.begin(), opt.end());
+    std::map<std::string, Tensor> mine;
+    std::vector<NamedState> bal;
+    for (NamedState& s : inner_->owned_state()) {
+      if (s.name.rfind("balance.", 0) == 0)
+        bal.push_back(std::move(s));
+      else
+        mine.emplace(s.name, std::move(s.tensor));
+    }
     std::vector<NamedState> out;
     for (const OwnedStatePiece& p : owned_state_pieces(plan_, items_, rank_)) {
       auto it = mine.find(p.name);
       ZAYA_CHECK(it != mine.end(), "data parallel: rank {} owns (part of) '{}' but has no '{}'",
                  rank_, items_[p.item].name, p.name);
-      out.push_back({p.name, it->second.to(DType::F32), items_[p.item].shape, p.offset});
+      Tensor t = it->second.dtype() == DType::F32 ? it->second : it->second.to(DType::F32);
+      out.push_back({p.name, std::move(t), items_[p.item].shape, p.offset});
     }
     if (rank_ == 0)
-      for (auto& piece : whole_tensors(bal)) out.push_back(std::move(piece));
+      for (auto& piece : bal) out.push_back(std::move(piece));
     return out;
   }
 

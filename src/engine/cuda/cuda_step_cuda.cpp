@@ -117,6 +117,11 @@ class CudaStep final : public TrainStep {
     model_->download(host);
   }
 
+  // Checkpoints snapshot the optimizer state where it lives: views of the device buffers, which
+  // the staging copy reads (device-to-device into a GPU ring, or into page-locked memory).
+  std::vector<NamedState> owned_state() override {
+    return whole_tensors(join_step_state(optim_->state_views(), balance_->state_tensors()));
+  }
   std::vector<std::pair<std::string, Tensor>> state() override {
     return join_step_state(optim_->state_tensors(), balance_->state_tensors());
   }

@@ -379,6 +379,25 @@ std::vector<std::pair<std::string, Tensor>> CudaOptimizer::state_tensors() const
   return out;
 }
 
+std::vector<std::pair<std::string, Tensor>> CudaOptimizer::state_views() const {
+  const Impl& I = *impl_;
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(I.st));
+  std::vector<std::pair<std::string, Tensor>> out;
+  auto view = [&](const std::string& name, float* src, const Shape& shape) {
+    const size_t bytes = size_t(shape_numel(shape)) * sizeof(float);
+    auto st = Storage::wrap(src, bytes, Device::CUDA, true, [](void*) {});
+    out.emplace_back(name, Tensor::from_storage(st, 0, shape, DType::F32));
+  };
+  for (const auto& e : I.entries) {
+    if (e.exp_avg) {
+      view("optim.adamw.exp_avg." + e.p->name, e.exp_avg, e.p->shape);
+      view("optim.adamw.exp_avg_sq." + e.p->name, e.exp_avg_sq, e.p->shape);
+    }
+    if (e.momentum) view("optim.muon.momentum." + e.p->name, e.momentum, e.p->shape);
+  }
+  return out;
+}
+
 void CudaOptimizer::load_state(const std::vector<std::pair<std::string, Tensor>>& state,
                                int64_t steps) {
   Impl& I = *impl_;

@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "backend/cuda/gemm/gemm.h"
-#include "engine/cuda/model_cuda.h"
 #include "core/tensor.h"
+#include "engine/cuda/model_cuda.h"
 #include "optim/optimizer.h"
 
 namespace zaya::cuda {
@@ -91,6 +91,9 @@ class CudaOptimizer {
   // Host copies of the state (fp32 tensors), in the CPU Optimizer's order and names (only the
   // parameters in options.owned_state when it is set; load_state expects exactly those).
   std::vector<std::pair<std::string, Tensor>> state_tensors() const;
+  // The same tensors as read-only views of the device buffers (no copy; valid until the next
+  // step or the optimizer's end), after the stream is synchronised: what a checkpoint snapshots.
+  std::vector<std::pair<std::string, Tensor>> state_views() const;
   // Uploads a saved state (every expected tensor present with its shape; unknown names are errors;
   // validated before anything is copied) and sets the step count.
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t steps);

@@ -125,7 +125,16 @@ void check_regex_size(const std::string& re, const std::string& where) {
   for (size_t i = 0; i < re.size(); i++) {
     const char c = re[i];
     if (c == '\\') {
-      i++;
+      // A backreference \N: std::regex reads every digit after it into an int (a long run
+      // overflows inside the library), so bound the run; parameter patterns need none.
+      size_t j = i + 1;
+      if (j < re.size() && re[j] >= '1' && re[j] <= '9') {
+        while (j < re.size() && std::isdigit(uint8_t(re[j]))) j++;
+        if (j - (i + 1) > 3) bad(fmt::format("a backreference of {} digits", j - (i + 1)));
+        i = j - 1;
+      } else {
+        i++;
+      }
       atom(1);
     } else if (c == '[') {
       size_t j = i + 1;

@@ -5,8 +5,9 @@
 // (prefix bytes, then the sources in order), hashing each file (XXH64) as it writes (a large
 // piece on a second thread beside its write), fsyncs every file and the directories holding
 // them, and reports what it wrote. The ring is never refilled where the writer has not finished
-// reading, so a checkpoint can never hold bytes of a later snapshot; when the ring is smaller than a save (the memory budget), submit() blocks until the
-// writer has drained enough of it, and the save is only partly asynchronous.
+// reading, so a checkpoint can never hold bytes of a later snapshot; when the ring is smaller
+// than a save (the memory budget), submit() blocks until the writer has drained enough of it,
+// and the save is only partly asynchronous.
 // The ring may live in GPU memory (StagingMemory::read set): the snapshot is then a device-to-
 // device copy, which is what keeps the loop's stall short for state on a GPU, and the writer
 // reads the ring a piece at a time through a page-locked bounce buffer of its own.

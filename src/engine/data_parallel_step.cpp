@@ -246,14 +246,11 @@ class DpStep final : public DataParallelStep {
   // The inner step's pieces are its own (whole tensors, or the CPU step's slices under their
   // tensors' names; on the GPU views of device memory), placed here in the global tensors.
   std::vector<NamedState> owned_state() override {
-    std::map<std::string, Tensor> mine;
-    std::vector<NamedState> bal;
-    for (NamedState& s : inner_->owned_state()) {
-      if (s.name.rfind("balance.", 0) == 0)
-        bal.push_back(std::move(s));
-      else
-        mine.emplace(s.name, std::move(s.tensor));
-    }
+    NamedTensors pieces;
+    for (NamedState& s : inner_->owned_state())
+      pieces.emplace_back(std::move(s.name), std::move(s.tensor));
+    auto [opt, bal] = split_step_state(pieces);
+    std::map<std::string, Tensor> mine(opt.begin(), opt.end());
     std::vector<NamedState> out;
     for (const OwnedStatePiece& p : owned_state_pieces(plan_, items_, rank_)) {
       auto it = mine.find(p.name);
@@ -263,7 +260,7 @@ class DpStep final : public DataParallelStep {
       out.push_back({p.name, std::move(t), items_[p.item].shape, p.offset});
     }
     if (rank_ == 0)
-      for (auto& piece : bal) out.push_back(std::move(piece));
+      for (auto& piece : whole_tensors(bal)) out.push_back(std::move(piece));
     return out;
   }
 

@@ -10,7 +10,11 @@
 // local rank, or local rank modulo the GPUs for "mpi"), rank 0 prints, and the table adds the
 // time split of the data-parallel stages, so the cost of the machinery against the plain step
 // (the same command without --dp) is visible. With one rank and NCCL it measures exactly that
-// cost; with several ranks on one GPU over "mpi" it checks the path, not the speed.
+// cost; with several ranks on one GPU over "mpi" it checks the path, not the speed. With `cp` > 1
+// groups of cp adjacent ranks share each sequence (context parallelism, model/backward.h): the
+// ranks of a group get the same tokens, each computes its two chunks of every sequence, and the
+// printed loss and gradient norm are the global ones, comparable with the cp = 1 run of the same
+// seed (the first group's tokens are the one-rank run's).
 // Deliberately not here: data loading, gradient accumulation, checkpoints (the step only).
 #pragma once
 #include <cstdint>
@@ -27,6 +31,7 @@ struct TrainBenchOptions {
   double peak_tflops = 790.0, lr = 1e-4;
   bool recompute = false, no_profile = false;
   bool no_overlap = false;  // with dp: reduce every bucket after the backward
+  int64_t cp = 1;           // with dp: context-parallel ranks per sequence
   int device = 0;
 };
 

@@ -141,7 +141,10 @@ int run_train_bench(const TrainBenchOptions& a_in) {
     }
     ZAYA_CUDA_CHECK(cudaSetDevice(a.device));
     if (a.dp == "nccl") nccl_comm = make_world_communicator("nccl");
+    ZAYA_CHECK(world % a.cp == 0, "zaya bench train --cp {}: does not divide the {} ranks", a.cp,
+               world);
   }
+  if (a.cp > 1) a.no_profile = true;  // the profiled step runs whole sequences on one rank
   ZayaConfig cfg = ZayaConfig::preset(a.preset).with_layers(a.layers);
   cfg.max_position_embeddings = std::max(cfg.max_position_embeddings, a.seq);
   cfg.validate("bench train config");
@@ -175,7 +178,7 @@ int run_train_bench(const TrainBenchOptions& a_in) {
 
   // Random tokens (uniform over the vocabulary; targets are the next token, last one ignored).
   std::vector<int32_t> ids(static_cast<size_t>(tokens)), tgt(static_cast<size_t>(tokens));
-  Rng rng(a.seed + 1 + uint64_t(rank));  // each rank its own tokens
+  Rng rng(a.seed + 1 + uint64_t(rank / a.cp));  // each sequence group its own tokens
   for (auto& x : ids) x = int32_t(rng.next_u32() % uint32_t(cfg.vocab_size));
   for (int64_t b = 0; b < a.batch; b++)
     for (int64_t t = 0; t < a.seq; t++)
@@ -194,7 +197,7 @@ int run_train_bench(const TrainBenchOptions& a_in) {
     DataParallelTimes dp;
   };
   std::vector<StepTimes> times;
-  std::vector<double> losses;
+  std::vector<double> losses, gnorms;
   cuda::OptimizerStepTimes opt_times;
   size_t in_use = 0, arena = 0, opt_bytes = 0;
   OptimizerSettings os;
@@ -207,6 +210,7 @@ int run_train_bench(const TrainBenchOptions& a_in) {
     if (i >= a.warmup) {
       times.push_back(st);
       losses.push_back(ss.loss);
+      gnorms.push_back(gnorm);
     }
     fmt::print(
         "{} {:>3}: loss {:.4f}  gnorm {:.3f}  fwd+bwd {:8.2f} ms  norm {:6.2f} ms  "
@@ -255,18 +259,26 @@ int run_train_bench(const TrainBenchOptions& a_in) {
     TrainStepOptions so;
     so.device = "cuda";
     so.device_index = a.device;
-    so.max_tokens = tokens;
+    so.max_tokens = tokens / a.cp;  // this rank's chunks of the sequences
     so.max_seq = a.seq;
     so.recompute = a.recompute;
     so.ns_bf16 = oo.ns_bf16;
     Communicator& gc = nccl_comm ? *nccl_comm : *host_comm;
     auto step = make_data_parallel_step(host, os, BalancingSettings{}, so, gc, *host_comm,
                                         a.bucket_elems, !a.no_overlap);
+    std::unique_ptr<Communicator> cp_comm;
+    if (a.cp > 1) {
+      cp_comm = gc.split(rank / int(a.cp), rank);
+      step->set_context_parallel(cp_comm.get());
+      fmt::print("# context parallel: {} group(s) of {} ranks, {} tokens per rank and step\n",
+                 world / a.cp, a.cp, tokens / a.cp);
+    }
     const double setup_s = now_s() - t0;
     fmt::print("# host init {:.1f} s, device setup (upload, arena, optimizer state) {:.1f} s\n",
                init_s, setup_s);
     fmt::print("# ownership:\n{}", step->plan().describe(step->items()));
-    const float scale = 1.0f / float(world);
+    const int64_t groups = world / a.cp;
+    const float scale = 1.0f / float(groups);  // each group's gradient is of its mean
     for (int64_t i = 0; i < a.warmup + a.steps; i++) {
       StepTimes st;
       const double s0 = now_s();
@@ -279,9 +291,10 @@ int run_train_bench(const TrainBenchOptions& a_in) {
       const double s2 = now_s();
       step->optimizer_step(a.lr, gnorm > 1.0 ? float(1.0 / (gnorm + 1e-6)) : 1.0f);
       const double s3 = now_s();
-      double loss = ss.loss;  // the global mean (equal batches per rank)
+      // The global mean (equal batches per group; a group's ranks hold shares of its mean).
+      double loss = ss.loss;
       host_comm->host_all_reduce(&loss, 1, RedOp::Sum);
-      ss.loss = loss / double(world);
+      ss.loss = loss / double(groups);
       st.fwd_bwd = (s1 - s0) * 1e3, st.norm = (s2 - s1) * 1e3, st.optim = (s3 - s2) * 1e3;
       st.total = (s3 - s0) * 1e3;
       st.dp = step->last_times();
@@ -325,9 +338,9 @@ int run_train_bench(const TrainBenchOptions& a_in) {
   const double rs_ms = dp_col(&DataParallelTimes::reduce_scatter),
                upd_ms = dp_col(&DataParallelTimes::update),
                ag_ms = dp_col(&DataParallelTimes::all_gather);
-  const double tps = double(tokens) / (step_ms * 1e-3);
+  const double tps = double(tokens / a.cp) / (step_ms * 1e-3);  // this rank's tokens
   const double tflops = tps * flops_per_token / 1e12;
-  const double fb_tflops = double(tokens) * flops_per_token / (fb_ms * 1e-3) / 1e12;
+  const double fb_tflops = double(tokens / a.cp) * flops_per_token / (fb_ms * 1e-3) / 1e12;
   fmt::print(
       "\n# median of {} steps: step {:.2f} ms = fwd+bwd {:.2f} + grad norm {:.2f} + optimizer "
       "{:.2f} ms\n",
@@ -416,10 +429,12 @@ int run_train_bench(const TrainBenchOptions& a_in) {
                         {"device_bytes_in_use", in_use},
                         {"arena_bytes", arena},
                         {"optimizer_bytes", opt_bytes},
-                        {"losses", losses}};
+                        {"losses", losses},
+                        {"grad_norms", gnorms}};
     if (!a.dp.empty())
       j["data_parallel"] = {{"backend", a.dp},
                             {"ranks", world},
+                            {"cp", a.cp},
                             {"bucket_elems", a.bucket_elems},
                             {"overlap", !a.no_overlap},
                             {"reduce_scatter_ms_median", rs_ms},

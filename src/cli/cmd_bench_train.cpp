@@ -44,6 +44,10 @@ int bench_train_cli(int argc, char** argv) {
   app.add_option("--bucket-elems", a.bucket_elems,
                  "with --dp: fp32 elements per rank per reduce-scatter / all-gather bucket")
       ->capture_default_str();
+  app.add_option("--cp", a.cp,
+                 "with --dp: context-parallel ranks per sequence (groups of adjacent ranks share "
+                 "each sequence, two chunks per rank; --seq divisible by 2·cp)")
+      ->capture_default_str();
   app.add_flag("--no-overlap", a.no_overlap,
                "with --dp: reduce every bucket after the backward instead of starting each as "
                "soon as its layers are done");
@@ -65,6 +69,14 @@ int bench_train_cli(int argc, char** argv) {
              "--ns-precision must be bf16 or fp32, got '{}'", a.ns_precision);
   ZAYA_CHECK(a.peak_tflops > 0, "--peak-tflops must be positive");
   ZAYA_CHECK(a.bucket_elems >= 1, "--bucket-elems must be >= 1");
+  ZAYA_CHECK(a.cp >= 1, "--cp must be >= 1, got {}", a.cp);
+  ZAYA_CHECK(a.cp == 1 || !a.dp.empty(),
+             "zaya bench train --cp {}: context parallelism runs through the data-parallel step "
+             "(add --dp mpi or --dp nccl and launch cp ranks per sequence with mpirun)",
+             a.cp);
+  ZAYA_CHECK(a.seq % (2 * a.cp) == 0,
+             "zaya bench train: --seq {} is not divisible by 2·cp = {} (two chunks per rank)",
+             a.seq, 2 * a.cp);
   const LaunchInfo li = detect_launch();
   ZAYA_CHECK(!li.launched() || li.world == 1 || !a.dp.empty(),
              "zaya bench train: launched as {} ranks but without --dp (each rank would run the "

@@ -17,9 +17,7 @@ std::vector<NamedState> TrainStep::owned_state() {
 }
 
 void TrainStep::set_context_parallel(Communicator* cp) {
-  ZAYA_CHECK(!cp || cp->size() < 2,
-             "context parallelism (cp = {}) is not available on {} yet: it runs on the CPU "
-             "reference step",
+  ZAYA_CHECK(!cp || cp->size() < 2, "context parallelism (cp = {}) is not available on {}",
              cp ? cp->size() : 1, name());
 }
 

@@ -190,11 +190,6 @@ class Trainer {
   StepStats run(const int32_t* ids, const int32_t* targets, float loss_scale,
                 const LayerGradsReady* ready);
   int64_t local_tokens() const { return N_; }
-  // Global index (b·S + t) of local token n.
-  int64_t global_index(int64_t n) const {
-    if (!cp_) return n;
-    return ((n / L_) % B_) * S_ + gc_[n / (B_ * L_)] * L_ + n % L_;
-  }
 
  private:
   void resolve_grads(ModelGrads& grads);
@@ -217,10 +212,6 @@ class Trainer {
   // The reverse: the gradients of this rank's halos go back to their producers; returns in
   // dtails the gradients of this rank's tails that its successors computed.
   void cp_return_halo_grads(const float* dhalos, float* dtails);
-  // One step of a chain exchange on the cp group: sends `send` to rank `to` (skipped when < 0),
-  // receives `recv` from rank `from` (skipped when < 0); even ranks send first, odd ranks receive
-  // first, so a chain of blocking messages cannot deadlock.
-  void cp_chain(const float* send, int to, float* recv, int from, size_t count);
   // Calls fn(group_token, sequence_token) for the first token of every chunk row of the group:
   // group_token indexes the group's [rank][k | v][slot][b][t] buffers (per k or v half: 2·B·L
   // tokens a rank), sequence_token the [b][S] layout of the whole sequences.
@@ -773,8 +764,54 @@ StepStats Trainer::run(const int32_t* ids, const int32_t* targets, float loss_sc
   return st;
 }
 
-void Trainer::cp_chain(const float* send, int to, float* recv, int from, size_t count) {
-  Communicator& c = *cp_->comm;
+// Rank r holds chunks r (slot 0) and 2C−1−r (slot 1). Slot 0's predecessor is chunk r−1, rank
+// r−1's slot 0; slot 1's is chunk 2C−2−r, rank r+1's slot 1, or for r = C−1 its own slot 0.
+void Trainer::cp_send_tails(const float* tails, float* halos) {
+  const int C = cp_->comm->size(), r = cp_->comm->rank();
+  const int64_t row = B_ * (P_ * C_ + VH_);
+  std::fill_n(halos, 2 * row, 0.0f);  // chunk 0 has no predecessor: zero history, zero v_del
+  context_pass_tails(*cp_->comm, tails, halos, size_t(row));
+  if (r == C - 1) std::copy_n(tails, row, halos + row);
+}
+
+void Trainer::cp_return_halo_grads(const float* dhalos, float* dtails) {
+  const int C = cp_->comm->size(), r = cp_->comm->rank();
+  const int64_t row = B_ * (P_ * C_ + VH_);
+  std::vector<float> sent(dhalos, dhalos + 2 * row);
+  if (!cp_->send_halo_grads) std::fill(sent.begin(), sent.end(), 0.0f);  // a detached halo
+  std::fill_n(dtails, 2 * row, 0.0f);  // the last chunk feeds no successor
+  context_return_halos(*cp_->comm, sent.data(), dtails, size_t(row));
+  if (r == C - 1) std::copy_n(sent.data() + row, row, dtails);
+}
+
+}  // namespace
+
+std::array<int64_t, 2> context_chunks(int rank, int size) {
+  return {int64_t(rank), int64_t(2 * size - 1 - rank)};
+}
+
+void check_context_split(const ZayaConfig& cfg, int64_t S, int64_t C) {
+  const int64_t P = (cfg.cca_time0 - 1) + (cfg.cca_time1 - 1);
+  ZAYA_CHECK(S % (2 * C) == 0,
+             "context parallelism: the sequence length {} is not divisible by 2·cp = {} (each of "
+             "the {} ranks holds two chunks)",
+             S, 2 * C, C);
+  ZAYA_CHECK(S / (2 * C) >= std::max<int64_t>(1, P),
+             "context parallelism: chunks of {} tokens (sequence {} over 2·{}) are shorter than "
+             "the convolutions' history of {} tokens",
+             S / (2 * C), S, C, P);
+}
+
+int64_t context_global_index(int64_t n, int64_t B, int64_t S, int rank, int size) {
+  const int64_t L = S / (2 * size);
+  return ((n / L) % B) * S + context_chunks(rank, size)[size_t(n / (B * L))] * L + n % L;
+}
+
+namespace {
+// One step of a chain exchange: sends `send` to rank `to` (skipped when < 0), receives `recv`
+// from rank `from` (skipped when < 0); even ranks send first, odd ranks receive first, so a chain
+// of blocking messages cannot deadlock.
+void chain(Communicator& c, const float* send, int to, float* recv, int from, size_t count) {
   auto do_send = [&] {
     if (to >= 0) c.send(send, count, DType::F32, to);
   };
@@ -789,34 +826,18 @@ void Trainer::cp_chain(const float* send, int to, float* recv, int from, size_t 
     do_send();
   }
 }
-
-// Rank r holds chunks r (slot 0) and 2C−1−r (slot 1). Slot 0's predecessor is chunk r−1, rank
-// r−1's slot 0; slot 1's is chunk 2C−2−r, rank r+1's slot 1, or for r = C−1 its own slot 0.
-void Trainer::cp_send_tails(const float* tails, float* halos) {
-  const int C = cp_->comm->size(), r = cp_->comm->rank();
-  const int64_t row = B_ * (P_ * C_ + VH_);
-  std::fill_n(halos, 2 * row, 0.0f);  // chunk 0 has no predecessor: zero history, zero v_del
-  cp_chain(tails, r + 1 < C ? r + 1 : -1, halos, r >= 1 ? r - 1 : -1, size_t(row));
-  cp_chain(tails + row, r >= 1 ? r - 1 : -1, halos + row, r + 1 < C ? r + 1 : -1, size_t(row));
-  if (r == C - 1) std::copy_n(tails, row, halos + row);
-}
-
-void Trainer::cp_return_halo_grads(const float* dhalos, float* dtails) {
-  const int C = cp_->comm->size(), r = cp_->comm->rank();
-  const int64_t row = B_ * (P_ * C_ + VH_);
-  std::vector<float> sent(dhalos, dhalos + 2 * row);
-  if (!cp_->send_halo_grads) std::fill(sent.begin(), sent.end(), 0.0f);  // a detached halo
-  std::fill_n(dtails, 2 * row, 0.0f);  // the last chunk feeds no successor
-  cp_chain(sent.data(), r >= 1 ? r - 1 : -1, dtails, r + 1 < C ? r + 1 : -1, size_t(row));
-  cp_chain(sent.data() + row, r + 1 < C ? r + 1 : -1, dtails + row, r >= 1 ? r - 1 : -1,
-           size_t(row));
-  if (r == C - 1) std::copy_n(sent.data() + row, row, dtails);
-}
-
 }  // namespace
 
-std::array<int64_t, 2> context_chunks(int rank, int size) {
-  return {int64_t(rank), int64_t(2 * size - 1 - rank)};
+void context_pass_tails(Communicator& c, const float* tails, float* halos, size_t row) {
+  const int C = c.size(), r = c.rank();
+  chain(c, tails, r + 1 < C ? r + 1 : -1, halos, r >= 1 ? r - 1 : -1, row);
+  chain(c, tails + row, r >= 1 ? r - 1 : -1, halos + row, r + 1 < C ? r + 1 : -1, row);
+}
+
+void context_return_halos(Communicator& c, const float* dhalos, float* dtails, size_t row) {
+  const int C = c.size(), r = c.rank();
+  chain(c, dhalos, r >= 1 ? r - 1 : -1, dtails, r + 1 < C ? r + 1 : -1, row);
+  chain(c, dhalos + row, r + 1 < C ? r + 1 : -1, dtails + row, r >= 1 ? r - 1 : -1, row);
 }
 
 StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t* targets,
@@ -832,21 +853,14 @@ StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t
     Trainer t(m, grads, B, S, nullptr);
     return t.run(ids, targets, loss_scale, ready);
   }
-  const int64_t C = cp->comm->size(), P = (m.cfg.cca_time0 - 1) + (m.cfg.cca_time1 - 1);
-  ZAYA_CHECK(S % (2 * C) == 0,
-             "context parallelism: the sequence length {} is not divisible by 2·cp = {} (each of "
-             "the {} ranks holds two chunks)",
-             S, 2 * C, C);
-  ZAYA_CHECK(S / (2 * C) >= std::max<int64_t>(1, P),
-             "context parallelism: chunks of {} tokens (sequence {} over 2·{}) are shorter than "
-             "the convolutions' history of {} tokens",
-             S / (2 * C), S, C, P);
+  check_context_split(m.cfg, S, cp->comm->size());
   Trainer t(m, grads, B, S, cp);
   const int64_t n = t.local_tokens();
   std::vector<int32_t> lid(static_cast<size_t>(n)), ltg(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; i++) {
-    lid[size_t(i)] = ids[t.global_index(i)];
-    ltg[size_t(i)] = targets[t.global_index(i)];
+    const int64_t g = context_global_index(i, B, S, cp->comm->rank(), cp->comm->size());
+    lid[size_t(i)] = ids[g];
+    ltg[size_t(i)] = targets[g];
   }
   return t.run(lid.data(), ltg.data(), loss_scale, ready);
 }

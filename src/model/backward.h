@@ -55,6 +55,23 @@ using LayerGradsReady = std::function<void(int64_t layer)>;
 
 // The global chunk indices rank `rank` of a cp group of `size` holds, in its slot order.
 std::array<int64_t, 2> context_chunks(int rank, int size);
+// Refuses (zaya::Error) a sequence length that C ranks cannot split: not divisible by 2·C, or
+// chunks shorter than the convolutions' history.
+void check_context_split(const ZayaConfig& cfg, int64_t S, int64_t C);
+// The global index (b·S + t) in [B,S] rows of local token n of rank `rank` of a cp group of `size`
+// (local tokens slot-major: slot n / (B·L), row (n / L) % B, offset n % L, L = S/(2·size)).
+int64_t context_global_index(int64_t n, int64_t B, int64_t S, int rank, int size);
+// The point-to-point part of the halo exchange, on buffers in the communicator's memory: this
+// rank's tails [2][row] (slot-major) go to the ranks of the chunks after them, halos [2][row]
+// receive from the ranks of the chunks before them. Slots without a peer are left as they are: the
+// caller zeroes halos first (chunk 0 has no predecessor) and, on the group's last rank, copies its
+// own slot-0 tail into its slot-1 halo (chunk C−1 precedes chunk C on the same rank).
+void context_pass_tails(Communicator& c, const float* tails, float* halos, size_t row);
+// The reverse for the backward: the halos' gradients go back to their producers and dtails
+// receives this rank's tails' gradients from the ranks of the next chunks; the caller zeroes dtails
+// first (the last chunk feeds nothing) and, on the last rank, copies its slot-1 gradient into its
+// slot-0 dtails.
+void context_return_halos(Communicator& c, const float* dhalos, float* dtails, size_t row);
 
 // ids, targets: [B,S] int32; targets[n] < 0 are ignored. Computes the mean cross-entropy and
 // ACCUMULATES (+=) loss_scale * d(mean loss)/d(param) into grads (loss_scale = 1/micro_batches for

@@ -266,13 +266,6 @@ TrainResult train(const TrainOptions& opts) {
       check_gpus_per_node(hosts, counts);
     }
     par = rc.resolve_parallel(job.world);
-    for (size_t i = 0; i <= rc.phases.size(); i++) {
-      const int64_t c = i < rc.phases.size() ? rc.phase_cp(i) : rc.parallel.cp;
-      ZAYA_CHECK(c == 1 || so.device == "cpu",
-                 "{}: context parallelism (cp = {}) runs on the CPU reference step; the CUDA step "
-                 "has none yet (train with cp = 1 on the GPU)",
-                 rc.source, c);
-    }
     if (job.parallel() && par.backend == "mpi" && gpus > 0) so.device_index %= gpus;
     if (job.parallel() && so.device == "cuda")
       ZAYA_CHECK(so.device_index < gpus,

@@ -2,14 +2,15 @@
 // device): cca_conv_fwd + cca_qkv_finish_fwd and their backward passes against the CPU reference
 // ops composed exactly as ZayaModel / Trainer compose them (mean skip, the two convolutions,
 // QK-norm with temperature on k, partial NeoX RoPE, delayed values), on random bf16-representable
-// packed projections; bit-identical repeated backward (determinism); and decoding with the conv
-// history and the delayed-value state (prefix, then short segments including S < P) against the
-// full sequence. Tolerances: fp32 paths (mid, norms, dconv) as before; the tensor-core conv outputs
-// and the gradients that flow through them by the bf16 rule of expect_bf16_rule (twice the error of
-// a naive bf16-operand computation against the fp32 reference), and conv additionally within
-// 1e-5·max|ref| of the exact bf16-operand product. ZAYA_CCA_BENCH=1 additionally enables
-// CudaCca.Benchmark (ZAYA1 training shape and a decode step; prints ms per call, GB/s and, for the
-// convs, TFLOP/s).
+// packed projections; bit-identical repeated backward (determinism); the same for a
+// context-parallel chunk (a random conv history with its gradient dhist, RoPE positions from an
+// offset pos0); and decoding with the conv history and the delayed-value state (prefix, then short
+// segments including S < P) against the full sequence. Tolerances: fp32 paths (mid, norms, dconv)
+// as before; the tensor-core conv outputs and the gradients that flow through them by the bf16 rule
+// of expect_bf16_rule (twice the error of a naive bf16-operand computation against the fp32
+// reference), and conv additionally within 1e-5·max|ref| of the exact bf16-operand product.
+// ZAYA_CCA_BENCH=1 additionally enables CudaCca.Benchmark (ZAYA1 training shape and a decode step;
+// prints ms per call, GB/s and, for the convs, TFLOP/s).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -179,10 +180,18 @@ Params make_params(const Shape& s, Rng& g) {
 }
 
 // The CPU reference forward and backward, composed as Trainer::attention_fwd / attention_bwd do.
+// hist (fp32 [B,P,C], empty: zero padding) and pos0 (RoPE positions pos0 + t) are the inputs of a
+// context-parallel chunk; dhist is the history's gradient (with hist only).
 struct CpuRef {
+  std::vector<float> hist;
+  int64_t pos0 = 0;
   std::vector<float> qk0, conv, mid, qpre, kpre, qnorm, knorm, q, k, v;
-  std::vector<float> dconv, dq0, dk0, dvc, dvd, dwdw, dbdw, dwg, dbg, dtemp;
+  std::vector<float> dconv, dq0, dk0, dvc, dvd, dwdw, dbdw, dwg, dbg, dtemp, dhist;
 };
+
+const float* hist_of(const CpuRef& R) {
+  return R.hist.empty() ? nullptr : R.hist.data();
+}
 
 // The step after the convolutions (mean skip, QK-norm, RoPE, delayed values) from R.conv.
 void cpu_finish(CpuRef& R, const Shape& s, const Params& p, const std::vector<float>& qkv) {
@@ -214,7 +223,7 @@ void cpu_finish(CpuRef& R, const Shape& s, const Params& p, const std::vector<fl
   cpu::qk_norm(R.q.data(), R.qnorm.data(), R.qpre.data(), nullptr, N, s.Hq, s.d);
   cpu::qk_norm(R.k.data(), R.knorm.data(), R.kpre.data(), p.temp.data(), N, s.Hkv, s.d);
   std::vector<int64_t> pos(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; n++) pos[size_t(n)] = n % s.S;
+  for (int64_t n = 0; n < N; n++) pos[size_t(n)] = R.pos0 + n % s.S;
   cpu::rope(R.q.data(), pos.data(), s.theta, N, s.Hq, s.d, s.r);
   cpu::rope(R.k.data(), pos.data(), s.theta, N, s.Hkv, s.d, s.r);
 }
@@ -226,7 +235,7 @@ void cpu_forward(CpuRef& R, const Shape& s, const Params& p, const std::vector<f
     for (int64_t i = 0; i < C; i++) R.qk0[size_t(n * C + i)] = qkv[size_t(n * ld + i)];
   R.conv.assign(size_t(N * C), 0.0f);
   R.mid.assign(size_t(s.B * s.M() * C), 0.0f);
-  cpu::cca_conv(R.conv.data(), R.mid.data(), R.qk0.data(), nullptr, p.wdw.data(), p.bdw.data(),
+  cpu::cca_conv(R.conv.data(), R.mid.data(), R.qk0.data(), hist_of(R), p.wdw.data(), p.bdw.data(),
                 p.wg.data(), p.bg.data(), s.B, s.S, C, s.d, s.t0, s.t1);
   cpu_finish(R, s, p, qkv);
 }
@@ -236,7 +245,7 @@ void cpu_backward(CpuRef& R, const Shape& s, const Params& p, std::vector<float>
   const int64_t N = s.N(), QD = s.QD(), KD = s.KD(), VH = s.VH(), C = s.C(), G = s.Hq / s.Hkv,
                 d = s.d;
   std::vector<int64_t> pos(static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; n++) pos[size_t(n)] = n % s.S;
+  for (int64_t n = 0; n < N; n++) pos[size_t(n)] = R.pos0 + n % s.S;
   cpu::rope_backward(dq.data(), pos.data(), s.theta, N, s.Hq, d, s.r);
   cpu::rope_backward(dk.data(), pos.data(), s.theta, N, s.Hkv, d, s.r);
   std::vector<float> dqpre(size_t(N * QD)), dkpre(size_t(N * KD));
@@ -250,9 +259,10 @@ void cpu_backward(CpuRef& R, const Shape& s, const Params& p, std::vector<float>
     std::copy_n(dkpre.data() + n * KD, KD, R.dconv.data() + n * C + QD);
   }
   std::vector<float> dqk0(size_t(N * C));
+  if (hist_of(R)) R.dhist.assign(size_t(s.B * s.P() * C), 0.0f);
   cpu::cca_conv_backward(dqk0.data(), R.dwdw.data(), R.dbdw.data(), R.dwg.data(), R.dbg.data(),
                          R.dconv.data(), R.qk0.data(), R.mid.data(), p.wdw.data(), p.wg.data(), s.B,
-                         s.S, C, d, s.t0, s.t1);
+                         s.S, C, d, s.t0, s.t1, hist_of(R), hist_of(R) ? R.dhist.data() : nullptr);
   R.dq0.assign(size_t(N * QD), 0.0f);
   R.dk0.assign(size_t(N * KD), 0.0f);
   for (int64_t n = 0; n < N; n++) {
@@ -307,9 +317,18 @@ std::vector<float> conv_bf16_operands(const Shape& s, const Params& p,
   return y;
 }
 
+// A context-parallel chunk: with `hist`, the conv runs after a random fp32 history [B,P,C] (the
+// previous chunk's raw columns) and backward returns its gradient dhist; RoPE positions start at
+// pos0. The default is a training sequence (no history, positions from 0), which takes the
+// overloads without these arguments; anything else takes the overloads with them.
+struct Chunk {
+  bool hist = false;
+  int64_t pos0 = 0;
+};
+
 // Forward and backward against the CPU reference, and a repeated backward for determinism.
-void check_train(const Shape& s, uint64_t seed) {
-  SCOPED_TRACE(name(s));
+void check_train(const Shape& s, uint64_t seed, const Chunk& ck = {}) {
+  SCOPED_TRACE(name(s) + (ck.hist ? " with history" : "") + " pos0 " + std::to_string(ck.pos0));
   Rng g(seed);
   const int64_t N = s.N(), QD = s.QD(), KD = s.KD(), VH = s.VH(), C = s.C(), ld = s.ld(),
                 H = s.Hq + s.Hkv;
@@ -325,8 +344,18 @@ void check_train(const Shape& s, uint64_t seed) {
                      dbg0 = randn(g, size_t(C), 0.1f), dtemp0 = randn(g, size_t(s.Hkv), 0.1f);
   std::vector<float> dqkv_init = randn(g, size_t(N * ld), 1.0f);  // garbage: (=) must overwrite
   const auto dqkv_init_b = to_bf16(dqkv_init);
+  // Drawn after everything above, so that the training cases' inputs do not depend on ck.
+  const bool cp = ck.hist || ck.pos0 != 0;
+  const size_t nh = size_t(s.B * s.P() * C);
+  std::vector<float> hist, dhist_init;
+  if (ck.hist) {
+    hist = randn(g, nh, 0.5f);        // fp32, the scale of the raw columns
+    dhist_init = randn(g, nh, 1.0f);  // garbage: (=) must overwrite
+  }
 
   CpuRef R;
+  R.hist = hist;
+  R.pos0 = ck.pos0;
   cpu_forward(R, s, p, qkv);
   R.dwdw = dwdw0;
   R.dbdw = dbdw0;
@@ -354,21 +383,31 @@ void check_train(const Shape& s, uint64_t seed) {
   const size_t ws_bytes = cca_conv_bwd_workspace_bytes(s.B, s.S, C, s.d, s.t0, s.t1) +
                           cca_qkv_finish_bwd_workspace_bytes(N, s.Hq, s.Hkv);
   char* d_ws = db.alloc<char>(ws_bytes);
+  float* d_hist = ck.hist ? db.upload(hist) : nullptr;
+  float* d_dhist = ck.hist ? db.upload(dhist_init) : nullptr;
   ASSERT_TRUE(d_qkv && d_conv && d_mid && d_norms && d_q && d_k && d_v && d_dconv && d_dqkv &&
-              d_dwg && d_ws);
+              d_dwg && d_ws && (!ck.hist || (d_hist && d_dhist)));
   Workspace ws{d_ws, ws_bytes, 0};
   cudaStream_t st = nullptr;
 
-  cca_conv_fwd(d_conv, d_mid, d_qkv, ld, nullptr, false, d_wdw, d_bdw, d_wg, d_bg, s.B, s.S, C, s.d,
+  // Training: no history update (the history is an input of the chunk).
+  cca_conv_fwd(d_conv, d_mid, d_qkv, ld, d_hist, false, d_wdw, d_bdw, d_wg, d_bg, s.B, s.S, C, s.d,
                s.t0, s.t1, st);
-  cca_qkv_finish_fwd(d_q, d_k, d_v, d_norms, d_conv, d_qkv, ld, d_temp, nullptr, false, 0, s.theta,
-                     s.r, s.B, s.S, s.Hq, s.Hkv, s.d, st);
+  cca_qkv_finish_fwd(d_q, d_k, d_v, d_norms, d_conv, d_qkv, ld, d_temp, nullptr, false, ck.pos0,
+                     s.theta, s.r, s.B, s.S, s.Hq, s.Hkv, s.d, st);
   auto backward = [&] {
     ws.reset();
-    cca_qkv_finish_bwd(d_dconv, d_dqkv, ld, d_dtemp, d_dq, d_dk, d_dv, d_conv, d_qkv, d_norms,
-                       d_temp, s.theta, s.r, s.B, s.S, s.Hq, s.Hkv, s.d, ws, st);
-    cca_conv_bwd(d_dqkv, ld, d_dwdw, d_dbdw, d_dwg, d_dbg, d_dconv, d_qkv, d_mid, d_wdw, d_wg, s.B,
-                 s.S, C, s.d, s.t0, s.t1, ws, st);
+    if (cp) {
+      cca_qkv_finish_bwd(d_dconv, d_dqkv, ld, d_dtemp, d_dq, d_dk, d_dv, d_conv, d_qkv, d_norms,
+                         d_temp, ck.pos0, s.theta, s.r, s.B, s.S, s.Hq, s.Hkv, s.d, ws, st);
+      cca_conv_bwd(d_dqkv, ld, d_dwdw, d_dbdw, d_dwg, d_dbg, d_dconv, d_qkv, d_mid, d_wdw, d_wg,
+                   s.B, s.S, C, s.d, s.t0, s.t1, d_hist, d_dhist, ws, st);
+    } else {
+      cca_qkv_finish_bwd(d_dconv, d_dqkv, ld, d_dtemp, d_dq, d_dk, d_dv, d_conv, d_qkv, d_norms,
+                         d_temp, s.theta, s.r, s.B, s.S, s.Hq, s.Hkv, s.d, ws, st);
+      cca_conv_bwd(d_dqkv, ld, d_dwdw, d_dbdw, d_dwg, d_dbg, d_dconv, d_qkv, d_mid, d_wdw, d_wg,
+                   s.B, s.S, C, s.d, s.t0, s.t1, ws, st);
+    }
   };
   backward();
   CK(cudaDeviceSynchronize());
@@ -434,6 +473,7 @@ void check_train(const Shape& s, uint64_t seed) {
   const auto dwdw = download(d_dwdw, dwdw0.size()), dbdw = download(d_dbdw, dbdw0.size()),
              dwg = download(d_dwg, dwg0.size()), dbg = download(d_dbg, dbg0.size()),
              dtemp = download(d_dtemp, dtemp0.size());
+  const auto dhist = ck.hist ? download(d_dhist, nh) : std::vector<float>();
   // Parameter gradients: the bf16 rule against the naive bf16-operand backward (the CPU backward
   // fed bf16-rounded dy, wg and mid, the operands the tensor cores see), with the fp32 budget of
   // 1e-3·max|ref| these sums over thousands of tokens always had (summation order; dy = dconv is
@@ -445,11 +485,26 @@ void check_train(const Shape& s, uint64_t seed) {
     cpu::cca_conv_backward(dqk0.data(), Nv.dwdw.data(), Nv.dbdw.data(), Nv.dwg.data(),
                            Nv.dbg.data(), rounded_bf16(R.dconv).data(), R.qk0.data(),
                            rounded_bf16(R.mid).data(), p.wdw.data(), rounded_bf16(p.wg).data(), s.B,
-                           s.S, C, s.d, s.t0, s.t1);
+                           s.S, C, s.d, s.t0, s.t1, hist_of(R),
+                           hist_of(R) ? Nv.dhist.data() : nullptr);
     expect_bf16_rule("dwdw", dwdw, R.dwdw, Nv.dwdw, 1e-3);
     expect_bf16_rule("dbdw", dbdw, R.dbdw, Nv.dbdw, 1e-3);
     expect_bf16_rule("dwg", dwg, R.dwg, Nv.dwg, 1e-3);
     expect_bf16_rule("dbg", dbg, R.dbg, Nv.dbg, 1e-3);
+    // The history's gradient is the depthwise data gradient at padded indices 0..P-1 (fp32 output):
+    // the same bf16 rule against the fp32 reference; and, fed the GPU's own dconv (so the tensor
+    // cores' operands, bf16 dconv and wg, are the CPU's too), only the fp32 summation order of du
+    // differs.
+    if (ck.hist) {
+      expect_bf16_rule("dhist", dhist, R.dhist, Nv.dhist, 1e-3);
+      CpuRef X = R;
+      X.dwdw = dwdw0, X.dbdw = dbdw0, X.dwg = dwg0, X.dbg = dbg0;
+      cpu::cca_conv_backward(dqk0.data(), X.dwdw.data(), X.dbdw.data(), X.dwg.data(), X.dbg.data(),
+                             rounded_bf16(dconv).data(), R.qk0.data(), R.mid.data(), p.wdw.data(),
+                             rounded_bf16(p.wg).data(), s.B, s.S, C, s.d, s.t0, s.t1, hist_of(R),
+                             X.dhist.data());
+      expect_close("dhist (from the GPU's dconv)", dhist, X.dhist, 1e-4);
+    }
   }
   expect_close("dtemp (from the GPU's conv)", dtemp, G.dtemp, 1e-3);
   expect_bf16_rule("dtemp", dtemp, R.dtemp, Nf.dtemp, 1e-3);
@@ -461,8 +516,10 @@ void check_train(const Shape& s, uint64_t seed) {
   cudaMemcpy(d_dbg, dbg0.data(), dbg0.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d_dtemp, dtemp0.data(), dtemp0.size() * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(d_dqkv, dqkv_init_b.data(), dqkv_init_b.size() * 2, cudaMemcpyHostToDevice);
+  if (ck.hist) cudaMemcpy(d_dhist, dhist_init.data(), nh * 4, cudaMemcpyHostToDevice);
   backward();
   CK(cudaDeviceSynchronize());
+  if (ck.hist) EXPECT_EQ(download(d_dhist, nh), dhist);
   EXPECT_EQ(download(d_dwdw, dwdw0.size()), dwdw);
   EXPECT_EQ(download(d_dbdw, dbdw0.size()), dbdw);
   EXPECT_EQ(download(d_dwg, dwg0.size()), dwg);
@@ -494,6 +551,37 @@ TEST(CudaCca, TrainD64Hq2Hkv1Kernel2x2) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   // d 64: the conv GEMMs' 64-column tile (4 columns per thread), the one d 128 and 32 miss.
   check_train({2, 130, 2, 1, 64, 2, 2, 32, 10000.0}, 7);
+}
+
+// Context parallelism: a chunk whose conv input continues the previous chunk's (history, P raw
+// columns) and whose RoPE positions start at its global offset; the shapes of the training cases.
+TEST(CudaCca, TrainWithHistoryD128Hq8Hkv2Kernel2x2) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_train({2, 150, 8, 2, 128, 2, 2, 64, 10000.0}, 11, {true, 0});
+}
+TEST(CudaCca, TrainWithHistoryD32Hq4Hkv2Kernel3x2) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // S 200: several depthwise row chunks (kRB = 64) and conv row tiles; P = 3.
+  check_train({2, 200, 4, 2, 32, 3, 2, 16, 10000.0}, 12, {true, 0});
+}
+TEST(CudaCca, TrainWithHistoryChunkShorterThanHistory) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // S 1 < P 3 (M = 2 depthwise rows, fewer than the history's columns); B·S = 2 takes the direct
+  // forward kernel.
+  check_train({2, 1, 4, 2, 32, 3, 2, 16, 10000.0}, 13, {true, 0});
+}
+TEST(CudaCca, TrainAtPos300D128Hq8Hkv2Kernel2x2) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_train({2, 150, 8, 2, 128, 2, 2, 64, 10000.0}, 14, {false, 300});
+}
+TEST(CudaCca, TrainAtPos300D32Hq4Hkv2Kernel3x2) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  // r/2 = 8 < 32: rotation partners in other lanes.
+  check_train({2, 200, 4, 2, 32, 3, 2, 16, 10000.0}, 15, {false, 300});
+}
+TEST(CudaCca, TrainContextParallelChunkD128Hq8Hkv2Kernel2x2) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  check_train({2, 150, 8, 2, 128, 2, 2, 64, 10000.0}, 16, {true, 300});
 }
 
 // Decoding: the full sequence in one call (no history) against a prefix followed by short segments

@@ -151,6 +151,16 @@ void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, 
                   const float* dy_NC, const bf16* qkv, const float* mid, const float* wdw_Ct0,
                   const float* wg_Cdt1, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
                   int64_t t1, Workspace& ws, cudaStream_t st);
+// The same with the forward's history hist_BPC (fp32 [B,P,C]: the P raw [q0 | k0] columns before
+// each sequence, as cca_conv_fwd took them; null: zero padding, as above): the weight gradients
+// include the history columns' terms, and dhist_BPC (=, fp32 [B,P,C], when non-null) receives the
+// gradient of the history columns (context parallelism returns it to the rank that produced
+// them). cpu::cca_conv_backward's hist/dhist. Same workspace.
+void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, float* dbg,
+                  const float* dy_NC, const bf16* qkv, const float* mid, const float* wdw_Ct0,
+                  const float* wg_Cdt1, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
+                  int64_t t1, const float* hist_BPC, float* dhist_BPC, Workspace& ws,
+                  cudaStream_t st);
 // After the convolutions: q = qk_norm(conv_q + mq), k = qk_norm(conv_k + mk)·temp (mean skip from
 // q0/k0 as cpu::cca_mean_skip), then partial NeoX RoPE on the first r dims at positions
 // pos0 + t (t the index within the sequence; pos0 the decode offset), and the delayed values
@@ -172,6 +182,13 @@ void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G,
                         const float* norms_NH, const float* temp_G, double theta, int64_t r,
                         int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, Workspace& ws,
                         cudaStream_t st);
+// The same with RoPE positions pos0 + t (t the index within each sequence), as the forward's pos0:
+// context parallelism's chunks sit at their global offsets.
+void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G, const bf16* dq,
+                        const bf16* dk, const bf16* dv, const float* conv_NC, const bf16* qkv,
+                        const float* norms_NH, const float* temp_G, int64_t pos0, double theta,
+                        int64_t r, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d,
+                        Workspace& ws, cudaStream_t st);
 // Ordering: cca_qkv_finish_bwd writes all of dqkv's row (q0/k0 channels with the mean-skip
 // gradient, =) and produces dconv; cca_conv_bwd then takes dconv as its dy and ADDS its dx into the
 // q0/k0 channels. Run finish_bwd first, conv_bwd second, on the same stream.
@@ -193,6 +210,45 @@ void attention_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o
                    const float* lse_BHS, const bf16* q, const bf16* k, const bf16* v, int64_t B,
                    int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window, Workspace& ws,
                    cudaStream_t st);
+// The backward of the forward's general form: queries [B,S] at positions q_start.., keys and values
+// [B,Sk] (Sk >= q_start + S); dq [B,S,Hq,d], dk and dv [B,Sk,Hkv,d] (=), the latter holding these
+// queries' contributions only (keys no query sees get 0). Context parallelism calls it once per
+// local chunk against the gathered keys. cpu::attention_backward's general form; same workspace
+// (attention_bwd_workspace_bytes with the queries' S).
+void attention_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o,
+                   const float* lse_BHS, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                   int64_t S, int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv, int64_t d,
+                   int64_t window, Workspace& ws, cudaStream_t st);
+
+// ---- context parallelism (ZAYA1.md §4; model/backward.h's ContextParallel)
+// ---------------------------------------------------------------- Data movement of a rank's chunk
+// rows: R rows (slot-major: row = slot·B + b) of S tokens each. One row's halo is T = P·C + VH
+// floats: the P raw [q0 | k0] columns before the row (P = (t0−1)+(t1−1)), then the delayed value
+// (vd, VH = Hkv·d/2 channels) of the token before it.
+// tails[r] (=) = the last P tokens' q0|k0 channels and the last token's vd channels of row r, as
+// fp32 (what the rank of the next chunk needs as its halo). qkv rows as in cca_conv_fwd.
+void cp_pack_tails(float* tails_RT, const bf16* qkv, int64_t ld, int64_t R, int64_t S, int64_t P,
+                   int64_t C, int64_t VH, cudaStream_t st);
+// The reverse for the backward: dqkv's last P tokens' q0|k0 channels and the last token's vd
+// channels of every row += dtails[r] (bf16 read-add-write, fp32 math).
+void cp_add_tail_grads(bf16* dqkv, int64_t ld, const float* dtails_RT, int64_t R, int64_t S,
+                       int64_t P, int64_t C, int64_t VH, cudaStream_t st);
+// halo[r] = [hist[r] (P·C) | vdl[r] (VH)] split (=) into hist_RPC and vdl_RV (fp32), and the
+// backward's dhalo[r] (=) = [dhist[r] | the first token's vd gradient, dv[r·S][VH..KD) as fp32].
+void cp_split_halos(float* hist_RPC, float* vdl_RV, const float* halo_RT, int64_t R, int64_t P,
+                    int64_t C, int64_t VH, cudaStream_t st);
+void cp_pack_halo_grads(float* dhalo_RT, const float* dhist_RPC, const bf16* dv_NKD, int64_t R,
+                        int64_t S, int64_t P, int64_t C, int64_t KD, cudaStream_t st);
+// Whole-sequence rows [B,S,W] from the blocks of the cp group's ranks (bf16): block j (at
+// gathered + j·rank_stride) holds rank j's rows, slot-major [2][B][Lc][W], Lc = S/(2·Cc); rank j
+// holds chunks j and 2Cc−1−j. Every element of full is written.
+void cp_ranks_to_sequence(bf16* full_BSW, const bf16* gathered, int64_t rank_stride, int64_t B,
+                          int64_t S, int64_t Cc, int64_t W, cudaStream_t st);
+// The reverse, summing sources: out block j (at out + j·rank_stride, fp32, =) gets, for rank j's
+// chunk rows, a[b, t, :] + b2[b, t, :] (fp32 sums of bf16 [B,S,W] sources; b2 may be null). The
+// send buffer of the keys' and values' gradient reduce-scatter.
+void cp_sequence_to_ranks(float* out, int64_t rank_stride, const bf16* a_BSW, const bf16* b_BSW,
+                          int64_t B, int64_t S, int64_t Cc, int64_t W, cudaStream_t st);
 
 // ---- router and expert dispatch
 // ------------------------------------------------------------------ EDA state: r += state ⊙ scale

@@ -4,6 +4,7 @@
 
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "dist/comm.h"
 #include "engine/cuda/cuda_step.h"
 #include "engine/cuda/model_cuda.h"
 #include "engine/cuda/optim_cuda.h"
@@ -53,9 +54,13 @@ class CudaStep final : public TrainStep {
 
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                              float loss_scale) override {
-    return model_->forward_backward(ids, targets, B, S, loss_scale, ready_ ? &ready_ : nullptr);
+    return model_->forward_backward(ids, targets, B, S, loss_scale, ready_ ? &ready_ : nullptr,
+                                    cp_.comm ? &cp_ : nullptr);
   }
   void set_grads_ready(LayerGradsReady fn) override { ready_ = std::move(fn); }
+  void set_context_parallel(Communicator* cp) override {
+    cp_.comm = cp && cp->size() > 1 ? cp : nullptr;
+  }
   void* stream() const override { return model_->stream(); }
 
   double grad_sq_norm(const ParamMask& owned) override { return optim_->grad_sq_norm(owned); }
@@ -196,6 +201,7 @@ class CudaStep final : public TrainStep {
   std::unique_ptr<cuda::CudaModel> model_;
   std::unique_ptr<cuda::CudaOptimizer> optim_;
   LayerGradsReady ready_;  // set by a data-parallel step around the last micro-batch
+  ContextParallel cp_;     // comm null: whole rows
 };
 
 }  // namespace

@@ -30,12 +30,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <utility>
 
 #include "backend/cuda/carver.h"
 #include "core/cuda_check.h"
 #include "core/error.h"
+#include "dist/comm.h"
 #include "dist/heartbeat.h"
 
 namespace zaya::cuda {
@@ -184,6 +186,41 @@ struct CudaModel::Impl {
   double* h_loss = nullptr;
   int32_t* h_count = nullptr;
   std::vector<int64_t> routed_rows;  // M per layer
+
+  // Context parallelism of the step in flight (cp == null: whole rows). The model then runs on
+  // this rank's two chunks of every row as 2·cpB rows of Lc tokens (slot-major), and layer_forward
+  // and attention_backward exchange halos, keys and values with the group (model/backward.h).
+  Communicator* cp = nullptr;
+  bool cp_send_halo_grads = true;
+  int64_t cpC = 1, cpR = 0, cpB = 0, cpS = 0, Lc = 0, Ph = 0, gch[2] = {0, 0};
+  struct CpLayer {
+    float *hist = nullptr, *vdl = nullptr;    // [2B, P, C] conv history, [2B, VH] delayed values
+    bf16 *kfull = nullptr, *vfull = nullptr;  // [B, S, KD] the whole sequences' keys and values
+  };
+  std::vector<CpLayer> cpl;  // per layer, or one shared set when recomputing
+  // Device buffers of context parallelism, allocated on the first step that needs them and grown
+  // (never shrunk) when a later one needs more; pinned host mirrors for a host communicator.
+  struct Grown {
+    void* p = nullptr;
+    size_t bytes = 0;
+    bool host = false;
+  };
+  std::vector<Grown*> grown;
+  Grown g_tails, g_halos, g_dhalos, g_dtails, g_dhist, g_kvsend, g_gather, g_dkv, g_gsend, g_grecv,
+      g_layers, h_send, h_recv;
+  template <typename T>
+  T* grow(Grown& g, size_t n, bool host = false);
+  void cp_setup(const ContextParallel* c, int64_t B, int64_t S);
+  // Runs op(send, recv) on buffers in the communicator's memory: the device buffers themselves for
+  // a device communicator (NCCL), else pinned host mirrors that `send` is copied into first and
+  // `recv` back out of (MPI, also for GPU ranks: host-staged). Waits for the stream first; recv is
+  // zeroed first when `zero`. On return recv's contents are ordered before the stream's later work.
+  void cp_comm(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, bool zero,
+               const std::function<void(const void*, void*)>& op);
+  void cp_halo_forward(int64_t li);
+  void cp_gather_kv(int64_t li);
+  void cp_scatter_dkv(int64_t li, bf16* const dks[2], bf16* const dvs[2]);
+  void cp_return_halo_grads(const float* dhist);
 
   // Profiling.
   OpClassTimes times;
@@ -335,6 +372,7 @@ CudaModel::Impl::~Impl() {
   cudaFreeHost(h_counts);
   cudaFreeHost(h_loss);
   cudaFreeHost(h_count);
+  for (Grown* g : grown) g->host ? cudaFreeHost(g->p) : cudaFree(g->p);
   if (st) cudaStreamDestroy(st);
 }
 
@@ -678,16 +716,43 @@ void CudaModel::Impl::layer_forward(int64_t li, int64_t B, int64_t S, bool finis
 
   // ---- CCA attention ----
   linear(A.qkv, GemmType::BF16, A.xin, D, P.wq->copy, N, D, LD, GemmType::BF16, nullptr);
-  {
-    Scope s(this, kCca);
-    cca_conv_fwd(A.conv, A.mid, A.qkv, LD, nullptr, false, P.conv_dw_w->master, P.conv_dw_b->master,
-                 P.conv_g_w->master, P.conv_g_b->master, B, S, C, d, t0, t1, st);
-    cca_qkv_finish_fwd(A.q, A.k, A.v, A.norms, A.conv, A.qkv, LD, P.temp->master, nullptr, false, 0,
-                       rope.theta, rdim, B, S, Hq, Hkv, d, st);
-  }
-  {
+  if (!cp) {
+    {
+      Scope s(this, kCca);
+      cca_conv_fwd(A.conv, A.mid, A.qkv, LD, nullptr, false, P.conv_dw_w->master,
+                   P.conv_dw_b->master, P.conv_g_w->master, P.conv_g_b->master, B, S, C, d, t0, t1,
+                   st);
+      cca_qkv_finish_fwd(A.q, A.k, A.v, A.norms, A.conv, A.qkv, LD, P.temp->master, nullptr, false,
+                         0, rope.theta, rdim, B, S, Hq, Hkv, d, st);
+    }
     Scope s(this, kAttention);
     attention_fwd(A.o, A.lse, A.q, A.k, A.v, B, S, S, 0, Hq, Hkv, d, window, st);
+  } else {
+    // B = 2·cpB chunk rows of S = Lc tokens. The convolutions start from the previous chunk's
+    // columns and each slot's RoPE positions and delayed values continue the whole sequence; each
+    // slot's queries attend to the gathered keys at their global offsets.
+    cp_halo_forward(li);
+    const CpLayer& X = cpl[opt.recompute ? 0 : size_t(li)];
+    {
+      Scope s(this, kCca);
+      cca_conv_fwd(A.conv, A.mid, A.qkv, LD, X.hist, false, P.conv_dw_w->master,
+                   P.conv_dw_b->master, P.conv_g_w->master, P.conv_g_b->master, B, S, C, d, t0, t1,
+                   st);
+      for (int64_t sl = 0; sl < 2; sl++) {
+        const int64_t n0 = sl * cpB * Lc;
+        cca_qkv_finish_fwd(A.q + n0 * QD, A.k + n0 * KD, A.v + n0 * KD, A.norms + n0 * (Hq + Hkv),
+                           A.conv + n0 * C, A.qkv + n0 * LD, LD, P.temp->master,
+                           X.vdl + sl * cpB * VH, false, gch[sl] * Lc, rope.theta, rdim, cpB, Lc,
+                           Hq, Hkv, d, st);
+      }
+    }
+    cp_gather_kv(li);
+    Scope s(this, kAttention);
+    for (int64_t sl = 0; sl < 2; sl++) {
+      const int64_t n0 = sl * cpB * Lc;
+      attention_fwd(A.o + n0 * QD, A.lse + sl * cpB * Hq * Lc, A.q + n0 * QD, X.kfull, X.vfull, cpB,
+                    Lc, cpS, gch[sl] * Lc, Hq, Hkv, d, window, st);
+    }
   }
   linear(A.a, GemmType::BF16, A.o, QD, P.wo->copy, N, QD, D, GemmType::BF16, nullptr);
   {
@@ -962,11 +1027,12 @@ void CudaModel::Impl::attention_backward(int64_t li, int64_t B, int64_t S) {
   const int64_t window = cfg.layer_is_sliding(li) ? cfg.sliding_window : 0;
   wgrad(P.wo->grad, dbf, A.o, N, QD, D, GemmType::BF16);
   dgrad(datt, GemmType::BF16, 0.0f, dbf, N, QD, D, P.wo->copy, GemmType::BF16);
-  {
-    Scope s(this, kAttention);
-    attention_bwd(dq, dk, dv, datt, A.o, A.lse, A.q, A.k, A.v, B, S, Hq, Hkv, d, window, wsr(), st);
-  }
-  {
+  if (!cp) {
+    {
+      Scope s(this, kAttention);
+      attention_bwd(dq, dk, dv, datt, A.o, A.lse, A.q, A.k, A.v, B, S, Hq, Hkv, d, window, wsr(),
+                    st);
+    }
     Scope s(this, kCca);
     // finish_bwd writes every channel of dqkv (q0/k0 with the mean-skip path); conv_bwd then adds
     // its input gradient into the q0/k0 channels (ops.h's ordering note).
@@ -975,10 +1041,187 @@ void CudaModel::Impl::attention_backward(int64_t li, int64_t B, int64_t S) {
     cca_conv_bwd(dqkv, LD, P.conv_dw_w->grad, P.conv_dw_b->grad, P.conv_g_w->grad, P.conv_g_b->grad,
                  dconv, A.qkv, A.mid, P.conv_dw_w->master, P.conv_g_w->master, B, S, C, d, t0, t1,
                  wsr(), st);
+  } else {
+    // Each slot's queries give gradients for keys and values of the whole sequence; the group
+    // sums them and each rank keeps its own tokens' (reduce-scatter into dk, dv).
+    const CpLayer& X = cpl[opt.recompute ? 0 : size_t(li)];
+    const int64_t nf = cpB * cpS * KD;
+    bf16* const base = grow<bf16>(g_dkv, size_t(4 * nf));
+    bf16* const dks[2] = {base, base + nf};
+    bf16* const dvs[2] = {base + 2 * nf, base + 3 * nf};
+    {
+      Scope s(this, kAttention);
+      for (int64_t sl = 0; sl < 2; sl++) {
+        const int64_t n0 = sl * cpB * Lc;
+        attention_bwd(dq + n0 * QD, dks[sl], dvs[sl], datt + n0 * QD, A.o + n0 * QD,
+                      A.lse + sl * cpB * Hq * Lc, A.q + n0 * QD, X.kfull, X.vfull, cpB, Lc, cpS,
+                      gch[sl] * Lc, Hq, Hkv, d, window, wsr(), st);
+      }
+    }
+    cp_scatter_dkv(li, dks, dvs);
+    Scope s(this, kCca);
+    for (int64_t sl = 0; sl < 2; sl++) {
+      const int64_t n0 = sl * cpB * Lc;
+      cca_qkv_finish_bwd(dconv + n0 * C, dqkv + n0 * LD, LD, P.temp->grad, dq + n0 * QD,
+                         dk + n0 * KD, dv + n0 * KD, A.conv + n0 * C, A.qkv + n0 * LD,
+                         A.norms + n0 * (Hq + Hkv), P.temp->master, gch[sl] * Lc, rope.theta, rdim,
+                         cpB, Lc, Hq, Hkv, d, wsr(), st);
+    }
+    float* dhist = grow<float>(g_dhist, size_t(B * Ph * C));
+    cca_conv_bwd(dqkv, LD, P.conv_dw_w->grad, P.conv_dw_b->grad, P.conv_g_w->grad, P.conv_g_b->grad,
+                 dconv, A.qkv, A.mid, P.conv_dw_w->master, P.conv_g_w->master, B, S, C, d, t0, t1,
+                 X.hist, dhist, wsr(), st);
+    // The halos' gradients go back to their producers; this rank's tails get theirs (q0|k0 of the
+    // last P tokens and vd of the last token of each chunk row) before the projections' backward.
+    cp_return_halo_grads(dhist);
   }
   // One wgrad for wq|wk|wv_cur|wv_del (adjacent grads) and one dgrad through the packed matrix.
   wgrad(P.wq->grad, dqkv, A.xin, N, D, LD, GemmType::BF16);
   dgrad(dx, GemmType::F32, 0.0f, dqkv, N, D, LD, P.wq->copy, GemmType::BF16);
+}
+
+// ---- context parallelism ------------------------------------------------------------------------
+
+template <typename T>
+T* CudaModel::Impl::grow(Grown& g, size_t n, bool host) {
+  const size_t bytes = std::max<size_t>(n, 1) * sizeof(T);
+  if (g.bytes < bytes) {
+    // Only between steps' work: the stream may still read the old buffer.
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+    if (g.p) ZAYA_CUDA_CHECK(g.host ? cudaFreeHost(g.p) : cudaFree(g.p));
+    g.p = nullptr;
+    g.bytes = 0;
+    ZAYA_CUDA_CHECK(host ? cudaMallocHost(&g.p, bytes) : cudaMalloc(&g.p, bytes));
+    g.bytes = bytes;
+    g.host = host;
+    if (std::find(grown.begin(), grown.end(), &g) == grown.end()) grown.push_back(&g);
+  }
+  return static_cast<T*>(g.p);
+}
+
+void CudaModel::Impl::cp_setup(const ContextParallel* c, int64_t B, int64_t S) {
+  cp = c && c->comm && c->comm->size() >= 2 ? c->comm : nullptr;
+  if (!cp) return;
+  cp_send_halo_grads = c->send_halo_grads;
+  cpC = cp->size();
+  cpR = cp->rank();
+  check_context_split(cfg, S, cpC);
+  cpB = B;
+  cpS = S;
+  Lc = S / (2 * cpC);
+  Ph = (t0 - 1) + (t1 - 1);
+  const std::array<int64_t, 2> g = context_chunks(int(cpR), int(cpC));
+  gch[0] = g[0];
+  gch[1] = g[1];
+  // Per layer (or one shared set): the conv history and delayed values of the chunk rows, and the
+  // gathered keys and values of the whole sequences.
+  const size_t sets = opt.recompute ? 1 : size_t(L);
+  const size_t hist = align_up(size_t(2 * B * Ph * C) * 4, kAlign),
+               vdl = align_up(size_t(2 * B * VH) * 4, kAlign),
+               kv = align_up(size_t(B * S * KD) * 2, kAlign), per = hist + vdl + 2 * kv;
+  char* base = grow<char>(g_layers, sets * per);
+  cpl.assign(sets, CpLayer{});
+  for (size_t i = 0; i < sets; i++) {
+    char* p = base + i * per;
+    cpl[i].hist = reinterpret_cast<float*>(p);
+    cpl[i].vdl = reinterpret_cast<float*>(p + hist);
+    cpl[i].kfull = reinterpret_cast<bf16*>(p + hist + vdl);
+    cpl[i].vfull = reinterpret_cast<bf16*>(p + hist + vdl + kv);
+  }
+}
+
+void CudaModel::Impl::cp_comm(const void* send, size_t send_bytes, void* recv, size_t recv_bytes,
+                              bool zero, const std::function<void(const void*, void*)>& op) {
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  if (cp->buffer_on_device()) {
+    if (zero) ZAYA_CUDA_CHECK(cudaMemsetAsync(recv, 0, recv_bytes, st));
+    ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+    op(send, recv);
+    cp->synchronize();
+    return;
+  }
+  char* hs = grow<char>(h_send, send_bytes, true);
+  char* hr = grow<char>(h_recv, recv_bytes, true);
+  ZAYA_CUDA_CHECK(cudaMemcpyAsync(hs, send, send_bytes, cudaMemcpyDeviceToHost, st));
+  ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
+  if (zero) std::memset(hr, 0, recv_bytes);
+  op(hs, hr);
+  // The next cp_comm waits for the stream before it reuses the mirrors.
+  ZAYA_CUDA_CHECK(cudaMemcpyAsync(recv, hr, recv_bytes, cudaMemcpyHostToDevice, st));
+}
+
+// After the qkv projection of layer li: this rank's chunk rows' tails to the ranks of the next
+// chunks, their halos from the previous ones, split into the conv history and delayed values.
+void CudaModel::Impl::cp_halo_forward(int64_t li) {
+  const CpLayer& X = cpl[opt.recompute ? 0 : size_t(li)];
+  const int64_t Br = 2 * cpB, T = Ph * C + VH, row = cpB * T;
+  float* tails = grow<float>(g_tails, size_t(Br * T));
+  float* halos = grow<float>(g_halos, size_t(Br * T));
+  Scope s(this, kOther);
+  cp_pack_tails(tails, acts[size_t(li)].qkv, LD, Br, Lc, Ph, C, VH, st);
+  cp_comm(tails, size_t(Br * T) * 4, halos, size_t(Br * T) * 4, true, [&](const void* a, void* b) {
+    context_pass_tails(*cp, static_cast<const float*>(a), static_cast<float*>(b), size_t(row));
+  });
+  if (cpR == cpC - 1)  // chunk C−1 (slot 0) precedes chunk C (slot 1) on this rank
+    ZAYA_CUDA_CHECK(
+        cudaMemcpyAsync(halos + row, tails, size_t(row) * 4, cudaMemcpyDeviceToDevice, st));
+  cp_split_halos(X.hist, X.vdl, halos, Br, Ph, C, VH, st);
+}
+
+// Keys and values of the whole sequences from the group (all-gather of every rank's k | v).
+void CudaModel::Impl::cp_gather_kv(int64_t li) {
+  const CpLayer& X = cpl[opt.recompute ? 0 : size_t(li)];
+  const LayerActs& A = acts[size_t(li)];
+  const int64_t nl = 2 * cpB * Lc * KD;
+  bf16* send = grow<bf16>(g_kvsend, size_t(2 * nl));
+  bf16* all = grow<bf16>(g_gather, size_t(cpC * 2 * nl));
+  Scope s(this, kOther);
+  ZAYA_CUDA_CHECK(cudaMemcpyAsync(send, A.k, size_t(nl) * 2, cudaMemcpyDeviceToDevice, st));
+  ZAYA_CUDA_CHECK(cudaMemcpyAsync(send + nl, A.v, size_t(nl) * 2, cudaMemcpyDeviceToDevice, st));
+  cp_comm(send, size_t(2 * nl) * 2, all, size_t(cpC * 2 * nl) * 2, false,
+          [&](const void* a, void* b) { cp->all_gather(a, b, size_t(2 * nl), DType::BF16); });
+  cp_ranks_to_sequence(X.kfull, all, 2 * nl, cpB, cpS, cpC, KD, st);
+  cp_ranks_to_sequence(X.vfull, all + nl, 2 * nl, cpB, cpS, cpC, KD, st);
+}
+
+// The keys' and values' gradients of both slots, summed over the group (fp32 reduce-scatter);
+// this rank's tokens' into dk, dv (bf16, as the single-device backward leaves them).
+void CudaModel::Impl::cp_scatter_dkv(int64_t li, bf16* const dks[2], bf16* const dvs[2]) {
+  (void)li;
+  const int64_t nl = 2 * cpB * Lc * KD;
+  float* send = grow<float>(g_gsend, size_t(cpC * 2 * nl));
+  float* mine = grow<float>(g_grecv, size_t(2 * nl));
+  Scope s(this, kOther);
+  cp_sequence_to_ranks(send, 2 * nl, dks[0], dks[1], cpB, cpS, cpC, KD, st);
+  cp_sequence_to_ranks(send + nl, 2 * nl, dvs[0], dvs[1], cpB, cpS, cpC, KD, st);
+  cp_comm(send, size_t(cpC * 2 * nl) * 4, mine, size_t(2 * nl) * 4, false,
+          [&](const void* a, void* b) {
+            cp->reduce_scatter(a, b, size_t(2 * nl), DType::F32, RedOp::Sum);
+          });
+  f32_to_bf16(dk, mine, nl, st);
+  f32_to_bf16(dv, mine + nl, nl, st);
+}
+
+// The halos' gradients (conv history, and the delayed value of each chunk row's first token) back
+// to the ranks that produced them, and this rank's tails' gradients added into dqkv.
+void CudaModel::Impl::cp_return_halo_grads(const float* dhist) {
+  const int64_t Br = 2 * cpB, T = Ph * C + VH, row = cpB * T;
+  float* dhalos = grow<float>(g_dhalos, size_t(Br * T));
+  float* dtails = grow<float>(g_dtails, size_t(Br * T));
+  Scope s(this, kOther);
+  if (cp_send_halo_grads)
+    cp_pack_halo_grads(dhalos, dhist, dv, Br, Lc, Ph, C, KD, st);
+  else  // a detached halo (tests): nothing goes back
+    ZAYA_CUDA_CHECK(cudaMemsetAsync(dhalos, 0, size_t(Br * T) * 4, st));
+  cp_comm(dhalos, size_t(Br * T) * 4, dtails, size_t(Br * T) * 4, true,
+          [&](const void* a, void* b) {
+            context_return_halos(*cp, static_cast<const float*>(a), static_cast<float*>(b),
+                                 size_t(row));
+          });
+  if (cpR == cpC - 1)
+    ZAYA_CUDA_CHECK(
+        cudaMemcpyAsync(dtails, dhalos + row, size_t(row) * 4, cudaMemcpyDeviceToDevice, st));
+  cp_add_tail_grads(dqkv, LD, dtails, Br, Lc, Ph, C, VH, st);
 }
 
 // ---- CudaModel ----------------------------------------------------------------------------------
@@ -1079,19 +1322,46 @@ void CudaModel::zero_grads() {
 }
 
 StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets, int64_t B,
-                                      int64_t S, float loss_scale, const LayerGradsReady* ready) {
+                                      int64_t S, float loss_scale, const LayerGradsReady* ready,
+                                      const ContextParallel* cp) {
   Impl& im = *impl_;
-  im.check_batch(B, S, "forward_backward");
-  const int64_t N = B * S;
-  const int64_t count = im.check_tokens(ids, targets, N);
+  struct EndStep {  // the step's context-parallel group is the step's only, even when it throws
+    Impl& im;
+    ~EndStep() { im.cp = nullptr; }
+  } end_step{im};
+  ZAYA_CHECK(B > 0 && S > 0, "CudaModel::forward_backward: batch {} x sequence {} is empty", B, S);
+  // The mean is over the scored tokens of the whole rows (with context parallelism, of the group:
+  // each rank's loss is its share, and its gradients its part of the sum).
+  const int64_t count = im.check_tokens(ids, targets, B * S);
   ZAYA_CUDA_CHECK(cudaSetDevice(im.opt.device));
+  im.cp_setup(cp, B, S);
+  int64_t Br = B, Sr = S;  // the rows the model runs on
+  const int32_t *lids = ids, *ltargets = targets;
+  std::vector<int32_t> chunk_ids, chunk_targets;
+  if (im.cp) {
+    // This rank's two chunks of every row, slot-major (model/backward.h).
+    Br = 2 * B;
+    Sr = im.Lc;
+    chunk_ids.resize(size_t(Br * Sr));
+    chunk_targets.resize(size_t(Br * Sr));
+    for (int64_t n = 0; n < Br * Sr; n++) {
+      const int64_t g = context_global_index(n, B, S, int(im.cpR), int(im.cpC));
+      chunk_ids[size_t(n)] = ids[g];
+      chunk_targets[size_t(n)] = targets[g];
+    }
+    lids = chunk_ids.data();
+    ltargets = chunk_targets.data();
+  }
+  im.check_batch(Br, Sr, "forward_backward");
+  const int64_t N = Br * Sr;
+  const int64_t mine = im.cp ? im.check_tokens(lids, ltargets, N) : count;
   im.prof_begin_step();
-  im.stage_ids(ids, targets, N);
-  im.forward(B, S);
+  im.stage_ids(lids, ltargets, N);
+  im.forward(Br, Sr);
   // Every gradient is linear in dlogits, so the loss scale and the 1/count of the mean enter once.
   im.head_loss(N, true, loss_scale / float(std::max<int64_t>(count, 1)));
   const auto in_backward = ft::section(ft::kBackward);  // the host waits for the GPU in it
-  im.backward(B, S, ready);
+  im.backward(Br, Sr, ready);
   ZAYA_CUDA_CHECK(
       cudaMemcpyAsync(im.h_loss, im.d_loss_sum, sizeof(double), cudaMemcpyDeviceToHost, im.st));
   ZAYA_CUDA_CHECK(
@@ -1100,7 +1370,7 @@ StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets
   im.prof_collect();
   StepStats stats;
   stats.tokens = *im.h_count;
-  ZAYA_ASSERT(stats.tokens == count);
+  ZAYA_ASSERT(stats.tokens == mine);
   stats.loss = count > 0 ? *im.h_loss / double(count) : 0.0;
   for (int64_t li = 0; li < im.L; li++)
     stats.routed.emplace_back(im.h_counts + li * im.E1, im.h_counts + (li + 1) * im.E1);

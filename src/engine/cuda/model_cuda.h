@@ -78,9 +78,15 @@ class CudaModel {
   // Forward + backward of one micro-batch; ids/targets are host [B,S] (targets < 0 ignored).
   // ACCUMULATES loss_scale · d(mean loss)/d(param) into the device grads, as forward_backward does.
   // Synchronises at the end to return the stats (loss, tokens, routed counts per layer and class).
-  // `ready` (may be null) is told as layers' gradients are enqueued (model/backward.h).
+  // `ready` (may be null) is told as layers' gradients are enqueued (model/backward.h). With `cp`
+  // (a group of C >= 2 ranks, model/backward.h's ContextParallel) every rank of the group passes
+  // the same whole rows and computes its two chunks of each: the gradients are its part of the
+  // sum, the loss its share of the mean, tokens and routed counts its own tokens'; halos, keys and
+  // values go through the group's communicator (device buffers for NCCL, pinned host copies for
+  // MPI), synchronising the stream around each exchange.
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
-                             float loss_scale = 1.0f, const LayerGradsReady* ready = nullptr);
+                             float loss_scale = 1.0f, const LayerGradsReady* ready = nullptr,
+                             const ContextParallel* cp = nullptr);
   // Logits of every position, copied to the host as fp32 [B,S,V] (for tests and eval of small
   // models; V·B·S floats must fit in the arena's logits chunk budget, checked).
   Tensor forward_logits(const std::vector<int32_t>& ids, int64_t B, int64_t S);

@@ -22,13 +22,19 @@
 //             one thread after a fixed reduction order, so the backward is bit-reproducible. Grids
 //             are linear with the tile index slowest, so the longest causal tiles of every head
 //             start first.
+// Both directions take the general form: S queries at positions q_start.. against Sk keys at
+// 0..Sk-1 (decode, chunked prefill, context parallelism's local chunk against the gathered keys);
+// tiles and masks work on positions, q/dO/lse/D on the local rows. The backward's dK/dV grid covers
+// all Sk keys, and key tiles no query sees store zeros. Self-attention (q_start 0, Sk = S, the
+// training hot path) is the special case: no extra tiles, masks or changes to the reduction order.
 // Probabilities and dS are rounded to bf16 before their matmuls (as in FlashAttention-2); all sums
 // are fp32. Shared-memory rows are padded by 16 bytes, which makes every ldmatrix and cp.async row
 // access hit 8 distinct 16-byte bank groups without a swizzle.
 //
 // Deliberately not here: dropout, ALiBi/softcap, non-causal attention, head dims other than 32/64/
-// 128, strided (non-contiguous) q/k/v rows, and a dedicated decode kernel (decode S=1 runs the
-// general forward: correct, with 127 of 128 rows idle).
+// 128, strided (non-contiguous) q/k/v rows, a dedicated decode kernel (decode S=1 runs the
+// general forward: correct, with 127 of 128 rows idle), and a leaner path for the backward's key
+// tiles that no query sees (their blocks run and store zeros).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -371,17 +377,19 @@ constexpr int bwd_kv_smem_bytes() {
          2 * kStages * kBwdBM * int(sizeof(float));
 }
 
-// grid ceil(S/BN)·B·Hkv, linear: block x owns key tile x/(B·Hkv) of batch·kv head x%(B·Hkv) and
+// grid ceil(Sk/BN)·B·Hkv, linear: block x owns key tile x/(B·Hkv) of batch·kv head x%(B·Hkv) and
 // walks the G query heads of the group, each over the query tiles from the diagonal to the end of
 // the sequence (or of the window). Key tile 0 has the most work; ordering the tile index slowest
-// starts the heavy tiles of every head first (longest-processing-time order).
+// starts the heavy tiles of every head first (longest-processing-time order). Queries (S local
+// rows) sit at positions q_start.., keys at 0..Sk-1: masks compare positions, while q, dO, lse and
+// D are indexed by the local row. A key tile that no query sees runs no step and stores zeros.
 template <int D, int NW>
 __global__ void __launch_bounds__(NW * 32)
     attn_bwd_dkdv_kernel(bf16* __restrict__ dk, bf16* __restrict__ dv,
                          const bf16* __restrict__ dout, const float* __restrict__ lse,
                          const float* __restrict__ Dv, const bf16* __restrict__ q,
-                         const bf16* __restrict__ k, const bf16* __restrict__ v, int S, int Hq,
-                         int Hkv, int window, float scale, float scale_log2) {
+                         const bf16* __restrict__ k, const bf16* __restrict__ v, int S, int Sk,
+                         int q_start, int Hq, int Hkv, int window, float scale, float scale_log2) {
   constexpr int NT = NW * 32, BN = 16 * NW, BM = kBwdBM, SUB = bwd_kv_sub<D>(), LD = D + 8;
   static_assert(NT >= 2 * BM && BM % SUB == 0, "lse/D staging needs a thread per value");
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -393,20 +401,29 @@ __global__ void __launch_bounds__(NW * 32)
   float* sD = sL + kStages * BM;                                 // D, kStages × BM
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int nbh = int(gridDim.x) / ((S + BN - 1) / BN);
+  const int nbh = int(gridDim.x) / ((Sk + BN - 1) / BN);
   const int bg = int(blockIdx.x) % nbh;
   const int n0 = int(blockIdx.x) / nbh * BN;
   const int b = bg / Hkv, g = bg % Hkv, G = Hq / Hkv;
   const int64_t q_rs = int64_t(Hq) * D, kv_rs = int64_t(Hkv) * D;
 
-  const int last_q = window > 0 ? min(S - 1, n0 + BN - 1 + window - 1) : S - 1;
-  const int tq_lo = n0 / BM, tq_hi = last_q / BM, ntq = tq_hi - tq_lo + 1;
+  // The local query rows that can see a key of the tile: first_q (the tile's first key as a query
+  // position, or row 0) to last_q (the last row, or the last position inside the window of the
+  // tile's last key). Empty (first_q > last_q) for a tile past the queries or before the window
+  // of the first one: no steps, and dK = dV = 0.
+  const int first_q = max(0, n0 - q_start);
+  const int last_q =
+      window > 0 ? int(min(int64_t(S - 1), int64_t(n0) + BN - 1 + window - 1 - q_start)) : S - 1;
+  const int tq_lo = first_q / BM;
+  const int ntq = first_q <= last_q ? last_q / BM - tq_lo + 1 : 0;
   const int iters = G * ntq;
 
-  const bf16* kg = k + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
-  const bf16* vg = v + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
-  load_rows<BN, D, NT>(sK, kg, kv_rs, S - n0, k, tid);
-  load_rows<BN, D, NT>(sV, vg, kv_rs, S - n0, v, tid);
+  const bf16* kg = k + (int64_t(b) * Sk + n0) * kv_rs + int64_t(g) * D;
+  const bf16* vg = v + (int64_t(b) * Sk + n0) * kv_rs + int64_t(g) * D;
+  if (iters > 0) {
+    load_rows<BN, D, NT>(sK, kg, kv_rs, Sk - n0, k, tid);
+    load_rows<BN, D, NT>(sV, vg, kv_rs, Sk - n0, v, tid);
+  }
 
   // Loads the query tile of step `it` (head h = g·G + it/ntq, tile tq_lo + it%ntq) into `stage`.
   auto load_step = [&](int it, int stage) {
@@ -426,7 +443,7 @@ __global__ void __launch_bounds__(NW * 32)
         cp_async4(sD + stage * BM + r, ok ? Dv + li : Dv, ok);
     }
   };
-  load_step(0, 0);
+  if (iters > 0) load_step(0, 0);
   cp_async_commit();
   if (iters > 1) load_step(1, 1);
   cp_async_commit();  // possibly empty: group i always holds step i
@@ -449,13 +466,14 @@ __global__ void __launch_bounds__(NW * 32)
     const bf16* sOs = sO + stage * BM * LD;
     const float* sLs = sL + stage * BM;
     const float* sDs = sD + stage * BM;
-    const int m0 = (tq_lo + it % ntq) * BM;
+    const int m0 = (tq_lo + it % ntq) * BM, qp0 = q_start + m0;  // local row, its position
     // Only steps whose 128-query block straddles the block's diagonal, the window edge or the
     // sequence end pay for the mask. (A per-warp skip of the steps a warp's 16 keys cannot see,
     // with a per-warp mask decision, measured 6.5% slower on the H200 at B4 S4096 Hq8 Hkv2 d128:
-    // 2.15 against 2.01 ms, docs/bench/h200-2026-12-03d/attention_dkdv_ab.txt.)
+    // 2.15 against 2.01 ms, docs/bench/h200-2026-12-03d/attention_dkdv_ab.txt.) Keys past Sk lie
+    // above every query position, so the diagonal term covers them.
     const bool need_mask =
-        m0 < n0 + BN - 1 || (window > 0 && m0 + BM - 1 >= n0 + window) || m0 + BM > S;
+        qp0 < n0 + BN - 1 || (window > 0 && qp0 + BM - 1 - window >= n0) || m0 + BM > S;
 
     // Passes of SUB query columns; not unrolled so that two passes never hold registers at once.
 #pragma unroll 1
@@ -491,7 +509,7 @@ __global__ void __launch_bounds__(NW * 32)
         for (int e = 0; e < 4; e++) {
           const int qi = c0 + i * 8 + (lane & 3) * 2 + (e & 1);
           float p = exp2f(st[i][e] * scale_log2 - sLs[qi] * kLog2e);
-          if (need_mask && (m0 + qi >= S || !key_visible(key[e >> 1], m0 + qi, window))) p = 0.f;
+          if (need_mask && (m0 + qi >= S || !key_visible(key[e >> 1], qp0 + qi, window))) p = 0.f;
           st[i][e] = p;
           dpt[i][e] = p * (dpt[i][e] - sDs[qi]);
         }
@@ -531,13 +549,13 @@ __global__ void __launch_bounds__(NW * 32)
     }
   }
   __syncthreads();
-  bf16* dkg = dk + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
-  bf16* dvg = dv + (int64_t(b) * S + n0) * kv_rs + int64_t(g) * D;
+  bf16* dkg = dk + (int64_t(b) * Sk + n0) * kv_rs + int64_t(g) * D;
+  bf16* dvg = dv + (int64_t(b) * Sk + n0) * kv_rs + int64_t(g) * D;
   constexpr int kChunks = D / 8;
 #pragma unroll
   for (int c = tid; c < BN * kChunks; c += NT) {
     const int r = c / kChunks, ch = c % kChunks;
-    if (n0 + r < S) {
+    if (n0 + r < Sk) {
       *reinterpret_cast<uint4*>(dkg + r * kv_rs + ch * 8) =
           *reinterpret_cast<const uint4*>(sK + r * LD + ch * 8);
       *reinterpret_cast<uint4*>(dvg + r * kv_rs + ch * 8) =
@@ -557,14 +575,15 @@ constexpr int bwd_dq_smem_bytes() {
 }
 
 // grid ceil(S/BM)·B·Hq, linear, last query tile first (as the forward). Each warp owns 16 query
-// rows and sums dS·K over the visible key tiles in ascending order.
+// rows and sums dS·K over the visible key tiles in ascending order. Query row m0 + r (local: q,
+// dO, lse, D, dQ) sits at position q_start + m0 + r; keys at 0..Sk-1.
 template <int D, int NW>
 __global__ void __launch_bounds__(NW * 32)
     attn_bwd_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                        const float* __restrict__ lse, const float* __restrict__ Dv,
                        const bf16* __restrict__ q, const bf16* __restrict__ k,
-                       const bf16* __restrict__ v, int S, int Hq, int Hkv, int window, float scale,
-                       float scale_log2) {
+                       const bf16* __restrict__ v, int S, int Sk, int q_start, int Hq, int Hkv,
+                       int window, float scale, float scale_log2) {
   constexpr int NT = NW * 32, BM = 16 * NW, BN = kDqBN, LD = D + 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);  // BM×LD
@@ -578,31 +597,34 @@ __global__ void __launch_bounds__(NW * 32)
   const int m0 = (ntiles - 1 - int(blockIdx.x) / nbh) * BM;
   const int b = bh / Hq, h = bh % Hq, g = h / (Hq / Hkv);
   const int64_t q_rs = int64_t(Hq) * D, kv_rs = int64_t(Hkv) * D;
-  const int q_last = min(m0 + BM, S) - 1;
-  const int t_lo = (window > 0 ? max(0, m0 - window + 1) : 0) / BN, t_hi = q_last / BN;
+  const int qp_first = q_start + m0, qp_last = q_start + min(m0 + BM, S) - 1;  // positions
+  const int t_lo = (window > 0 ? max(0, qp_first - window + 1) : 0) / BN;
+  const int t_hi = qp_last / BN;  // qp_last < Sk by contract
 
   const int64_t tok = int64_t(b) * S + m0;
   load_rows<BM, D, NT>(sQ, q + tok * q_rs + int64_t(h) * D, q_rs, S - m0, q, tid);
   load_rows<BM, D, NT>(sO, dout + tok * q_rs + int64_t(h) * D, q_rs, S - m0, dout, tid);
-  const bf16* kg = k + int64_t(b) * S * kv_rs + int64_t(g) * D;
-  const bf16* vg = v + int64_t(b) * S * kv_rs + int64_t(g) * D;
-  load_rows<BN, D, NT>(sK, kg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, k, tid);
-  load_rows<BN, D, NT>(sV, vg + int64_t(t_lo) * BN * kv_rs, kv_rs, S - t_lo * BN, v, tid);
+  const bf16* kg = k + int64_t(b) * Sk * kv_rs + int64_t(g) * D;
+  const bf16* vg = v + int64_t(b) * Sk * kv_rs + int64_t(g) * D;
+  load_rows<BN, D, NT>(sK, kg + int64_t(t_lo) * BN * kv_rs, kv_rs, Sk - t_lo * BN, k, tid);
+  load_rows<BN, D, NT>(sV, vg + int64_t(t_lo) * BN * kv_rs, kv_rs, Sk - t_lo * BN, v, tid);
   cp_async_commit();
   // Loads key tile t into stage (t - t_lo) % kStages.
   auto load_kv = [&](int t) {
     const int n1 = t * BN, st = (t - t_lo) % kStages;
-    load_rows<BN, D, NT>(sK + st * BN * LD, kg + int64_t(n1) * kv_rs, kv_rs, S - n1, k, tid);
-    load_rows<BN, D, NT>(sV + st * BN * LD, vg + int64_t(n1) * kv_rs, kv_rs, S - n1, v, tid);
+    load_rows<BN, D, NT>(sK + st * BN * LD, kg + int64_t(n1) * kv_rs, kv_rs, Sk - n1, k, tid);
+    load_rows<BN, D, NT>(sV + st * BN * LD, vg + int64_t(n1) * kv_rs, kv_rs, Sk - n1, v, tid);
   };
   if (t_lo < t_hi) load_kv(t_lo + 1);
   cp_async_commit();  // possibly empty: group j always holds key tile t_lo + j
 
   const int row0 = warp * 16 + (lane >> 2);
-  const int qi[2] = {m0 + row0, m0 + row0 + 8};
+  const int qi[2] = {m0 + row0, m0 + row0 + 8};            // local rows
+  const int qpos[2] = {q_start + qi[0], q_start + qi[1]};  // their positions
   // The warp's own first and last query rows: a warp whose 16 rows see only part of a key tile
   // masks, the others (most warps on a 128-row tile's diagonal tiles) skip the per-element test.
-  const int wq_first = m0 + warp * 16, wq_last = min(wq_first + 15, S - 1);
+  const int wq_first = m0 + warp * 16, wq_last = min(wq_first + 15, S - 1);  // local
+  const int wp_first = q_start + wq_first, wp_last = q_start + wq_last;      // positions
   float lse2[2], dd[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -625,7 +647,7 @@ __global__ void __launch_bounds__(NW * 32)
     // A warp whose rows all lie above this key tile's first key (possible at the diagonal of a
     // 128-row block) or all past the window has nothing to add: P is 0 for every element.
     const bool warp_idle =
-        wq_last < n0 || (window > 0 && wq_first - window + 1 > n0 + BN - 1) || wq_first >= S;
+        wp_last < n0 || (window > 0 && wp_first - window + 1 > n0 + BN - 1) || wq_first >= S;
     if (!warp_idle) {
       const bf16* sKs = sK + stage * BN * LD;
       const bf16* sVs = sV + stage * BN * LD;
@@ -654,14 +676,14 @@ __global__ void __launch_bounds__(NW * 32)
       }
 
       const bool need_mask =
-          n0 + BN - 1 > wq_first || (window > 0 && n0 <= wq_last - window) || n0 + BN > S;
+          n0 + BN - 1 > wp_first || (window > 0 && n0 <= wp_last - window) || n0 + BN > Sk;
 #pragma unroll
       for (int i = 0; i < BN / 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int r = e >> 1;
           float p = exp2f(s[i][e] * scale_log2 - lse2[r]);
-          if (need_mask && !key_visible(n0 + i * 8 + (lane & 3) * 2 + (e & 1), qi[r], window))
+          if (need_mask && !key_visible(n0 + i * 8 + (lane & 3) * 2 + (e & 1), qpos[r], window))
             p = 0.f;
           s[i][e] = p * (dp[i][e] - dd[r]);  // dS (unscaled)
         }
@@ -749,7 +771,8 @@ void launch_fwd(bf16* o, float* lse, const bf16* q, const bf16* k, const bf16* v
 template <int D>
 void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o, const float* lse,
                 const bf16* q, const bf16* k, const bf16* v, float* Dv, int64_t B, int64_t S,
-                int64_t Hq, int64_t Hkv, int64_t window, cudaStream_t st) {
+                int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv, int64_t window,
+                cudaStream_t st) {
   constexpr int smem_kv = bwd_kv_smem_bytes<D, kBwdKvNW>(), smem_dq = bwd_dq_smem_bytes<D, kDqNW>();
   allow_smem(attn_bwd_dkdv_kernel<D, kBwdKvNW>, smem_kv);
   allow_smem(attn_bwd_dq_kernel<D, kDqNW>, smem_dq);
@@ -764,14 +787,17 @@ void launch_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o, c
   ZAYA_CUDA_CHECK(cudaGetLastError());
 
   constexpr int kv_bn = 16 * kBwdKvNW, dq_bm = 16 * kDqNW;
-  const dim3 grid_kv(unsigned((S + kv_bn - 1) / kv_bn * B * Hkv));
+  // dK/dV: one block per key tile over all Sk keys (tiles no query sees store zeros).
+  const dim3 grid_kv(unsigned((Sk + kv_bn - 1) / kv_bn * B * Hkv));
   attn_bwd_dkdv_kernel<D, kBwdKvNW><<<grid_kv, kBwdKvNW * 32, smem_kv, st>>>(
-      dk, dv, dout, lse, Dv, q, k, v, int(S), int(Hq), int(Hkv), int(window), scale, scale_log2);
+      dk, dv, dout, lse, Dv, q, k, v, int(S), int(Sk), int(q_start), int(Hq), int(Hkv), int(window),
+      scale, scale_log2);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 
   const dim3 grid_dq(unsigned((S + dq_bm - 1) / dq_bm * B * Hq));
   attn_bwd_dq_kernel<D, kDqNW><<<grid_dq, kDqNW * 32, smem_dq, st>>>(
-      dq, dout, lse, Dv, q, k, v, int(S), int(Hq), int(Hkv), int(window), scale, scale_log2);
+      dq, dout, lse, Dv, q, k, v, int(S), int(Sk), int(q_start), int(Hq), int(Hkv), int(window),
+      scale, scale_log2);
   ZAYA_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -797,22 +823,42 @@ size_t attention_bwd_workspace_bytes(int64_t B, int64_t S, int64_t Hq, int64_t /
 
 void attention_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o,
                    const float* lse_BHS, const bf16* q, const bf16* k, const bf16* v, int64_t B,
-                   int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window, Workspace& ws,
-                   cudaStream_t st) {
-  check_shapes(B, S, S, 0, Hq, Hkv, d);
-  if (B == 0 || S == 0) return;
+                   int64_t S, int64_t Sk, int64_t q_start, int64_t Hq, int64_t Hkv, int64_t d,
+                   int64_t window, Workspace& ws, cudaStream_t st) {
+  check_shapes(B, S, Sk, q_start, Hq, Hkv, d);
+  // check_shapes bounds the query-tile grids; the dK/dV grid runs over the Sk keys.
+  if ((Sk + 16 * kBwdKvNW - 1) / (16 * kBwdKvNW) * B * Hkv > INT32_MAX)
+    bad_args("keys or batch·kv heads too large for the dK/dV grid");
+  if (B == 0 || Sk == 0) return;
+  if (S == 0) {  // no queries (the kernels' grids would be empty): every key's gradient is 0
+    const size_t bytes = size_t(B * Sk * Hkv * d) * sizeof(bf16);
+    ZAYA_CUDA_CHECK(cudaMemsetAsync(dk, 0, bytes, st));
+    ZAYA_CUDA_CHECK(cudaMemsetAsync(dv, 0, bytes, st));
+    return;
+  }
   float* Dv = ws.take_n<float>(size_t(B * Hq * S));
   switch (d) {
     case 32:
-      launch_bwd<32>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Hq, Hkv, window, st);
+      launch_bwd<32>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Sk, q_start, Hq, Hkv, window,
+                     st);
       break;
     case 64:
-      launch_bwd<64>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Hq, Hkv, window, st);
+      launch_bwd<64>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Sk, q_start, Hq, Hkv, window,
+                     st);
       break;
     default:
-      launch_bwd<128>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Hq, Hkv, window, st);
+      launch_bwd<128>(dq, dk, dv, dout, o, lse_BHS, q, k, v, Dv, B, S, Sk, q_start, Hq, Hkv, window,
+                      st);
       break;
   }
+}
+
+// The self-attention form: S queries at 0 over their own S keys.
+void attention_bwd(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* o,
+                   const float* lse_BHS, const bf16* q, const bf16* k, const bf16* v, int64_t B,
+                   int64_t S, int64_t Hq, int64_t Hkv, int64_t d, int64_t window, Workspace& ws,
+                   cudaStream_t st) {
+  attention_bwd(dq, dk, dv, dout, o, lse_BHS, q, k, v, B, S, S, 0, Hq, Hkv, d, window, ws, st);
 }
 
 }  // namespace zaya::cuda

@@ -33,11 +33,11 @@
 //   per-call attribute setting.
 // - Backward: the data gradient du is the same GEMM with dy as input and the kernel flipped in
 //   time and transposed per group; a per-channel pass forms the depthwise data gradient (added into
-//   dqkv) and per-chunk partials of dwdw, dbdw, dbg; the grouped weight gradient is, per group and
-//   tap, a T×T tensor-core GEMM (A = dyᵀ and B = mid, both from token-major bf16 tiles through
-//   ldmatrix.trans) reducing over a fixed number of token chunks (about two waves of blocks),
-//   each writing its own partial. Partials are summed in a fixed order by a second pass: no
-//   float atomics, so results are bit-reproducible.
+//   dqkv; with a history, also the history columns' gradient dhist) and per-chunk partials of dwdw,
+//   dbdw, dbg; the grouped weight gradient is, per group and tap, a T×T tensor-core GEMM (A = dyᵀ
+//   and B = mid, both from token-major bf16 tiles through ldmatrix.trans) reducing over a fixed
+//   number of token chunks (about two waves of blocks), each writing its own partial. Partials are
+//   summed in a fixed order by a second pass: no float atomics, so results are bit-reproducible.
 // - Finish: a block stages a few tokens' rows (conv, q0|k0, and dq|dk backward) in shared memory
 //   with 16-byte loads issued before any store, then one warp per (token, head) does mean skip,
 //   norm (warp reduction) and RoPE (sin/cos once per token and frequency) in shared memory, and
@@ -478,13 +478,20 @@ __global__ void conv_hist_update_kernel(float* hist, const bf16* qkv, int64_t ld
 // ---- conv backward: depthwise part -------------------------------------------------------------
 // Thread per channel c, block row chunk [tb, te) of sequence b:
 //   dx[t,c] = Σ_j du[t+P-j, c]·wdw[c,j]  added into dqkv (bf16 read-add-write, fp32 math);
-//   partials of dwdw[c,j] = Σ_i du[i,c]·x[i+j-P, c] (i+j >= P), dbdw[c] = Σ_i du[i,c] over du rows
+//   partials of dwdw[c,j] = Σ_i du[i,c]·p[i+j, c] over the padded input p (x at i+j >= P; below P
+//   the history when kHist, else zero padding: no term), dbdw[c] = Σ_i du[i,c] over du rows
 //   [tb, te) (the last chunk also takes the t1-1 trailing rows [S, M)), and dbg[c] = Σ_t dy[t,c].
 // Partial layout per (b, chunk): [C·t0 dwdw | C dbdw | C dbg].
+// kHist (hist [B,P,C] non-null, P > 0): the history columns, padded indices 0..P-1, give dwdw
+// their terms (in the chunk that owns du row i, as every other term), and the blocks of chunk 0
+// also write dhist[b,p,c] = Σ_j du[p-j, c]·wdw[c,j] (0 <= p-j < M; =) when dhist is non-null: the
+// data gradient at padded index p, as dx is at padded index t+P. No atomics: one thread writes
+// each dhist element. kHist = false is the kernel without history, unchanged.
+template <bool kHist>
 __global__ void conv_dw_bwd_kernel(bf16* __restrict__ dqkv, int64_t ld, float* __restrict__ part,
                                    const float* __restrict__ du, const float* __restrict__ dy,
                                    const bf16* __restrict__ qkv, const float* __restrict__ wdw,
-                                   int S, int C, int t0, int t1) {
+                                   const float* hist, float* dhist, int S, int C, int t0, int t1) {
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   const int chunk = blockIdx.y, nchunk = gridDim.y, b = blockIdx.z;
@@ -516,14 +523,30 @@ __global__ void conv_dw_bwd_kernel(bf16* __restrict__ dqkv, int64_t ld, float* _
     gbd += gu;
 #pragma unroll
     for (int j = 0; j < kMaxT; j++) {
-      const int pi = i + j;  // zero padding below P: no input, no weight gradient
+      const int pi = i + j;  // below P: the history when kHist, else zero padding (no term)
       if (j < t0 && pi >= P) gw[j] = fmaf(gu, bf(qkv[(int64_t(b) * S + pi - P) * ld + c]), gw[j]);
+      if constexpr (kHist) {
+        if (j < t0 && pi < P) gw[j] = fmaf(gu, hist[(int64_t(b) * P + pi) * C + c], gw[j]);
+      }
     }
   }
   float* pp = part + (int64_t(b) * nchunk + chunk) * (int64_t(C) * (t0 + 2));
   for (int j = 0; j < t0; j++) pp[c * t0 + j] = gw[j];
   pp[int64_t(C) * t0 + c] = gbd;
   pp[int64_t(C) * (t0 + 1) + c] = gb;
+  if constexpr (kHist) {
+    if (dhist && chunk == 0) {
+      for (int p = 0; p < P; p++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kMaxT; j++) {
+          const int i = p - j;
+          if (j < t0 && i >= 0 && i < M) s = fmaf(du_b[int64_t(i) * C], wd[j], s);
+        }
+        dhist[(int64_t(b) * P + p) * C + c] = s;
+      }
+    }
+  }
 }
 
 // ---- conv backward: grouped weight gradient ----------------------------------------------------
@@ -976,12 +999,13 @@ __device__ __forceinline__ uint2 skip_grad4(const float* dc, int e0, int QD, int
 // heads, the per-token temperature gradient sd·<x,g>/‖x‖ into dtemp_part [N, Hkv]; then, per
 // token, the projections' gradients the finish step owns (=): q0/k0 channels get the mean-skip
 // path (from the dconv row still in shared memory), vc channels dv's first half, vd channels of
-// token t dv's second half of token t+1 (0 for a sequence's last token).
+// token t dv's second half of token t+1 (0 for a sequence's last token). RoPE positions pos0 + t
+// (t the index within the sequence), as the forward's.
 __global__ void __launch_bounds__(kFinThreads, kFinMinBlocksBwd)
     finish_qk_bwd_kernel(float* dconv, float* dtemp_part, bf16* dqkv, int64_t ld, const bf16* dv,
                          const StageSrcs src, const float* norms, const float* temp, InvFreq inv,
-                         int r, int S, int Hq, int Hkv, int d, int64_t N, int tb, bool vec_dconv,
-                         bool vec_dqkv, bool vec_dv) {
+                         int64_t pos0, int r, int S, int Hq, int Hkv, int d, int64_t N, int tb,
+                         bool vec_dconv, bool vec_dqkv, bool vec_dv) {
   extern __shared__ uint4 fin_smem_u4[];
   char* const sm = reinterpret_cast<char*>(fin_smem_u4);
   const int H = Hq + Hkv, C = H * d, G = Hq / Hkv, h2 = r / 2, QD = Hq * d;
@@ -992,7 +1016,7 @@ __global__ void __launch_bounds__(kFinThreads, kFinMinBlocksBwd)
   float2* const sc = reinterpret_cast<float2*>(const_cast<bf16*>(gs) + tb * C);  // [tb][h2]
   const int64_t n0 = int64_t(blockIdx.x) * tb;
   stage_rows(sm, src, n0, tb, N);
-  rope_table(sc, inv, n0, tb, h2, S, 0);  // training: positions from 0 within each sequence
+  rope_table(sc, inv, n0, tb, h2, S, pos0);
   __syncthreads();
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const float sd = sqrtf(float(d));
@@ -1145,9 +1169,27 @@ void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, 
                   const float* dy_NC, const bf16* qkv, const float* mid, const float* wdw_Ct0,
                   const float* wg_Cdt1, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
                   int64_t t1, Workspace& ws, cudaStream_t st) {
+  cca_conv_bwd(dqkv, ld, dwdw, dbdw, dwg, dbg, dy_NC, qkv, mid, wdw_Ct0, wg_Cdt1, B, S, C, d, t0,
+               t1, nullptr, nullptr, ws, st);
+}
+
+void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, float* dbg,
+                  const float* dy_NC, const bf16* qkv, const float* mid, const float* wdw_Ct0,
+                  const float* wg_Cdt1, int64_t B, int64_t S, int64_t C, int64_t d, int64_t t0,
+                  int64_t t1, const float* hist_BPC, float* dhist_BPC, Workspace& ws,
+                  cudaStream_t st) {
   const char* fn = "cca_conv_bwd";
   check_conv_shape(fn, S, C, d, t0, t1);
-  if (B <= 0 || S <= 0) return;
+  const int64_t P = (t0 - 1) + (t1 - 1);
+  // The history path (dwdw's history terms, dhist) exists only with a history to differentiate
+  // (cpu::cca_conv_backward's hist && dhist); without one the kernels are those of training.
+  const bool with_hist = hist_BPC != nullptr && P > 0;
+  if (B <= 0 || S <= 0) {
+    // No tokens: du is zero, so is the history's gradient.
+    if (B > 0 && S == 0 && with_hist && dhist_BPC)
+      ZAYA_CUDA_CHECK(cudaMemsetAsync(dhist_BPC, 0, size_t(B * P * C) * sizeof(float), st));
+    return;
+  }
   const int64_t M = S + t1 - 1, N = B * S;
   if (N > INT32_MAX / 2) fail(fn, "too many tokens: " + std::to_string(N));
   const int64_t nrc = (S + kRB - 1) / kRB;
@@ -1169,9 +1211,18 @@ void cca_conv_bwd(bf16* dqkv, int64_t ld, float* dwdw, float* dbdw, float* dwg, 
     band<kGrad>(a, B, S, C, d, t1, st, fn);
   }
   // dx (+= into dqkv), and partials of dwdw, dbdw, dbg.
-  conv_dw_bwd_kernel<<<dim3(unsigned((C + 127) / 128), unsigned(nrc), unsigned(B)), 128, 0, st>>>(
-      dqkv, ld, part_dw, du, dy_NC, qkv, wdw_Ct0, int(S), int(C), int(t0), int(t1));
-  check_launch(fn);
+  {
+    const dim3 grid(unsigned((C + 127) / 128), unsigned(nrc), unsigned(B));
+    if (with_hist)
+      conv_dw_bwd_kernel<true><<<grid, 128, 0, st>>>(dqkv, ld, part_dw, du, dy_NC, qkv, wdw_Ct0,
+                                                     hist_BPC, dhist_BPC, int(S), int(C), int(t0),
+                                                     int(t1));
+    else
+      conv_dw_bwd_kernel<false><<<grid, 128, 0, st>>>(dqkv, ld, part_dw, du, dy_NC, qkv, wdw_Ct0,
+                                                      nullptr, nullptr, int(S), int(C), int(t0),
+                                                      int(t1));
+    check_launch(fn);
+  }
   // dwg partials per token chunk.
   {
     const int tn = conv_tn(d);
@@ -1249,6 +1300,15 @@ void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G,
                         const float* norms_NH, const float* temp_G, double theta, int64_t r,
                         int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d, Workspace& ws,
                         cudaStream_t st) {
+  cca_qkv_finish_bwd(dconv_NC, dqkv, ld, dtemp_G, dq, dk, dv, conv_NC, qkv, norms_NH, temp_G, 0,
+                     theta, r, B, S, Hq, Hkv, d, ws, st);
+}
+
+void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G, const bf16* dq,
+                        const bf16* dk, const bf16* dv, const float* conv_NC, const bf16* qkv,
+                        const float* norms_NH, const float* temp_G, int64_t pos0, double theta,
+                        int64_t r, int64_t B, int64_t S, int64_t Hq, int64_t Hkv, int64_t d,
+                        Workspace& ws, cudaStream_t st) {
   const char* fn = "cca_qkv_finish_bwd";
   check_finish_shape(fn, Hq, Hkv, d, r);
   const int64_t N = B * S;
@@ -1271,8 +1331,8 @@ void cca_qkv_finish_bwd(float* dconv_NC, bf16* dqkv, int64_t ld, float* dtemp_G,
               aligned16(dk)};
   finish_qk_bwd_kernel<<<unsigned((N + tb - 1) / tb), kFinThreads,
                          size_t(tb) * finish_token_bytes(C, r), st>>>(
-      dconv_NC, dtemp_part, dqkv, ld, dv, src, norms_NH, temp_G, inv_freq(theta, r), int(r), int(S),
-      int(Hq), int(Hkv), int(d), N, tb, aligned16(dconv_NC), aligned16(dqkv) && ld % 8 == 0,
+      dconv_NC, dtemp_part, dqkv, ld, dv, src, norms_NH, temp_G, inv_freq(theta, r), pos0, int(r),
+      int(S), int(Hq), int(Hkv), int(d), N, tb, aligned16(dconv_NC), aligned16(dqkv) && ld % 8 == 0,
       aligned16(dv));
   check_launch(fn);
   dtemp_reduce_kernel<<<unsigned(Hkv), 256, 0, st>>>(dtemp_G, dtemp_part, N, int(Hkv));

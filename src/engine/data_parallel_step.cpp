@@ -187,6 +187,7 @@ class DpStep final : public DataParallelStep {
     inner_->eval_loss(rows, B, S1, acc);
   }
   void set_rope(const RopeSettings& h, const RopeSettings& s) override { inner_->set_rope(h, s); }
+  void set_recompute(bool on) override { inner_->set_recompute(on); }
   void export_weights(ZayaModel& host) override { inner_->export_weights(host); }
 
   std::vector<std::pair<std::string, Tensor>> state() override {

@@ -124,6 +124,11 @@ class TrainStep {
   // Makes the model use these RoPE settings from the next forward on (a phase changed theta);
   // the weights and optimizer state are kept.
   virtual void set_rope(const RopeSettings& hybrid, const RopeSettings& sliding) = 0;
+  // Activation recomputation from the next forward on (a phase turned it on or off): the CUDA
+  // step keeps only each layer's input and recomputes the layer in the backward, with the same
+  // results bit for bit; the weights and optimizer state are kept. The CPU reference step keeps
+  // every activation and ignores it.
+  virtual void set_recompute(bool on) { (void)on; }
 
   // Copies the fp32 master weights (balancing biases included) into `host`, a model of the same
   // config: for checkpoints and the exported model.

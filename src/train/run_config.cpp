@@ -141,6 +141,11 @@ class Reader {
       *out = n->as_boolean()->get();
     }
   }
+  void get(const char* key, std::optional<bool>* out) {
+    bool v = false;
+    if (t_.get(key)) get(key, &v), *out = v;
+    used_.insert(key);
+  }
   void get(const char* key, std::string* out) {
     if (auto* n = find(key)) {
       if (!n->is_string()) bad_type(key, *n, "a string");
@@ -288,6 +293,7 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
     t.get("seq_len", &c.train.seq_len);
     t.get("device", &c.train.device);
     t.get("log_every", &c.train.log_every);
+    t.get("recompute", &c.train.recompute);
   });
   r.table("parallel", [&](Reader& q) {
     q.get("dp", &c.parallel.dp);
@@ -314,6 +320,7 @@ RunConfig from_table(const toml::table& root, const std::string& file) {
     p.get("batch_start", &ph.batch_start);
     p.get("batch_ramp_tokens", &ph.batch_ramp_tokens);
     p.get("cp", &ph.cp);
+    p.get("recompute", &ph.recompute);
     c.phases.push_back(ph);
   });
   r.finish();
@@ -379,7 +386,8 @@ toml::table to_table(const RunConfig& c) {
                                    {"steps", c.train.steps},
                                    {"seq_len", c.train.seq_len},
                                    {"device", c.train.device},
-                                   {"log_every", c.train.log_every}});
+                                   {"log_every", c.train.log_every},
+                                   {"recompute", c.train.recompute}});
   root.insert("parallel", toml::table{{"dp", c.parallel.dp},
                                       {"cp", c.parallel.cp},
                                       {"backend", c.parallel.backend},
@@ -402,6 +410,7 @@ toml::table to_table(const RunConfig& c) {
     if (p.rope_theta) t.insert("rope_theta", *p.rope_theta);
     if (p.batch_size) t.insert("batch_size", *p.batch_size);
     if (p.cp) t.insert("cp", *p.cp);
+    if (p.recompute) t.insert("recompute", *p.recompute);
     phases.push_back(std::move(t));
   }
   root.insert("phase", std::move(phases));
@@ -983,6 +992,7 @@ PhaseState RunConfig::phase_at(int64_t step, int64_t tokens, int64_t world,
     ZAYA_CHECK(world % st.cp == 0, "{}: parallel.cp = {} does not divide the world size {}", source,
                st.cp, world);
     st.dp = world / st.cp;
+    st.recompute = train.recompute;
     const int64_t quantum = train.micro_batch * st.dp;  // sequences per micro-step, all groups
     const int64_t default_batch = quantum * train.grad_accum;
     st.name = "main";
@@ -1016,6 +1026,7 @@ PhaseState RunConfig::phase_at(int64_t step, int64_t tokens, int64_t world,
              "{}: phase '{}' has cp = {}, which does not divide the world size {}", source, p.name,
              st.cp, world);
   st.dp = world / st.cp;
+  st.recompute = p.recompute.value_or(train.recompute);
   const int64_t quantum = train.micro_batch * st.dp;  // sequences per micro-step, all groups
   const int64_t default_batch = quantum * train.grad_accum;
   st.index = i;

@@ -83,6 +83,7 @@ struct TrainSection {
   int64_t seq_len = 256;    // default for phases that do not set one
   std::string device = "cpu";
   int64_t log_every = 10;
+  bool recompute = false;  // CUDA: keep only layer inputs, recompute each layer in the backward
 };
 
 // [parallel]: data parallelism across the ranks of a launched job (mpirun, srun), and context
@@ -123,6 +124,7 @@ struct PhaseSection {
   int64_t batch_start = 0;            // batch ramp: sequences per step at the phase start, growing
   int64_t batch_ramp_tokens = 0;      // linearly to batch_size over this many tokens; 0: no ramp
   std::optional<int64_t> cp;          // context-parallel ranks in this phase; unset: parallel.cp
+  std::optional<bool> recompute;      // activation recomputation in this phase; unset: train's
 };
 
 // What the loop needs to know about the phase a (step, tokens) position falls in.
@@ -135,6 +137,7 @@ struct PhaseState {
   int64_t micro_steps = 0;  // forward/backward passes per rank: batch_size / (micro_batch·dp)
   int64_t cp = 1;           // context-parallel ranks per sequence group
   int64_t dp = 1;           // sequence groups: world / cp
+  bool recompute = false;   // activation recomputation (CUDA step)
   std::vector<BlendEntry> blend;  // empty: the built-in corpus data.corpus
   bool past_end = false;          // beyond the last phase's budget (the last phase continues)
 };

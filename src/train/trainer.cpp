@@ -251,6 +251,7 @@ TrainResult train(const TrainOptions& opts) {
   so.device_index = job.launch.local_rank;  // GPU = local rank
   so.max_seq = max_seq_len(rc) + 1;         // evaluation scores S+1 tokens per row
   so.max_tokens = rc.train.micro_batch * so.max_seq;
+  so.recompute = rc.train.recompute;  // phases may switch it (set_recompute)
   job.agree("the start-up checks", [&] {
     // GPU = local rank; over MPI several ranks may share a GPU (local rank modulo the devices).
     const int gpus = so.device == "cuda" ? test_visible_gpus(job, visible_cuda_devices()) : 0;
@@ -601,11 +602,14 @@ TrainResult train(const TrainOptions& opts) {
     if (int64_t(phase.index) != loader_phase) {
       make_loaders(phase);
       step->set_context_parallel(phase.cp > 1 ? cp_groups.at(phase.cp).get() : nullptr);
+      step->set_recompute(phase.recompute);
       if (int64_t(phase.index) == st.phase && !st.cursor.is_null())
         loader->restore(DataCursor::from_json(st.cursor));
       if (job.lead() && (loader_phase >= 0 || st.phase != int64_t(phase.index)))
-        ZAYA_INFO("phase {} '{}': seq_len {}, rope theta {}, {} sequences per step", phase.index,
-                  phase.name, phase.seq_len, phase.rope_theta, phase.batch_size);
+        ZAYA_INFO("phase {} '{}': seq_len {}, rope theta {}, {} sequences per step{}{}",
+                  phase.index, phase.name, phase.seq_len, phase.rope_theta, phase.batch_size,
+                  phase.cp > 1 ? fmt::format(", cp {}", phase.cp) : std::string(),
+                  phase.recompute ? ", recomputation" : "");
       loader_phase = int64_t(phase.index);
       st.phase = loader_phase;
       if (first) {

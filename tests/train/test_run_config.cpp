@@ -501,6 +501,37 @@ batch_ramp_tokens = 2000
 }
 
 // [parallel] cp and a phase's cp: dp = world / cp groups, seq_len a multiple of 2·cp.
+TEST(RunConfigPhases, RecomputePerPhase) {
+  RunConfig c = RunConfig::from_toml(R"(
+[train]
+recompute = true
+[[phase]]
+name = "short"
+steps = 5
+recompute = false
+[[phase]]
+name = "long"
+steps = 5
+[[phase]]
+name = "longer"
+recompute = true
+)");
+  EXPECT_FALSE(c.phase_at(0, 0, 1).recompute);
+  EXPECT_TRUE(c.phase_at(5, 0, 1).recompute);  // unset: train.recompute
+  EXPECT_TRUE(c.phase_at(10, 0, 1).recompute);
+  // The written config reads back the same (what a checkpoint stores).
+  const RunConfig back = RunConfig::from_toml(c.to_toml(), "round trip");
+  ASSERT_EQ(back.phases.size(), 3u);
+  EXPECT_TRUE(back.train.recompute);
+  EXPECT_EQ(back.phases[0].recompute, std::optional<bool>(false));
+  EXPECT_FALSE(back.phases[1].recompute.has_value());
+  EXPECT_NE(
+      error_of([] { RunConfig::from_toml("[train]\nrecompute = 1\n"); }).find("train.recompute"),
+      std::string::npos);
+  RunConfig plain = RunConfig::from_toml("[train]\nsteps = 3\n");
+  EXPECT_FALSE(plain.phase_at(0, 0, 1).recompute);
+}
+
 TEST(RunConfigParallel, ContextParallelSizes) {
   RunConfig c = RunConfig::from_toml(R"(
 [train]

@@ -2,6 +2,8 @@
 // (AdamW + Muon state); see engine/train_step.h and engine/cuda/cuda_step.h.
 #include <cuda_runtime.h>
 
+#include <functional>
+
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "dist/comm.h"
@@ -100,21 +102,15 @@ class CudaStep final : public TrainStep {
       host_.cfg.rope_sliding = sliding;
       return;
     }
-    // CudaModel takes its configuration at construction: rebuild it around the same weights and
-    // optimizer state (a phase change happens a few times per run, so the round trip is cheap
-    // next to the phase itself). download() expects the device model's configuration: copy with
-    // the old RoPE settings, then put the new ones in.
-    auto state = optim_->state_tensors();
-    const int64_t steps = optim_->steps();
-    host_.cfg.rope_hybrid = c.rope_hybrid;
-    host_.cfg.rope_sliding = c.rope_sliding;
-    export_weights(host_);
-    host_.cfg.rope_hybrid = hybrid;
-    host_.cfg.rope_sliding = sliding;
-    optim_.reset();
-    model_.reset();
-    build(host_);
-    optim_->load_state(state, steps);
+    rebuild([&] {
+      host_.cfg.rope_hybrid = hybrid;
+      host_.cfg.rope_sliding = sliding;
+    });
+  }
+
+  void set_recompute(bool on) override {
+    if (on == opt_.recompute) return;
+    rebuild([&] { opt_.recompute = on; });
   }
 
   void export_weights(ZayaModel& host) override {
@@ -139,6 +135,24 @@ class CudaStep final : public TrainStep {
   }
 
  private:
+  // CudaModel takes its configuration (RoPE, recomputation) at construction: rebuild it around
+  // the same weights and optimizer state, with `change` applied in between (a phase change
+  // happens a few times per run, so the round trip is cheap next to the phase itself).
+  // download() expects the device model's configuration: copy with the old RoPE settings first.
+  void rebuild(const std::function<void()>& change) {
+    const ZayaConfig& c = model_->cfg();
+    auto state = optim_->state_tensors();
+    const int64_t steps = optim_->steps();
+    host_.cfg.rope_hybrid = c.rope_hybrid;
+    host_.cfg.rope_sliding = c.rope_sliding;
+    export_weights(host_);
+    change();
+    optim_.reset();
+    model_.reset();
+    build(host_);
+    optim_->load_state(state, steps);
+  }
+
   void build(const ZayaModel& host) {
     cuda::CudaModelOptions mo;
     mo.max_tokens = opt_.max_tokens;

@@ -4,7 +4,7 @@
 # repository root, with ZM a zaya built with MPI and CUDA (two ranks share the GPU over MPI):
 #     ZM=build/zaya bash tools/device/cp_gpu.sh          (about 5 minutes on an H100)
 # 1. `zaya bench train --preset zaya1-base --layers 8 --batch 1 --seq 32768` at cp = 1 with
-#    activation recomputation and without: tokens/s, model TFLOP/s and device memory.
+#    activation recomputation and without (CP_PLAIN=0: with only): tokens/s, TFLOP/s, memory.
 # 2. The same bench model at seq 4096 and at 32K (recompute), `mpirun -np 1 --dp mpi` (cp = 1)
 #    against `mpirun -np 2 --dp mpi --cp 2` (both ranks on the GPU, host-staged): per-step loss and
 #    gradient norm side by side (the same tokens and weights), their largest relative difference,
@@ -26,7 +26,9 @@ cp_gpu_main() {
   local mpi=("$MPI_" --oversubscribe -x CUDA_VISIBLE_DEVICES=0)
   local name flags log
   # 1. The 32K step at cp = 1.
-  for name in recompute plain; do
+  local sets=(recompute)
+  [ "${CP_PLAIN:-1}" = 1 ] && sets+=(plain)  # CP_PLAIN=0: recomputation only (a short call)
+  for name in "${sets[@]}"; do
     flags=()
     [ "$name" = recompute ] && flags=(--recompute)
     log="$logs/bench_32k_$name.log"

@@ -9,7 +9,7 @@
 # 3. tools/device/cp_gpu.sh (32K at cp = 1 with recomputation; cp = 2 against cp = 1) and the
 #    checkpoint benchmark of tools/device/ckpt_gpu.sh (snapshot in GPU and in host memory);
 # 4. `zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096` plain and with --dp nccl
-#    (one rank, overlapped and not): the data-parallel machinery's share of the step.
+#    (one rank): the data-parallel machinery's share of the step.
 # Results in $OUT: ab_stdout.txt, ab/summary.txt, ab/logs.tgz, dp_overhead.txt, mpi_build.log.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -31,7 +31,7 @@ cp /tmp/mpib.log "$OUT/mpi_build.log"
 Z=build-mpi/zaya
 dp="$OUT/dp_overhead.txt"
 base=(bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096 --steps 10 --warmup 3 --no-profile)
-for v in plain nccl nccl_no_overlap; do
+for v in plain nccl; do
   flags=()
   [ "$v" = nccl ] && flags=(--dp nccl)
   [ "$v" = nccl_no_overlap ] && flags=(--dp nccl --no-overlap)

@@ -186,6 +186,7 @@ class DpStep final : public DataParallelStep {
   void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) override {
     inner_->eval_loss(rows, B, S1, acc);
   }
+  bool eval_splits_context() const override { return inner_->eval_splits_context(); }
   void set_rope(const RopeSettings& h, const RopeSettings& s) override { inner_->set_rope(h, s); }
   void set_recompute(bool on) override { inner_->set_recompute(on); }
   void export_weights(ZayaModel& host) override { inner_->export_weights(host); }

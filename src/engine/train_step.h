@@ -120,6 +120,11 @@ class TrainStep {
 
   // Next-token loss of rows [B, S1] (S1 − 1 predictions each), no gradients, added into `acc`.
   virtual void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) = 0;
+  // Whether eval_loss splits the rows over the context-parallel group of set_context_parallel
+  // (the CUDA step: its arena then holds chunks, not whole sequences): every rank of the group
+  // passes the same rows and adds its share, and the group's sum is the rows' loss. Otherwise each
+  // rank scores whole rows alone.
+  virtual bool eval_splits_context() const { return false; }
 
   // Makes the model use these RoPE settings from the next forward on (a phase changed theta);
   // the weights and optimizer state are kept.

@@ -251,6 +251,17 @@ TrainResult train(const TrainOptions& opts) {
   so.device_index = job.launch.local_rank;  // GPU = local rank
   so.max_seq = max_seq_len(rc) + 1;         // evaluation scores S+1 tokens per row
   so.max_tokens = rc.train.micro_batch * so.max_seq;
+  if (so.device == "cuda") {
+    // The CUDA step runs a context-parallel phase's chunks, in training and in evaluation
+    // (eval_splits_context): its arena holds micro_batch × seq_len / cp tokens there.
+    so.max_tokens = 0;
+    for (size_t i = 0; i < std::max<size_t>(1, rc.phases.size()); i++) {
+      const int64_t s =
+          i < rc.phases.size() ? rc.phases[i].seq_len.value_or(rc.train.seq_len) : rc.train.seq_len;
+      const int64_t c = rc.phases.empty() ? rc.parallel.cp : rc.phase_cp(i);
+      so.max_tokens = std::max(so.max_tokens, rc.train.micro_batch * (c > 1 ? s / c : s + 1));
+    }
+  }
   so.recompute = rc.train.recompute;  // phases may switch it (set_recompute)
   job.agree("the start-up checks", [&] {
     // GPU = local rank; over MPI several ranks may share a GPU (local rank modulo the devices).
@@ -463,9 +474,14 @@ TrainResult train(const TrainOptions& opts) {
     heldout->reset();
     const int64_t nb = rc.eval.batches, S = heldout->seq_len();
     std::vector<double> sums(size_t(2 * nb), 0.0);  // per batch: Σ loss · predictions, predictions
+    // A step that splits sequences over the context-parallel group scores each batch on the
+    // whole group (every rank its share); the groups take turns as the ranks do otherwise.
+    const bool split = step->eval_splits_context();
+    const int64_t scorers = split ? phase.dp : job.world,
+                  me = split ? job.rank / phase.cp : job.rank;
     for (int64_t b = 0; b < nb; b++) {
       std::vector<int32_t> rows = heldout->next();  // the other ranks' batches are skipped
-      if (b % job.world != job.rank) continue;
+      if (b % scorers != me) continue;
       // Next-token loss of each row, all S+1 tokens scored as S predictions.
       LossSum part;
       step->eval_loss(rows, int64_t(rows.size()) / (S + 1), S + 1, part);

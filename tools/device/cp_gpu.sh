@@ -10,7 +10,8 @@
 #    gradient norm side by side (the same tokens and weights), their largest relative difference,
 #    and the cp = 2 rank's memory and tokens/s.
 # 3. The tiny preset trained on the GPU (packed documents, seq_len 64, 20 steps): one process
-#    against cp = 2 over two ranks (parallel.backend = "mpi"): per-step losses.
+#    against cp = 2 over two ranks (parallel.backend = "mpi"): per-step losses and the held-out
+#    loss (which the CUDA step splits over the group too).
 # Every failed check prints FAIL and counts in the exit status (the return status when sourced).
 cp_gpu_main() {
   local ZM_="${ZM:-build/zaya}" Z1="${Z:-${ZM:-build/zaya}}" MPI_="${MPIRUN:-mpirun}" root fails=0
@@ -92,7 +93,8 @@ tokenizer = "bytes"
 [[data.blend]]
 prefix = "$T/ds"
 [eval]
-every = 0
+every = 10
+batches = 3
 [checkpoint]
 every = 0
 [train]
@@ -120,7 +122,11 @@ if len(a) != 20 or len(b) != 20:
 d = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
 print(f"tiny on the GPU, 20 steps, cp = 2 vs one process: max relative loss difference {d:.2e}; "
       f"last {a[-1]['loss']:.6f} vs {b[-1]['loss']:.6f}")
-sys.exit(0 if d < 5e-3 else 1)
+ea = [x["eval_loss"] for x in a if "eval_loss" in x]
+eb = [x["eval_loss"] for x in b if "eval_loss" in x]
+de = max((abs(x - y) / abs(x) for x, y in zip(ea, eb)), default=float("inf"))
+print(f"held-out loss (split over the cp group on the GPU): {ea} vs {eb}, max relative {de:.2e}")
+sys.exit(0 if d < 5e-3 and len(ea) == len(eb) > 0 and de < 5e-3 else 1)
 PY
   [ "${PIPESTATUS[0]}" = 0 ] || { note "FAIL: tiny cp = 2 training outside 5e-3"; fails=$((fails + 1)); }
   return $fails

@@ -89,9 +89,25 @@ class CudaStep final : public TrainStep {
   void sync() override { ZAYA_CUDA_CHECK(cudaStreamSynchronize(model_->stream())); }
 
   void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) override {
-    // Every row has S1 − 1 predictions, so the batch mean weighs them as the CPU's row loop does.
-    acc.add(model_->loss(rows, B, S1), B * (S1 - 1));
+    if (!cp_.comm) {
+      // Every row has S1 − 1 predictions, so the batch mean weighs them as the CPU's row loop does.
+      acc.add(model_->loss(rows, B, S1), B * (S1 - 1));
+      return;
+    }
+    // Context parallelism: the first S1 − 1 tokens of each row against the next ones, split as in
+    // training (S1 − 1 is the phase's seq_len); this rank's share of the sum and count.
+    const int64_t S = S1 - 1;
+    std::vector<int32_t> ids(size_t(B * S)), targets(size_t(B * S));
+    for (int64_t b = 0; b < B; b++)
+      for (int64_t t = 0; t < S; t++) {
+        ids[size_t(b * S + t)] = rows[size_t(b * S1 + t)];
+        targets[size_t(b * S + t)] = rows[size_t(b * S1 + t + 1)];
+      }
+    const auto [sum, count] = model_->loss_sum(ids.data(), targets.data(), B, S, &cp_);
+    acc.total += sum;
+    acc.count += count;
   }
+  bool eval_splits_context() const override { return cp_.comm != nullptr; }
 
   void set_rope(const RopeSettings& hybrid, const RopeSettings& sliding) override {
     const ZayaConfig& c = model_->cfg();

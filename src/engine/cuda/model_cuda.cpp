@@ -211,6 +211,14 @@ struct CudaModel::Impl {
   template <typename T>
   T* grow(Grown& g, size_t n, bool host = false);
   void cp_setup(const ContextParallel* c, int64_t B, int64_t S);
+  // Sets up the step's context parallelism (cp_setup), checks the batch and uploads the rows the
+  // model runs on: ids/targets [B,S] themselves, or this rank's two chunks of every row
+  // (slot-major, model/backward.h). Returns their shape and the count of scored tokens in them.
+  struct Rows {
+    int64_t B = 0, S = 0, scored = 0;
+  };
+  Rows stage_rows(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
+                  const ContextParallel* c, const char* what);
   // Runs op(send, recv) on buffers in the communicator's memory: the device buffers themselves for
   // a device communicator (NCCL), else pinned host mirrors that `send` is copied into first and
   // `recv` back out of (MPI, also for GPU ranks: host-staged). Waits for the stream first; recv is
@@ -1130,6 +1138,32 @@ void CudaModel::Impl::cp_setup(const ContextParallel* c, int64_t B, int64_t S) {
   }
 }
 
+CudaModel::Impl::Rows CudaModel::Impl::stage_rows(const int32_t* ids, const int32_t* targets,
+                                                  int64_t B, int64_t S, const ContextParallel* c,
+                                                  const char* what) {
+  cp_setup(c, B, S);
+  Rows r{B, S, 0};
+  const int32_t *lids = ids, *ltargets = targets;
+  std::vector<int32_t> chunk_ids, chunk_targets;
+  if (cp) {
+    r.B = 2 * B;
+    r.S = Lc;
+    chunk_ids.resize(size_t(r.B * r.S));
+    chunk_targets.resize(size_t(r.B * r.S));
+    for (int64_t n = 0; n < r.B * r.S; n++) {
+      const int64_t g = context_global_index(n, B, S, int(cpR), int(cpC));
+      chunk_ids[size_t(n)] = ids[g];
+      chunk_targets[size_t(n)] = targets[g];
+    }
+    lids = chunk_ids.data();
+    ltargets = chunk_targets.data();
+  }
+  check_batch(r.B, r.S, what);
+  r.scored = check_tokens(lids, ltargets, r.B * r.S);
+  stage_ids(lids, ltargets, r.B * r.S);
+  return r;
+}
+
 void CudaModel::Impl::cp_comm(const void* send, size_t send_bytes, void* recv, size_t recv_bytes,
                               bool zero, const std::function<void(const void*, void*)>& op) {
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(st));
@@ -1334,29 +1368,9 @@ StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets
   // each rank's loss is its share, and its gradients its part of the sum).
   const int64_t count = im.check_tokens(ids, targets, B * S);
   ZAYA_CUDA_CHECK(cudaSetDevice(im.opt.device));
-  im.cp_setup(cp, B, S);
-  int64_t Br = B, Sr = S;  // the rows the model runs on
-  const int32_t *lids = ids, *ltargets = targets;
-  std::vector<int32_t> chunk_ids, chunk_targets;
-  if (im.cp) {
-    // This rank's two chunks of every row, slot-major (model/backward.h).
-    Br = 2 * B;
-    Sr = im.Lc;
-    chunk_ids.resize(size_t(Br * Sr));
-    chunk_targets.resize(size_t(Br * Sr));
-    for (int64_t n = 0; n < Br * Sr; n++) {
-      const int64_t g = context_global_index(n, B, S, int(im.cpR), int(im.cpC));
-      chunk_ids[size_t(n)] = ids[g];
-      chunk_targets[size_t(n)] = targets[g];
-    }
-    lids = chunk_ids.data();
-    ltargets = chunk_targets.data();
-  }
-  im.check_batch(Br, Sr, "forward_backward");
-  const int64_t N = Br * Sr;
-  const int64_t mine = im.cp ? im.check_tokens(lids, ltargets, N) : count;
+  const Impl::Rows rows = im.stage_rows(ids, targets, B, S, cp, "forward_backward");
+  const int64_t Br = rows.B, Sr = rows.S, N = Br * Sr, mine = rows.scored;
   im.prof_begin_step();
-  im.stage_ids(lids, ltargets, N);
   im.forward(Br, Sr);
   // Every gradient is linear in dlogits, so the loss scale and the 1/count of the mean enter once.
   im.head_loss(N, true, loss_scale / float(std::max<int64_t>(count, 1)));
@@ -1403,26 +1417,34 @@ Tensor CudaModel::forward_logits(const std::vector<int32_t>& ids, int64_t B, int
 }
 
 double CudaModel::loss(const std::vector<int32_t>& ids, int64_t B, int64_t S) {
-  Impl& im = *impl_;
   ZAYA_CHECK(int64_t(ids.size()) == B * S, "CudaModel::loss: {} ids for batch {} x {}", ids.size(),
              B, S);
-  im.check_batch(B, S, "loss");
-  const int64_t N = B * S;
   // Next-token targets, as ZayaModel::loss builds them.
-  std::vector<int32_t> targets(size_t(N), -1);
+  std::vector<int32_t> targets(size_t(B * S), -1);
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t + 1 < S; t++) targets[size_t(b * S + t)] = ids[size_t(b * S + t + 1)];
-  const int64_t count = im.check_tokens(ids.data(), targets.data(), N);
+  const auto [sum, count] = loss_sum(ids.data(), targets.data(), B, S);
+  return count > 0 ? sum / double(count) : 0.0;
+}
+
+std::pair<double, int64_t> CudaModel::loss_sum(const int32_t* ids, const int32_t* targets,
+                                               int64_t B, int64_t S, const ContextParallel* cp) {
+  Impl& im = *impl_;
+  struct EndStep {
+    Impl& im;
+    ~EndStep() { im.cp = nullptr; }
+  } end_step{im};
+  ZAYA_CHECK(B > 0 && S > 0, "CudaModel::loss: batch {} x sequence {} is empty", B, S);
   ZAYA_CUDA_CHECK(cudaSetDevice(im.opt.device));
+  const Impl::Rows rows = im.stage_rows(ids, targets, B, S, cp, "loss");
   im.prof_begin_step();
-  im.stage_ids(ids.data(), targets.data(), N);
-  im.forward(B, S);
-  im.head_loss(N, false, 0.0f);
+  im.forward(rows.B, rows.S);
+  im.head_loss(rows.B * rows.S, false, 0.0f);
   ZAYA_CUDA_CHECK(
       cudaMemcpyAsync(im.h_loss, im.d_loss_sum, sizeof(double), cudaMemcpyDeviceToHost, im.st));
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(im.st));
   im.prof_collect();
-  return count > 0 ? *im.h_loss / double(count) : 0.0;
+  return {*im.h_loss, rows.scored};
 }
 
 }  // namespace zaya::cuda

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/gemm/gemm.h"
@@ -92,6 +93,11 @@ class CudaModel {
   Tensor forward_logits(const std::vector<int32_t>& ids, int64_t B, int64_t S);
   // Mean next-token loss without gradients.
   double loss(const std::vector<int32_t>& ids, int64_t B, int64_t S);
+  // The summed cross-entropy of ids [B,S] against targets (< 0 ignored) and the count of scored
+  // tokens, without gradients. With `cp` (as forward_backward) this rank's chunks only: the sums
+  // over the group are the rows'.
+  std::pair<double, int64_t> loss_sum(const int32_t* ids, const int32_t* targets, int64_t B,
+                                      int64_t S, const ContextParallel* cp = nullptr);
 
   const OpClassTimes& last_profile() const;
   size_t arena_bytes() const;

@@ -807,6 +807,18 @@ int64_t context_global_index(int64_t n, int64_t B, int64_t S, int rank, int size
   return ((n / L) % B) * S + context_chunks(rank, size)[size_t(n / (B * L))] * L + n % L;
 }
 
+void context_take_chunks(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S, int rank,
+                         int size, std::vector<int32_t>& lids, std::vector<int32_t>& ltargets) {
+  const int64_t n = B * S / size;
+  lids.resize(size_t(n));
+  ltargets.resize(size_t(n));
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t g = context_global_index(i, B, S, rank, size);
+    lids[size_t(i)] = ids[g];
+    ltargets[size_t(i)] = targets[g];
+  }
+}
+
 namespace {
 // One step of a chain exchange: sends `send` to rank `to` (skipped when < 0), receives `recv`
 // from rank `from` (skipped when < 0); even ranks send first, odd ranks receive first, so a chain
@@ -855,13 +867,9 @@ StepStats forward_backward(const ZayaModel& m, const int32_t* ids, const int32_t
   }
   check_context_split(m.cfg, S, cp->comm->size());
   Trainer t(m, grads, B, S, cp);
-  const int64_t n = t.local_tokens();
-  std::vector<int32_t> lid(static_cast<size_t>(n)), ltg(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t g = context_global_index(i, B, S, cp->comm->rank(), cp->comm->size());
-    lid[size_t(i)] = ids[g];
-    ltg[size_t(i)] = targets[g];
-  }
+  std::vector<int32_t> lid, ltg;
+  context_take_chunks(ids, targets, B, S, cp->comm->rank(), cp->comm->size(), lid, ltg);
+  ZAYA_ASSERT(int64_t(lid.size()) == t.local_tokens());
   return t.run(lid.data(), ltg.data(), loss_scale, ready);
 }
 

@@ -61,6 +61,10 @@ void check_context_split(const ZayaConfig& cfg, int64_t S, int64_t C);
 // The global index (b·S + t) in [B,S] rows of local token n of rank `rank` of a cp group of `size`
 // (local tokens slot-major: slot n / (B·L), row (n / L) % B, offset n % L, L = S/(2·size)).
 int64_t context_global_index(int64_t n, int64_t B, int64_t S, int rank, int size);
+// The ids and targets of this rank's two chunks of every row of [B,S] (B·S/size tokens, in the
+// local order of context_global_index) into lids, ltargets.
+void context_take_chunks(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S, int rank,
+                         int size, std::vector<int32_t>& lids, std::vector<int32_t>& ltargets);
 // The point-to-point part of the halo exchange, on buffers in the communicator's memory: this
 // rank's tails [2][row] (slot-major) go to the ranks of the chunks after them, halos [2][row]
 // receive from the ranks of the chunks before them. Slots without a peer are left as they are: the

@@ -258,7 +258,7 @@ TrainResult train(const TrainOptions& opts) {
     for (size_t i = 0; i < std::max<size_t>(1, rc.phases.size()); i++) {
       const int64_t s =
           i < rc.phases.size() ? rc.phases[i].seq_len.value_or(rc.train.seq_len) : rc.train.seq_len;
-      const int64_t c = rc.phases.empty() ? rc.parallel.cp : rc.phase_cp(i);
+      const int64_t c = rc.phase_cp(i);  // parallel.cp without phases
       so.max_tokens = std::max(so.max_tokens, rc.train.micro_batch * (c > 1 ? s / c : s + 1));
     }
   }

@@ -217,6 +217,11 @@ struct CudaModel::Impl {
   struct Rows {
     int64_t B = 0, S = 0, scored = 0;
   };
+  // The step's context-parallel group is that step's only, even when it throws.
+  struct CpScope {
+    Impl& im;
+    ~CpScope() { im.cp = nullptr; }
+  };
   Rows stage_rows(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                   const ContextParallel* c, const char* what);
   // Runs op(send, recv) on buffers in the communicator's memory: the device buffers themselves for
@@ -227,7 +232,7 @@ struct CudaModel::Impl {
                const std::function<void(const void*, void*)>& op);
   void cp_halo_forward(int64_t li);
   void cp_gather_kv(int64_t li);
-  void cp_scatter_dkv(int64_t li, bf16* const dks[2], bf16* const dvs[2]);
+  void cp_scatter_dkv(bf16* const dks[2], bf16* const dvs[2]);
   void cp_return_halo_grads(const float* dhist);
 
   // Profiling.
@@ -1066,7 +1071,7 @@ void CudaModel::Impl::attention_backward(int64_t li, int64_t B, int64_t S) {
                       gch[sl] * Lc, Hq, Hkv, d, window, wsr(), st);
       }
     }
-    cp_scatter_dkv(li, dks, dvs);
+    cp_scatter_dkv(dks, dvs);
     Scope s(this, kCca);
     for (int64_t sl = 0; sl < 2; sl++) {
       const int64_t n0 = sl * cpB * Lc;
@@ -1148,13 +1153,7 @@ CudaModel::Impl::Rows CudaModel::Impl::stage_rows(const int32_t* ids, const int3
   if (cp) {
     r.B = 2 * B;
     r.S = Lc;
-    chunk_ids.resize(size_t(r.B * r.S));
-    chunk_targets.resize(size_t(r.B * r.S));
-    for (int64_t n = 0; n < r.B * r.S; n++) {
-      const int64_t g = context_global_index(n, B, S, int(cpR), int(cpC));
-      chunk_ids[size_t(n)] = ids[g];
-      chunk_targets[size_t(n)] = targets[g];
-    }
+    context_take_chunks(ids, targets, B, S, int(cpR), int(cpC), chunk_ids, chunk_targets);
     lids = chunk_ids.data();
     ltargets = chunk_targets.data();
   }
@@ -1220,8 +1219,7 @@ void CudaModel::Impl::cp_gather_kv(int64_t li) {
 
 // The keys' and values' gradients of both slots, summed over the group (fp32 reduce-scatter);
 // this rank's tokens' into dk, dv (bf16, as the single-device backward leaves them).
-void CudaModel::Impl::cp_scatter_dkv(int64_t li, bf16* const dks[2], bf16* const dvs[2]) {
-  (void)li;
+void CudaModel::Impl::cp_scatter_dkv(bf16* const dks[2], bf16* const dvs[2]) {
   const int64_t nl = 2 * cpB * Lc * KD;
   float* send = grow<float>(g_gsend, size_t(cpC * 2 * nl));
   float* mine = grow<float>(g_grecv, size_t(2 * nl));
@@ -1359,10 +1357,7 @@ StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets
                                       int64_t S, float loss_scale, const LayerGradsReady* ready,
                                       const ContextParallel* cp) {
   Impl& im = *impl_;
-  struct EndStep {  // the step's context-parallel group is the step's only, even when it throws
-    Impl& im;
-    ~EndStep() { im.cp = nullptr; }
-  } end_step{im};
+  const Impl::CpScope end_step{im};
   ZAYA_CHECK(B > 0 && S > 0, "CudaModel::forward_backward: batch {} x sequence {} is empty", B, S);
   // The mean is over the scored tokens of the whole rows (with context parallelism, of the group:
   // each rank's loss is its share, and its gradients its part of the sum).
@@ -1430,10 +1425,7 @@ double CudaModel::loss(const std::vector<int32_t>& ids, int64_t B, int64_t S) {
 std::pair<double, int64_t> CudaModel::loss_sum(const int32_t* ids, const int32_t* targets,
                                                int64_t B, int64_t S, const ContextParallel* cp) {
   Impl& im = *impl_;
-  struct EndStep {
-    Impl& im;
-    ~EndStep() { im.cp = nullptr; }
-  } end_step{im};
+  const Impl::CpScope end_step{im};
   ZAYA_CHECK(B > 0 && S > 0, "CudaModel::loss: batch {} x sequence {} is empty", B, S);
   ZAYA_CUDA_CHECK(cudaSetDevice(im.opt.device));
   const Impl::Rows rows = im.stage_rows(ids, targets, B, S, cp, "loss");

@@ -3,7 +3,7 @@
 //   zaya ckpt inspect DIR [--json] [--digest]     what is in it (a root: every checkpoint's status)
 //   zaya ckpt verify DIR [--json]                 every checksum; exit 1 when any is invalid
 //   zaya ckpt export-hf DIR --out OUT [--dtype bf16|fp32] [--max-shard-mb N] [--tokenizer T]
-//   zaya ckpt reshard DIR --ranks M --out OUT [--device cpu|cuda]
+//   zaya ckpt reshard DIR --ranks M --out OUT
 // DIR is a step-* checkpoint, a checkpoints root, or a run's --out (its checkpoints/). Thin: the
 // work is in ckpt/inspect.h, ckpt/export_hf.h and train/ckpt_tools.h. Deliberately not here:
 // changing a checkpoint in place (every tool writes a new directory, atomically).
@@ -127,18 +127,15 @@ int run_export(const std::string& path, const std::string& out, const std::strin
   return 0;
 }
 
-int run_reshard(const std::string& path, int64_t ranks, const std::string& out,
-                const std::string& device, bool force) {
+int run_reshard(const std::string& path, int64_t ranks, const std::string& out, bool force) {
   const std::string dir = resolve_checkpoint_dir(path);
   ReshardOptions o;
   o.ranks = ranks;
-  o.device = device;
   o.force = force;
   const ReshardResult r = reshard_checkpoint(dir, out, o);
   fmt::print(
-      "resharded {} (step {}, {} ranks) to {} for {} ranks ({} plan), save id {}: {} files, "
-      "{:.2f} MiB\n",
-      dir, r.step, r.from_world, r.dir, r.to_world, r.device, r.save_id, r.files.size(),
+      "resharded {} (step {}, {} ranks) to {} for {} ranks, save id {}: {} files, {:.2f} MiB\n",
+      dir, r.step, r.from_world, r.dir, r.to_world, r.save_id, r.files.size(),
       double(r.bytes) / double(1 << 20));
   return 0;
 }
@@ -182,24 +179,19 @@ int run_ckpt(int argc, char** argv) {
   exp->add_flag("--force", force, "replace an existing --out (once the new one is complete)");
 
   int64_t ranks = 0;
-  std::string device;
   auto* rsh = app.add_subcommand(
       "reshard", "rewrite a checkpoint as M ranks would have written it (offline, any M)");
   rsh->add_option("dir", dir, dir_help + std::string(" (a root: its newest valid checkpoint)"))
       ->required();
   rsh->add_option("--ranks", ranks, "the new world size M")->required();
   rsh->add_option("--out", out, "the new checkpoint directory")->required();
-  rsh->add_option("--device", device,
-                  "cpu (experts split between ranks) or cuda (whole tensors); default: the run's "
-                  "train.device")
-      ->check(CLI::IsMember({"cpu", "cuda"}));
   rsh->add_flag("--force", force, "replace an existing --out (once the new one is complete)");
 
   if (!parse_or_help(app, argc, argv)) return 0;
   if (ins->parsed()) return run_inspect(dir, as_json, digests);
   if (ver->parsed()) return run_verify(dir, as_json);
   if (exp->parsed()) return run_export(dir, out, dtype, shard_mb, tokenizer, force);
-  return run_reshard(dir, ranks, out, device, force);
+  return run_reshard(dir, ranks, out, force);
 }
 
 }  // namespace

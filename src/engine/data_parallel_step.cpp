@@ -480,9 +480,8 @@ std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
              comm.backend(), comm.rank(), comm.size(), host.rank(), host.size());
   ZAYA_CHECK(!host.buffer_on_device(), "data parallel: the host communicator must be MPI");
   std::vector<Zero1Item> items = zero1_items(model, optim);
-  // Dim-0 slices where the inner step can keep them (the CPU step; the CUDA one owns whole
-  // tensors).
-  Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems, options.device == "cpu");
+  // Expert stacks and big AdamW tensors by dim-0 slices (both steps keep and update a slice).
+  Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems, true);
   options.owned_state = plan.mask(comm.rank());
   options.owned_slices.assign(items.size(), {0, -1});
   for (size_t i = 0; i < items.size(); i++)

@@ -81,8 +81,7 @@ struct TrainStepOptions {
   ParamMask owned_state;
   // With owned_state, per parameter: the dim-0 slice [first, first + count) (experts of a 3-D
   // tensor, rows of a 2-D one) that the step keeps and updates, its state then being of shape
-  // [count, ...] under the tensor's name (count < 0, or an empty list: the whole tensor). The
-  // CPU step only; the CUDA step refuses a partial tensor.
+  // [count, ...] under the tensor's name (count < 0, or an empty list: the whole tensor).
   std::vector<std::pair<int64_t, int64_t>> owned_slices;
 };
 

@@ -57,8 +57,6 @@ ReshardResult reshard_checkpoint(const std::string& src, const std::string& out,
                out, ts.step, checkpoint_dir_name(ts.step));
   }
   const RunConfig rc = stored_run_config(src, ts);
-  const std::string device = options.device.empty() ? rc.train.device : options.device;
-  ZAYA_CHECK(device == "cpu" || device == "cuda", "--device {}: expected cpu or cuda", device);
   for (size_t i = 0; i < rc.phases.size(); i++) {
     const auto& b = rc.phases[i].batch_size;
     ZAYA_CHECK(!b || *b % M == 0,
@@ -70,7 +68,7 @@ ReshardResult reshard_checkpoint(const std::string& src, const std::string& out,
   ZayaModel model = load_model(src + "/" + kCheckpointModelDir);
   const auto state = ShardedState::open(src, check.manifest, /*verify=*/false);
   const std::vector<Zero1Item> items = zero1_items(model, rc.optim.optimizer_settings());
-  const Zero1Plan plan = plan_zero1(items, int(M), 1, device == "cpu");
+  const Zero1Plan plan = plan_zero1(items, int(M), 1, /*split_slices=*/true);
   const std::vector<int> writers = weight_writers(plan);
   // The weights as the writer reads them: fp32 and contiguous (the checkpoint's are, as views of
   // the mapped files).
@@ -96,7 +94,6 @@ ReshardResult reshard_checkpoint(const std::string& src, const std::string& out,
   }
 
   ReshardResult r;
-  r.device = device;
   r.step = ts.step;
   r.from_world = ts.world;
   r.to_world = M;

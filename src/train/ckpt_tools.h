@@ -3,8 +3,8 @@
 // (the default of `zaya ckpt export-hf`).
 //
 // Reshaping writes the checkpoint M ranks would have written at the same step: the ZeRO-1 plan
-// for M (the run's optimizer settings; dim-0 slices on the CPU, whole tensors on the GPU, as the
-// trainer plans for that device), then for each virtual rank r the weights it writes and the state
+// for M (the run's optimizer settings, with the dim-0 slices the trainer plans on either device),
+// then for each virtual rank r the weights it writes and the state
 // pieces it owns (dist/zero1.h's weight_writers and owned_state_pieces, the functions the training
 // step itself uses), read from the source at any world size (ShardedState::read), written through
 // the same files and background writer as a training save, a manifest last, and trainer.json with
@@ -26,12 +26,11 @@ namespace zaya {
 
 struct ReshardOptions {
   int64_t ranks = 0;   // M >= 1
-  std::string device;  // "cpu" or "cuda" (the plan's slicing); "": the run's train.device
   bool force = false;  // replace an existing OUT (once the new one is complete)
 };
 
 struct ReshardResult {
-  std::string dir, device, save_id;
+  std::string dir, save_id;
   int64_t from_world = 0, to_world = 0, step = 0;
   std::vector<WrittenFile> files;
   uint64_t bytes = 0;

@@ -5,6 +5,8 @@
 // norm, the bf16 copies, and a state export/import that continues bit-exactly.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <memory>
 #include <set>
 
 #include <cmath>
@@ -252,6 +254,125 @@ TEST(OptimizerCuda, OwnedStateKeepsOnlyTheOwnedSubset) {
   EXPECT_GT(kept, 0u);
   // Updating a parameter whose state it does not keep is refused.
   EXPECT_THROW(part.step(2e-3), Error);
+}
+
+}  // namespace
+}  // namespace zaya::cuda
+
+namespace zaya::cuda {
+namespace {
+
+// ZeRO-1 slices on the GPU: two "ranks" each keep state for their dim-0 slices (embedding rows,
+// experts of the 3-D Muon stacks) and some whole tensors; together they update every parameter
+// bit for bit as one optimizer keeping everything does, their state is the full state's slices
+// bit for bit, their gradient norms add up to the full one, and a slice of a single Muon matrix
+// is refused.
+TEST(OptimizerCuda, OwnedSlicesUpdateTheirPartBitForBit) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const auto sp = specs();
+  const size_t np = sp.size();
+  // Per rank, per parameter: owned?, and the slice (count < 0: whole).
+  std::vector<std::vector<bool>> own(2, std::vector<bool>(np, false));
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> cut(
+      2, std::vector<std::pair<int64_t, int64_t>>(np, {0, -1}));
+  auto set_slice = [&](const std::string& name, int64_t split) {
+    for (size_t i = 0; i < np; i++)
+      if (sp[i].name == name) {
+        own[0][i] = own[1][i] = true;
+        cut[0][i] = {0, split};
+        cut[1][i] = {split, sp[i].shape[0] - split};
+        return;
+      }
+    FAIL() << name;
+  };
+  set_slice("model.embed_tokens.weight", 40);
+  set_slice("model.layers.0.mlp.experts.gate_up_proj", 2);
+  set_slice("model.layers.0.mlp.experts.down_proj", 1);
+  int next = 0;
+  for (size_t i = 0; i < np; i++)
+    if (!own[0][i] && !own[1][i] && sp[i].name.find("balancing") == std::string::npos)
+      own[size_t(next++ % 2)][i] = true;
+
+  Fixture a(7), b0(7), b1(7);
+  Fixture* bs[2] = {&b0, &b1};
+  GemmContext gemm;
+  CudaOptimizer full(a.dev, settings(), gemm, a.st);
+  std::vector<std::unique_ptr<CudaOptimizer>> part;
+  for (int r = 0; r < 2; r++) {
+    CudaOptimizerOptions oo;
+    oo.owned_state = own[size_t(r)];
+    oo.owned_slices = cut[size_t(r)];
+    part.push_back(std::make_unique<CudaOptimizer>(bs[r]->dev, settings(), gemm, bs[r]->st, oo));
+  }
+  EXPECT_LT(part[0]->state_bytes() + part[1]->state_bytes(), 2 * full.state_bytes());
+  Rng ra(41), rb0(41), rb1(41);
+  Rng* rb[2] = {&rb0, &rb1};
+  for (int s = 0; s < 3; s++) {
+    a.new_grads(ra);
+    for (int r = 0; r < 2; r++) bs[r]->new_grads(*rb[r]);
+    const double whole = full.grad_sq_norm();
+    const double split = part[0]->grad_sq_norm(own[0]) + part[1]->grad_sq_norm(own[1]);
+    EXPECT_NEAR(split, whole, 1e-12 * whole) << "step " << s;
+    full.step(2e-3, 0.75f);
+    for (int r = 0; r < 2; r++) part[size_t(r)]->step(2e-3, 0.75f, own[size_t(r)]);
+  }
+  // Each rank's part of every parameter (master and bf16 copy) equals the full optimizer's.
+  for (size_t i = 0; i < np; i++) {
+    const auto ma = a.master(i);
+    const int64_t per = a.dev[i].numel / sp[i].shape[0];
+    for (int r = 0; r < 2; r++) {
+      if (!own[size_t(r)][i]) continue;
+      const auto [first, count] = cut[size_t(r)][i];
+      const size_t lo = count < 0 ? 0 : size_t(first * per);
+      const size_t n = count < 0 ? ma.size() : size_t(count * per);
+      const auto mb = bs[r]->master(i);
+      EXPECT_EQ(0, std::memcmp(ma.data() + lo, mb.data() + lo, n * 4))
+          << sp[i].name << " on rank " << r;
+      if (a.dev[i].copy) {
+        const auto ca = test_util::download(reinterpret_cast<const uint16_t*>(a.dev[i].copy),
+                                            ma.size(), a.st);
+        const auto cb = test_util::download(
+            reinterpret_cast<const uint16_t*>(bs[r]->dev[i].copy), ma.size(), bs[r]->st);
+        EXPECT_EQ(0, std::memcmp(ca.data() + lo, cb.data() + lo, n * 2))
+            << sp[i].name << " (bf16) on rank " << r;
+      }
+    }
+  }
+  // The state: a slice's tensors are [count, ...] and equal the full state's rows.
+  std::map<std::string, Tensor> whole_state;
+  for (auto& [n, t] : full.state_tensors()) whole_state.emplace(n, t);
+  size_t sliced = 0;
+  for (int r = 0; r < 2; r++)
+    for (auto& [n, t] : part[size_t(r)]->state_tensors()) {
+      ASSERT_TRUE(whole_state.count(n)) << n;
+      const Tensor& w = whole_state.at(n);
+      size_t i = 0;
+      while (i < np && n.substr(n.size() - sp[i].name.size()) != sp[i].name) i++;
+      ASSERT_LT(i, np) << n;
+      const auto [first, count] = cut[size_t(r)][i];
+      const Tensor want = count < 0 ? w : w.slice(0, first, first + count).clone();
+      ASSERT_EQ(t.shape(), want.shape()) << n << " on rank " << r;
+      EXPECT_EQ(0, std::memcmp(t.f32(), want.f32(), size_t(t.numel()) * 4)) << n;
+      sliced += count >= 0;
+    }
+  EXPECT_EQ(sliced, 2u * (2 + 1 + 1)) << "embedding moments (2 each) and two momenta per rank";
+  // A resumed rank takes its sliced state back.
+  CudaOptimizerOptions oo;
+  oo.owned_state = own[0];
+  oo.owned_slices = cut[0];
+  CudaOptimizer again(b0.dev, settings(), gemm, b0.st, oo);
+  EXPECT_NO_THROW(again.load_state(part[0]->state_tensors(), part[0]->steps()));
+  // One Muon matrix cannot be sliced.
+  auto bad = cut[0];
+  auto bad_own = own[0];
+  for (size_t i = 0; i < np; i++)
+    if (sp[i].name.find("q_proj") != std::string::npos) {
+      bad[i] = {0, 10};
+      bad_own[i] = true;
+    }
+  oo.owned_state = bad_own;
+  oo.owned_slices = bad;
+  EXPECT_THROW(CudaOptimizer(b0.dev, settings(), gemm, b0.st, oo), Error);
 }
 
 }  // namespace

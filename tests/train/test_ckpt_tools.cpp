@@ -195,11 +195,10 @@ TEST(CkptReshard, DigestsLayoutAndResumeMatchTheSource) {
   const RunConfig rc = RunConfig::from_toml(t.toml, "test.toml");
   ZayaModel model = load_model(t.ckpt + "/model");
   const auto items = zero1_items(model, rc.optim.optimizer_settings());
-  for (const auto& [m, device] : {std::pair<int, std::string>{3, "cpu"}, {2, "cuda"}}) {
+  for (const int m : {3, 2}) {
     const std::string out = t.dir + "/r" + std::to_string(m);
     ReshardOptions o;
     o.ranks = m;
-    o.device = device;
     const ReshardResult r = reshard_checkpoint(t.ckpt, out, o);
     EXPECT_EQ(r.from_world, 1);
     EXPECT_EQ(r.to_world, m);
@@ -212,7 +211,7 @@ TEST(CkptReshard, DigestsLayoutAndResumeMatchTheSource) {
     EXPECT_EQ(ck.trainer.save_id, r.save_id);
     EXPECT_EQ(ck.manifest.extra["resharded_from"]["world"], 1);
     // Each rank file holds exactly that rank's boxes under the plan for m.
-    const Zero1Plan plan = plan_zero1(items, m, 1, device == "cpu");
+    const Zero1Plan plan = plan_zero1(items, m, 1, /*split_slices=*/true);
     int64_t sliced = 0;
     ASSERT_EQ(ck.state->files().size(), size_t(m));
     for (int rank = 0; rank < m; rank++) {
@@ -227,7 +226,7 @@ TEST(CkptReshard, DigestsLayoutAndResumeMatchTheSource) {
             got.insert(fmt::format("{} {} {}", name, shape_str(p.offset), shape_str(p.shape)));
       EXPECT_EQ(got, want) << "rank " << rank << " of " << m;
     }
-    EXPECT_EQ(sliced > 0, device == "cpu") << "experts split on the CPU plan only";
+    EXPECT_GT(sliced, 0) << "the experts are split between the ranks";
     // The weights: each in the shard of its writer.
     const std::vector<int> writers = weight_writers(plan);
     const auto store = TensorStore::open(out + "/model");

@@ -31,5 +31,5 @@ note "transformers: exit $? $(tr '\n' ' ' <"$LOGS/export_tf.txt") $(tail -2 "$LO
   --print-ids >>"$LOGS/export_zaya.txt" 2>&1
 note "zaya:         exit $? $(tr '\n' ' ' <"$LOGS/export_zaya.txt")"
 rm -rf /tmp/ab-reshard
-"$Z" ckpt reshard ab-run-new --ranks 2 --device cuda --out /tmp/ab-reshard >"$LOGS/reshard.log" 2>&1
+"$Z" ckpt reshard ab-run-new --ranks 2 --out /tmp/ab-reshard >"$LOGS/reshard.log" 2>&1
 note "reshard to 2 ranks (cuda): exit $?; verify: $("$Z" ckpt verify /tmp/ab-reshard 2>&1 | tail -1)"

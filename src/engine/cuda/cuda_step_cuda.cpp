@@ -22,8 +22,6 @@ class CudaStep final : public TrainStep {
            const TrainStepOptions& o)
       : host_(host), opt_(o), settings_(settings) {
     check_cuda_step_available(o.device_index);
-    for (const auto& [first, count] : o.owned_slices)
-      ZAYA_CHECK(count < 0, "the CUDA step keeps whole tensors only (ZeRO-1 slices are CPU only)");
     ZAYA_CUDA_CHECK(cudaSetDevice(o.device_index));
     cudaDeviceProp prop{};
     ZAYA_CUDA_CHECK(cudaGetDeviceProperties(&prop, o.device_index));
@@ -179,6 +177,7 @@ class CudaStep final : public TrainStep {
     cuda::CudaOptimizerOptions oo;
     oo.ns_bf16 = opt_.ns_bf16;
     oo.owned_state = opt_.owned_state;  // layout order = params() order
+    oo.owned_slices = opt_.owned_slices;
     optim_ = std::make_unique<cuda::CudaOptimizer>(model_->params(), settings_, model_->gemm(),
                                                    model_->stream(), oo);
     // The layout: offsets into the one master allocation (the gradients use the same offsets).

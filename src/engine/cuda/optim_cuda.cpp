@@ -48,6 +48,10 @@ struct CudaOptimizer::Impl {
     float* momentum = nullptr;  // Muon
     int64_t mats = 1, rows = 0, cols = 0;
     bool has_state = true;  // options.owned_state (ZeRO-1): this rank keeps and updates it
+    // The part this optimizer updates (options.owned_slices): elements [off, off + n) of the
+    // parameter, its state of shape `shape` (the parameter's, or [count, ...] for a slice).
+    int64_t off = 0, n = 0;
+    Shape shape;
   };
 
   OptimizerSettings settings;
@@ -129,10 +133,10 @@ struct CudaOptimizer::Impl {
   }
 
   void muon_param(Entry& e, double plr, float gs) {
-    const int64_t n = e.p->numel, sz = e.rows * e.cols;
+    const int64_t n = e.n, sz = e.rows * e.cols;
     float* u = static_cast<float*>(u_buf.ptr);
     const auto& ms = settings.muon;
-    muon_momentum(e.momentum, u, e.p->grad, gs, float(ms.momentum), ms.nesterov, n, st);
+    muon_momentum(e.momentum, u, e.p->grad + e.off, gs, float(ms.momentum), ms.nesterov, n, st);
     // Frobenius norms of every matrix in one round trip (fp64, as the reference's serial sum).
     std::vector<std::pair<const float*, int64_t>> mats;
     for (int64_t k = 0; k < e.mats; k++) mats.emplace_back(u + k * sz, sz);
@@ -156,8 +160,8 @@ struct CudaOptimizer::Impl {
     }
     ZAYA_CUDA_CHECK(cudaEventRecord(ev[kNsEnd], st));
     const double scale = ms.rms_scale * std::sqrt(double(std::max(e.rows, e.cols)));
-    apply_update(e.p->master, e.p->copy, u, float(plr), float(e.a.weight_decay), float(scale), n,
-                 st);
+    apply_update(e.p->master + e.off, e.p->copy ? e.p->copy + e.off : nullptr, u, float(plr),
+                 float(e.a.weight_decay), float(scale), n, st);
   }
 
   // Adds the elapsed time between two completed events to *acc.
@@ -182,6 +186,10 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
   ZAYA_CHECK(keep.empty() || keep.size() == params.size(),
              "optimizer: the owned-state mask has {} entries for {} parameters", keep.size(),
              params.size());
+  const auto& slices = options.owned_slices;
+  ZAYA_CHECK(slices.empty() || (!keep.empty() && slices.size() == params.size()),
+             "optimizer: the owned-slices list has {} entries for {} parameters{}", slices.size(),
+             params.size(), keep.empty() ? " (and no owned-state mask)" : "");
   std::set<std::string> seen;
   size_t state_floats = 0, max_muon = 0, max_x = 0, max_gram = 0, max_ws = 0, max_mats = 1;
   for (auto& p : params) {
@@ -196,7 +204,25 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
     Impl::Entry e;
     e.p = &p;
     e.a = assign_param(p.name, p.shape, rules, I.settings.weight_decay);
-    e.has_state = keep.empty() || keep[size_t(&p - params.data())];
+    const size_t pi = size_t(&p - params.data());
+    e.has_state = keep.empty() || keep[pi];
+    e.n = p.numel;
+    e.shape = p.shape;
+    if (!slices.empty() && slices[pi].second >= 0 && e.has_state) {
+      const auto [first, count] = slices[pi];
+      ZAYA_CHECK(p.shape.size() >= 1 && count > 0 && first >= 0 && first + count <= p.shape[0],
+                 "optimizer: slice [{}, {}) of '{}' (shape {}) is not a non-empty range of its "
+                 "first dimension",
+                 first, first + count, p.name, shape_str(p.shape));
+      ZAYA_CHECK(e.a.optimizer != OptimizerKind::Muon || p.shape.size() == 3,
+                 "optimizer: '{}' (shape {}) is one Muon matrix and cannot be sliced; only a 3-D "
+                 "stack of matrices can, by whole matrices",
+                 p.name, shape_str(p.shape));
+      const int64_t per = p.numel / p.shape[0];
+      e.off = first * per;
+      e.n = count * per;
+      e.shape[0] = count;
+    }
     if (e.a.optimizer == OptimizerKind::Muon) {
       const size_t dim = p.shape.size();
       ZAYA_CHECK(dim == 2 || dim == 3,
@@ -204,7 +230,7 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
                  "a 3-D stack of matrices",
                  e.a.rule >= 0 ? rules[size_t(e.a.rule)].pattern : "(by rank)", p.name,
                  shape_str(p.shape));
-      e.mats = dim == 3 ? p.shape[0] : 1;
+      e.mats = dim == 3 ? e.shape[0] : 1;
       e.rows = p.shape[dim - 2];
       e.cols = p.shape[dim - 1];
       if (!e.has_state) {  // another rank's: no momentum, no scratch sized for it
@@ -212,14 +238,14 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
         continue;
       }
       const int64_t m = std::min(e.rows, e.cols);
-      state_floats += round_up(size_t(p.numel), kAlignFloats);
-      max_muon = std::max(max_muon, size_t(p.numel));
+      state_floats += round_up(size_t(e.n), kAlignFloats);
+      max_muon = std::max(max_muon, size_t(e.n));
       max_x = std::max(max_x, size_t(e.rows * e.cols));
       max_gram = std::max(max_gram, size_t(m * m));
       max_mats = std::max(max_mats, size_t(e.mats));
       max_ws = std::max(max_ws, sumsq_workspace_bytes(e.rows * e.cols));
     } else if (e.a.optimizer == OptimizerKind::AdamW && e.has_state) {
-      state_floats += 2 * round_up(size_t(p.numel), kAlignFloats);
+      state_floats += 2 * round_up(size_t(e.n), kAlignFloats);
     }
     I.entries.push_back(e);
   }
@@ -235,10 +261,10 @@ CudaOptimizer::CudaOptimizer(std::vector<DeviceParam>& params, OptimizerSettings
   for (auto& e : I.entries) {
     if (!e.has_state) continue;
     if (e.a.optimizer == OptimizerKind::Muon) {
-      e.momentum = carve(e.p->numel);
+      e.momentum = carve(e.n);
     } else if (e.a.optimizer == OptimizerKind::AdamW) {
-      e.exp_avg = carve(e.p->numel);
-      e.exp_avg_sq = carve(e.p->numel);
+      e.exp_avg = carve(e.n);
+      e.exp_avg_sq = carve(e.n);
     }
   }
   I.u_buf.alloc(max_muon * sizeof(float));
@@ -269,9 +295,16 @@ double CudaOptimizer::grad_sq_norm(const std::vector<bool>& owned) {
              "optimizer: the ownership mask has {} entries for {} parameters", owned.size(),
              I.params->size());
   std::vector<std::pair<const float*, int64_t>> xs;
+  const auto& slices = I.options.owned_slices;
   for (size_t i = 0; i < I.params->size(); i++) {
     const auto& p = (*I.params)[i];
-    if (p.grad && (owned.empty() || owned[i])) xs.emplace_back(p.grad, p.numel);
+    if (!p.grad || !(owned.empty() || owned[i])) continue;
+    if (owned.empty() || slices.empty() || slices[i].second < 0) {
+      xs.emplace_back(p.grad, p.numel);
+    } else {  // this rank's dim-0 slice
+      const int64_t per = p.numel / p.shape[0];
+      xs.emplace_back(p.grad + slices[i].first * per, slices[i].second * per);
+    }
   }
   I.sums_of_squares(xs);
   double total = 0;  // fixed order: the parameters' order
@@ -306,9 +339,10 @@ void CudaOptimizer::step(double lr, float grad_scale, const std::vector<bool>& o
   ZAYA_CUDA_CHECK(cudaEventRecord(I.ev[Impl::kStart], I.st));
   for (auto& e : I.entries) {
     if (e.a.optimizer != OptimizerKind::AdamW || !mine(e)) continue;
-    adamw_step(e.p->master, e.p->copy, e.exp_avg, e.exp_avg_sq, e.p->grad, grad_scale,
-               float(lr * e.a.lr_mult), float(as.beta1), float(as.beta2), float(as.eps),
-               float(e.a.weight_decay), bc1, bc2, e.p->numel, I.st);
+    adamw_step(e.p->master + e.off, e.p->copy ? e.p->copy + e.off : nullptr, e.exp_avg,
+               e.exp_avg_sq, e.p->grad + e.off, grad_scale, float(lr * e.a.lr_mult),
+               float(as.beta1), float(as.beta2), float(as.eps), float(e.a.weight_decay), bc1, bc2,
+               e.n, I.st);
   }
   ZAYA_CUDA_CHECK(cudaEventRecord(I.ev[Impl::kAdamEnd], I.st));
   for (auto& e : I.entries) {
@@ -370,10 +404,10 @@ std::vector<std::pair<std::string, Tensor>> CudaOptimizer::state_tensors() const
   };
   for (const auto& e : I.entries) {
     if (e.exp_avg) {
-      get("optim.adamw.exp_avg." + e.p->name, e.exp_avg, e.p->shape);
-      get("optim.adamw.exp_avg_sq." + e.p->name, e.exp_avg_sq, e.p->shape);
+      get("optim.adamw.exp_avg." + e.p->name, e.exp_avg, e.shape);
+      get("optim.adamw.exp_avg_sq." + e.p->name, e.exp_avg_sq, e.shape);
     }
-    if (e.momentum) get("optim.muon.momentum." + e.p->name, e.momentum, e.p->shape);
+    if (e.momentum) get("optim.muon.momentum." + e.p->name, e.momentum, e.shape);
   }
   ZAYA_CUDA_CHECK(cudaStreamSynchronize(I.st));
   return out;
@@ -390,10 +424,10 @@ std::vector<std::pair<std::string, Tensor>> CudaOptimizer::state_views() const {
   };
   for (const auto& e : I.entries) {
     if (e.exp_avg) {
-      view("optim.adamw.exp_avg." + e.p->name, e.exp_avg, e.p->shape);
-      view("optim.adamw.exp_avg_sq." + e.p->name, e.exp_avg_sq, e.p->shape);
+      view("optim.adamw.exp_avg." + e.p->name, e.exp_avg, e.shape);
+      view("optim.adamw.exp_avg_sq." + e.p->name, e.exp_avg_sq, e.shape);
     }
-    if (e.momentum) view("optim.muon.momentum." + e.p->name, e.momentum, e.p->shape);
+    if (e.momentum) view("optim.muon.momentum." + e.p->name, e.momentum, e.shape);
   }
   return out;
 }
@@ -413,10 +447,10 @@ void CudaOptimizer::load_state(const std::vector<std::pair<std::string, Tensor>>
   std::vector<Dst> mine;
   for (const auto& e : I.entries) {
     if (e.exp_avg) {
-      mine.push_back({"optim.adamw.exp_avg." + e.p->name, e.exp_avg, &e.p->shape});
-      mine.push_back({"optim.adamw.exp_avg_sq." + e.p->name, e.exp_avg_sq, &e.p->shape});
+      mine.push_back({"optim.adamw.exp_avg." + e.p->name, e.exp_avg, &e.shape});
+      mine.push_back({"optim.adamw.exp_avg_sq." + e.p->name, e.exp_avg_sq, &e.shape});
     }
-    if (e.momentum) mine.push_back({"optim.muon.momentum." + e.p->name, e.momentum, &e.p->shape});
+    if (e.momentum) mine.push_back({"optim.muon.momentum." + e.p->name, e.momentum, &e.shape});
   }
   // Validate everything before copying anything (the CPU Optimizer's messages).
   for (const auto& d : mine) {

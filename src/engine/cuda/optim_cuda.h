@@ -18,7 +18,7 @@
 // Deliberately not here: gradient accumulation and the forward/backward (CudaModel), the
 // learning-rate schedule (the caller passes lr), the balancing-bias update (optim/balancing.h, on
 // the host), the ZeRO-1 collectives and ownership plan (dist/, engine/data_parallel_step.h; this
-// class only keeps the state of the owned subset it is given). Gradient clipping is folded into
+// class only keeps the state of the owned subset it is given, whole tensors or dim-0 slices). Gradient clipping is folded into
 // step(): the caller computes the global norm with grad_sq_norm() and passes the clip factor as
 // grad_scale, which every kernel applies as it reads a gradient (no extra pass over the grads).
 #pragma once
@@ -45,6 +45,12 @@ struct CudaOptimizerOptions {
   // and may update; empty means all. The others get no state and no Muon scratch, so a rank's
   // optimizer memory follows what it owns; step() with a mask outside this set is an error.
   std::vector<bool> owned_state;
+  // With owned_state, per parameter: the dim-0 slice [first, first + count) that this optimizer
+  // keeps and updates (rows of an AdamW tensor, experts of a 3-D Muon stack: contiguous, so the
+  // kernels run on a sub-range of the master, copy and gradient); its state tensors are then of
+  // shape [count, ...] under the parameter's name. count < 0, or an empty list: the whole tensor.
+  // A 2-D Muon matrix is never sliced (Newton–Schulz needs it whole).
+  std::vector<std::pair<int64_t, int64_t>> owned_slices;
 };
 
 // Milliseconds spent in the last step(), by part (measured with CUDA events on the stream).
@@ -69,7 +75,8 @@ class CudaOptimizer {
   // host), in fp64: one deterministic sumsq per tensor, then a fixed-order sum on the host.
   // Synchronises the stream.
   double grad_sq_norm();
-  // The same over the parameters p with owned[p] (indices into `params`; all when empty).
+  // The same over the parameters p with owned[p] (indices into `params`; all when empty); over
+  // just its slice for a parameter of options.owned_slices.
   double grad_sq_norm(const std::vector<bool>& owned);
 
   // One update of every trained parameter with learning rate lr·lr_mult; gradients are read as

@@ -78,6 +78,17 @@ class Communicator {
   // memory, nothing to order, and copy is memcpy.
   virtual void after_stream(void* stream) { (void)stream; }
   virtual void copy(void* dst, const void* src, size_t bytes);
+  // The other direction, for work issued ahead of its readers: mark() records the point after
+  // the operations issued so far and returns its index (0, 1, ... since the last clear_marks());
+  // stream_wait(stream, m) makes work enqueued later on `stream` wait for point m, without
+  // blocking the host. Marks stay valid until clear_marks(), which may be called once nothing
+  // waits for them any more. MPI: operations complete on return, so there is nothing to wait for.
+  virtual int mark() { return 0; }
+  virtual void stream_wait(void* stream, int mark) {
+    (void)stream;
+    (void)mark;
+  }
+  virtual void clear_marks() {}
 
   // Typed conveniences for the common host types.
   template <typename T>

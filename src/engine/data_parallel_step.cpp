@@ -91,8 +91,13 @@ class DpStep final : public DataParallelStep {
       host_m_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
     }
     plan_buckets(lay);
+    for (const ParamSlot& sl : lay) layers_ = std::max(layers_, layer_of_param(sl.name) + 1);
+    // The all-gather overlaps the next forward where the collectives run on the GPU beside the
+    // step and the step tells when it needs each layer.
+    gather_overlap_ = device_work_ && overlap_ && inner_->set_weights_needed({});
   }
   ~DpStep() override {
+    if (pending_) comm_.synchronize();  // nothing may still write into the buffers freed here
     comm_.free(packed_);
     comm_.free(seg_);
     free_pinned_host(host_g_);
@@ -143,13 +148,21 @@ class DpStep final : public DataParallelStep {
     // the host-staged path, whose copies would wait for the GPU at every layer.
     const bool eager = overlap_ && !mirror_ && micro_total_ > 0 && micro_seen_ + 1 == micro_total_;
     micro_seen_++;
-    if (!eager) return inner_->forward_backward(ids, targets, B, S, loss_scale);
+    // The first forward after an update reads each layer once its all-gather is done.
+    const bool gated = pending_;
     struct Unhook {
       TrainStep& s;
-      ~Unhook() { s.set_grads_ready({}); }
-    } unhook{*inner_};
-    inner_->set_grads_ready([this](int64_t layer) { layer_ready(layer); });
-    return inner_->forward_backward(ids, targets, B, S, loss_scale);
+      bool grads, weights;
+      ~Unhook() {
+        if (grads) s.set_grads_ready({});
+        if (weights) s.set_weights_needed({});
+      }
+    } unhook{*inner_, eager, gated};
+    if (eager) inner_->set_grads_ready([this](int64_t layer) { layer_ready(layer); });
+    if (gated) inner_->set_weights_needed([this](int64_t layer) { weights_needed(layer); });
+    const StepStats stats = inner_->forward_backward(ids, targets, B, S, loss_scale);
+    finish_gather();  // nothing left once the forward asked for its last layer
+    return stats;
   }
   // The ranks of a context-parallel group hold the same weights: ZeRO-1 runs over all of them
   // (this step's communicator), the inner step splits the sequences.
@@ -167,6 +180,7 @@ class DpStep final : public DataParallelStep {
   void optimizer_step(double lr, float grad_scale, const ParamMask& owned) override {
     ZAYA_CHECK(owned.empty(),
                "data parallel: optimizer_step takes no mask (ownership is the plan's)");
+    finish_gather();
     reduce_grads();
     const double t0 = now_ms();
     inner_->optimizer_step(lr, grad_scale, mask_);
@@ -176,22 +190,41 @@ class DpStep final : public DataParallelStep {
   int64_t optimizer_steps() const override { return inner_->optimizer_steps(); }
   int64_t muon_matrices_last_step() const override { return inner_->muon_matrices_last_step(); }
   void update_balancing(const std::vector<std::vector<int64_t>>& counts) override {
+    finish_gather();
     inner_->update_balancing(counts);
   }
   int64_t balancing_steps() const override { return inner_->balancing_steps(); }
 
+  // Whatever reads the weights outside the gated forward waits for the all-gather first.
   FlatBuffer grads() override { return inner_->grads(); }
-  FlatBuffer masters() override { return inner_->masters(); }
-  void weights_changed() override { inner_->weights_changed(); }
+  FlatBuffer masters() override {
+    finish_gather();
+    return inner_->masters();
+  }
+  void weights_changed() override {
+    finish_gather();
+    inner_->weights_changed();
+  }
   void eval_loss(const std::vector<int32_t>& rows, int64_t B, int64_t S1, LossSum& acc) override {
+    finish_gather();
     inner_->eval_loss(rows, B, S1, acc);
   }
   bool eval_splits_context() const override { return inner_->eval_splits_context(); }
-  void set_rope(const RopeSettings& h, const RopeSettings& s) override { inner_->set_rope(h, s); }
-  void set_recompute(bool on) override { inner_->set_recompute(on); }
-  void export_weights(ZayaModel& host) override { inner_->export_weights(host); }
+  void set_rope(const RopeSettings& h, const RopeSettings& s) override {
+    finish_gather();
+    inner_->set_rope(h, s);
+  }
+  void set_recompute(bool on) override {
+    finish_gather();
+    inner_->set_recompute(on);
+  }
+  void export_weights(ZayaModel& host) override {
+    finish_gather();
+    inner_->export_weights(host);
+  }
 
   std::vector<std::pair<std::string, Tensor>> state() override {
+    finish_gather();
     auto [opt, bal] = split_step_state(inner_->state());
     std::map<std::string, Tensor> mine(opt.begin(), opt.end());
     NamedTensors out;
@@ -240,7 +273,10 @@ class DpStep final : public DataParallelStep {
     return join_step_state(std::move(out), bal);
   }
 
-  void sync() override { inner_->sync(); }
+  void sync() override {
+    finish_gather();
+    inner_->sync();
+  }
   void* stream() const override { return inner_->stream(); }
 
   // This rank's pieces: the state of the tensors it owns, whole or its dim-0 slice (the plan's
@@ -248,6 +284,7 @@ class DpStep final : public DataParallelStep {
   // The inner step's pieces are its own (whole tensors, or the CPU step's slices under their
   // tensors' names; on the GPU views of device memory), placed here in the global tensors.
   std::vector<NamedState> owned_state() override {
+    finish_gather();
     NamedTensors pieces;
     for (NamedState& s : inner_->owned_state())
       pieces.emplace_back(std::move(s.name), std::move(s.tensor));
@@ -271,6 +308,7 @@ class DpStep final : public DataParallelStep {
   // Reads exactly the pieces this rank owns now, whatever world size wrote them.
   void load_state_from(const StateSource& source, int64_t opt_steps,
                        int64_t balancing_steps) override {
+    finish_gather();
     NamedTensors mine;
     for (const OwnedStatePiece& p : owned_state_pieces(plan_, items_, rank_)) {
       ZAYA_CHECK(source.global_shape(p.name) == items_[p.item].shape,
@@ -293,6 +331,7 @@ class DpStep final : public DataParallelStep {
 
   void load_state(const std::vector<std::pair<std::string, Tensor>>& state, int64_t opt_steps,
                   int64_t balancing_steps) override {
+    finish_gather();
     std::map<std::string, OwnedStatePiece> owned;  // state name → this rank's box of it
     for (OwnedStatePiece& p : owned_state_pieces(plan_, items_, rank_))
       owned.emplace(p.name, std::move(p));
@@ -344,7 +383,7 @@ class DpStep final : public DataParallelStep {
       for (const SegmentPiece& p : pieces_[size_t(r)])
         for_each_packed_run(plan_, r, p, [&](int64_t po, int64_t fo, int64_t n) {
           const int64_t k = po / (int64_t(plan_.world) * plan_.bucket_elems);
-          runs_[size_t(k)].push_back({po, fo, n});
+          runs_[size_t(k)].push_back({po, fo, n, r});
           bucket_layer_[size_t(k)] = std::min(bucket_layer_[size_t(k)], layer_at(fo));
         });
     order_.resize(size_t(nb));
@@ -419,6 +458,11 @@ class DpStep final : public DataParallelStep {
     }
     for (const SegmentPiece& p : pieces_[size_t(rank_)])
       move(seg_ + p.seg_offset, work + p.flat_offset, p.len);
+    if (gather_overlap_) {
+      issue_gathers(work);
+      times_.all_gather = now_ms() - t0;  // issuing; the wait comes in the next forward
+      return;
+    }
     for (int64_t k = 0; k < plan_.buckets(); k++)
       comm_.all_gather(seg_ + k * plan_.bucket_elems,
                        packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
@@ -440,6 +484,57 @@ class DpStep final : public DataParallelStep {
     times_.all_gather = now_ms() - t0;
   }
 
+  // The overlapped all-gather (NCCL): every bucket's all-gather and the copies of the other ranks'
+  // parts into the masters go on the communicator's stream at once, in the order the forward
+  // reads them (a bucket's layer is the lowest of its tensors, so the buckets of layers <= l
+  // hold every run of layer l), with a mark after each layer's; the next forward's
+  // weights_needed(l) makes the step's stream wait for mark l and refreshes that layer's bf16
+  // copies. Same bytes as the blocking path, moved in another order.
+  void issue_gathers(float* work) {
+    comm_.clear_marks();
+    gate_mark_.assign(size_t(layers_ + 1), 0);
+    size_t j = order_.size();  // order_ runs from the last layer down: walk it backwards
+    for (int64_t l = -1; l < layers_; l++) {
+      while (j > 0 && (bucket_layer_[size_t(order_[j - 1])] <= l || l + 1 == layers_)) {
+        const int64_t k = order_[--j];
+        comm_.all_gather(seg_ + k * plan_.bucket_elems,
+                         packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
+                         size_t(plan_.chunk(k)), DType::F32);
+        for (const Run& r : runs_[size_t(k)])
+          if (r.rank != rank_) move(work + r.flat, packed_ + r.packed, r.len);
+      }
+      gate_mark_[size_t(l + 1)] = comm_.mark();
+    }
+    pending_ = true;
+  }
+
+  // LayerWeightsNeeded of the gated forward: layer l's weights are complete after mark l.
+  void weights_needed(int64_t layer) {
+    if (!pending_) return;
+    ZAYA_CHECK(layer >= -1 && layer < layers_, "data parallel: the forward asked for layer {} of {}",
+               layer, layers_);
+    comm_.stream_wait(inner_->stream(), gate_mark_[size_t(layer + 1)]);
+    inner_->layer_weights_changed(layer);
+    if (layer + 1 == layers_) {
+      // Every wait is enqueued: the host waits for the gather here, in the collective section,
+      // so a peer that never joins ends in the watchdog rather than in the forward's last sync.
+      const double t0 = now_ms();
+      comm_.synchronize();
+      pending_ = false;
+      times_.all_gather_wait = now_ms() - t0;
+    }
+  }
+
+  // The all-gather in full, for any reader of the weights outside the gated forward.
+  void finish_gather() {
+    if (!pending_) return;
+    const double t0 = now_ms();
+    comm_.synchronize();
+    pending_ = false;
+    inner_->weights_changed();  // every layer's copies (some may be refreshed twice)
+    times_.all_gather_wait = now_ms() - t0;
+  }
+
   std::unique_ptr<TrainStep> inner_;
   std::vector<Zero1Item> items_;
   Zero1Plan plan_;
@@ -453,6 +548,7 @@ class DpStep final : public DataParallelStep {
   bool device_work_ = false, mirror_ = false, reduced_ = false;
   struct Run {
     int64_t packed = 0, flat = 0, len = 0;
+    int rank = 0;  // whose segment
   };
   std::vector<std::vector<Run>> runs_;  // per bucket
   std::vector<int64_t> bucket_layer_;   // per bucket: the layer that completes it
@@ -461,6 +557,9 @@ class DpStep final : public DataParallelStep {
   int64_t in_backward_ = 0;             // started inside the backward (layer >= 0)
   int64_t micro_total_ = 0, micro_seen_ = 0;
   double hook_ms_ = 0;
+  bool gather_overlap_ = false, pending_ = false;  // the all-gather overlaps the next forward
+  int64_t layers_ = 0;
+  std::vector<int> gate_mark_;  // per layer + 1: the communicator's mark after its buckets
   float *packed_ = nullptr, *seg_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;
   int64_t reduce_scatters_ = 0;
   DataParallelTimes times_;

@@ -15,9 +15,15 @@
 //      the NaN/Inf decision are the same on every rank;
 //   3. optimizer_step updates the owned tensors only (the inner step keeps optimizer state only for
 //      them) and all-gathers the updated masters, then weights_changed() refreshes device copies.
-// Ownership is by whole matrix (dist/zero1.h): on the CPU a 3-D Muon expert tensor (and a big
-// AdamW tensor) may be split into dim-0 slices between ranks (the CPU step keeps and updates
-// just its slice); on the GPU tensors stay whole. Each Muon matrix is orthogonalised exactly once
+//      With overlap on NCCL and a step that tells when its forward needs each layer (the CUDA
+//      step, TrainStep::set_weights_needed), the all-gather is only issued here, buckets in the
+//      order the forward reads them, and the next forward waits layer by layer (the step's stream
+//      waits for the communicator's mark after that layer's buckets; the layer's bf16 copies are
+//      refreshed then); anything else that reads the weights first (evaluation, checkpoints,
+//      state, sync) waits for all of it. The bytes are the same either way.
+// Ownership is by whole matrix (dist/zero1.h): a 3-D Muon expert tensor (and a big AdamW tensor)
+// may be split into dim-0 slices between ranks (the CPU and CUDA steps keep and update just
+// their slice). Each Muon matrix is orthogonalised exactly once
 // per step, by its owner, from its fully reduced gradient. The loss scale of forward_backward must
 // already include 1/ranks (the caller averages over the global batch); the gradients are summed.
 // The routed counts given to update_balancing must be summed over ranks by the caller.
@@ -29,9 +35,8 @@
 // load_state_from() (each rank reads the pieces it owns now). state() is collective and gathers
 // every owner's optimizer state as whole tensors on rank 0 (the other ranks get an empty list), for
 // comparisons against one process; load_state keeps each rank's own part of whole tensors.
-// Deliberately not here: overlap of the weight all-gather with the next forward (it follows the
-// update), overlap on the host-staged path, slices on the GPU (CudaOptimizer keeps whole
-// tensors), and element-sharded AdamW tensors.
+// Deliberately not here: overlap on the host-staged path and on CPU ranks (MPI collectives are
+// blocking), and element-sharded AdamW tensors.
 #pragma once
 #include <memory>
 #include <string>
@@ -56,6 +61,9 @@ struct DataParallelMemory {
 // buckets the last step started inside its backward (overlap).
 struct DataParallelTimes {
   double reduce_scatter = 0, update = 0, all_gather = 0;
+  // With the all-gather overlapped (NCCL): all_gather is the time to issue it, and this the
+  // host's wait for it at the end of the next forward's layer gates (of the step before).
+  double all_gather_wait = 0;
   int64_t buckets_in_backward = 0;
 };
 

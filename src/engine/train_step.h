@@ -162,6 +162,21 @@ class TrainStep {
   // CPU and CUDA steps have it; the default ignores it (the gradients are then all ready after
   // forward_backward returns, as before).
   virtual void set_grads_ready(LayerGradsReady fn) { (void)fn; }
+  // Overlap of the weight all-gather with the next forward: from now on every forward_backward
+  // calls `fn` before it first reads each layer's weights (model/backward.h's LayerWeightsNeeded;
+  // an empty fn stops it); the caller then makes them ready (on the GPU by ordering the step's
+  // stream) and calls layer_weights_changed(layer). Returns whether this step calls it: the CUDA
+  // step does; the default does not (the weights must then be complete before forward_backward).
+  virtual bool set_weights_needed(LayerWeightsNeeded fn) {
+    (void)fn;
+    return false;
+  }
+  // weights_changed() for the tensors of one layer (layer_of_param), enqueued on the step's
+  // stream: the compute copies of those masters.
+  virtual void layer_weights_changed(int64_t layer) {
+    (void)layer;
+    weights_changed();
+  }
   // Called by the loop after zero_grads(): the gradients of this step are complete after
   // `micro_batches` forward_backward calls. A data-parallel step uses it to reduce buckets during
   // the last one's backward; others ignore it.

@@ -52,6 +52,12 @@ struct ContextParallel {
 // On the GPU it is called when the layer's kernels are enqueued, not done: order reads after the
 // step's stream.
 using LayerGradsReady = std::function<void(int64_t layer)>;
+// The forward's counterpart, for weights that arrive while it runs (a data-parallel step's
+// all-gather): needed(layer) before the forward first reads a weight of layer `layer`, in
+// increasing order, each once: -1 first (the embedding, the input affine and the final norm),
+// then 0 .. L−1 (layer l+1's before layer l's kernels, whose last ones read the next input norm).
+// On the GPU it is called as the kernels are enqueued: a stream wait orders them.
+using LayerWeightsNeeded = std::function<void(int64_t layer)>;
 
 // The global chunk indices rank `rank` of a cp group of `size` holds, in its slot order.
 std::array<int64_t, 2> context_chunks(int rank, int size);

@@ -55,9 +55,14 @@ class CudaStep final : public TrainStep {
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                              float loss_scale) override {
     return model_->forward_backward(ids, targets, B, S, loss_scale, ready_ ? &ready_ : nullptr,
-                                    cp_.comm ? &cp_ : nullptr);
+                                    cp_.comm ? &cp_ : nullptr, needed_ ? &needed_ : nullptr);
   }
   void set_grads_ready(LayerGradsReady fn) override { ready_ = std::move(fn); }
+  bool set_weights_needed(LayerWeightsNeeded fn) override {
+    needed_ = std::move(fn);
+    return true;
+  }
+  void layer_weights_changed(int64_t layer) override { model_->refresh_copies(layer); }
   void set_context_parallel(Communicator* cp) override {
     cp_.comm = cp && cp->size() > 1 ? cp : nullptr;
   }
@@ -230,6 +235,7 @@ class CudaStep final : public TrainStep {
   std::unique_ptr<cuda::CudaModel> model_;
   std::unique_ptr<cuda::CudaOptimizer> optim_;
   LayerGradsReady ready_;  // set by a data-parallel step around the last micro-batch
+  LayerWeightsNeeded needed_;  // set by a data-parallel step around the first one
   ContextParallel cp_;     // comm null: whole rows
 };
 

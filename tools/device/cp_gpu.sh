@@ -12,6 +12,7 @@
 # 3. The tiny preset trained on the GPU (packed documents, seq_len 64, 20 steps): one process
 #    against cp = 2 over two ranks (parallel.backend = "mpi"): per-step losses and the held-out
 #    loss (which the CUDA step splits over the group too).
+# CP_BENCH=0 skips step 1, CP_SEQS (default "4096 32768") picks the lengths of step 2.
 # Every failed check prints FAIL and counts in the exit status (the return status when sourced).
 cp_gpu_main() {
   local ZM_="${ZM:-build/zaya}" Z1="${Z:-${ZM:-build/zaya}}" MPI_="${MPIRUN:-mpirun}" root fails=0
@@ -29,6 +30,7 @@ cp_gpu_main() {
   # 1. The 32K step at cp = 1.
   local sets=(recompute)
   [ "${CP_PLAIN:-1}" = 1 ] && sets+=(plain)  # CP_PLAIN=0: recomputation only (a short call)
+  [ "${CP_BENCH:-1}" = 1 ] || sets=()         # CP_BENCH=0: no cp = 1 benchmark at all
   for name in "${sets[@]}"; do
     flags=()
     [ "$name" = recompute ] && flags=(--recompute)
@@ -50,7 +52,7 @@ cp_gpu_main() {
   fi
   # 2. cp = 2 against cp = 1 on the bench model.
   local seq np
-  for seq in 4096 32768; do
+  for seq in ${CP_SEQS:-4096 32768}; do  # CP_SEQS: the sequence lengths compared
     for np in 1 2; do
       name="cp${np}_$seq"
       log="$logs/bench_$name.log"

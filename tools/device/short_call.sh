@@ -11,6 +11,9 @@
 # 4. `zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096` plain and with --dp nccl
 #    (one rank): the data-parallel machinery's share of the step.
 # Results in $OUT: ab_stdout.txt, ab/summary.txt, ab/logs.tgz, dp_overhead.txt, mpi_build.log.
+# For a call with less device time left (~5 minutes):
+#     GPU_FILTER='OptimizerCuda.*:CudaModel*:TrainCuda*' CP_BENCH=0 CP_SEQS=32768 \
+#       bash tools/device/short_call.sh
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root" || exit 1
@@ -23,7 +26,8 @@ source tools/device/deps.sh >/dev/null 2>&1
   ninja -C build-mpi -j10 zaya >>/tmp/mpib.log 2>&1
 echo "build-mpi exit $?" >>/tmp/mpib.log
 cp /tmp/mpib.log /tmp/mpib.done) &
-CP_PLAIN=0 CKPT_EXPORT=0 ZM=build-mpi/zaya WAIT_FOR=/tmp/mpib.done PREBUILT=build-pack/ab.tgz \
+CP_PLAIN=0 CP_BENCH="${CP_BENCH:-1}" CP_SEQS="${CP_SEQS:-4096 32768}" GPU_FILTER="${GPU_FILTER:-}" \
+  CKPT_EXPORT=0 ZM=build-mpi/zaya WAIT_FOR=/tmp/mpib.done PREBUILT=build-pack/ab.tgz \
   BASE_TGZ=build-pack/base.tgz ROUNDS="${ROUNDS:-0}" EXTRA="tools/device/cp_gpu.sh tools/device/ckpt_gpu.sh" \
   OUT="$OUT/ab" bash tools/device/ab_step.sh >"$OUT/ab_stdout.txt" 2>&1
 wait

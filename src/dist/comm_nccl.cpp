@@ -194,7 +194,8 @@ class NcclCommunicator : public Communicator {
                "nccl communicator: mark {} was not recorded ({} since the last clear)", mark,
                marks_used_);
     // The wait captures the event's recording as of now; re-recording it later changes nothing.
-    ZAYA_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), marks_[size_t(mark)], 0));
+    ZAYA_CUDA_CHECK(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), marks_[size_t(mark)], 0));
   }
   void clear_marks() override { marks_used_ = 0; }
 
@@ -202,7 +203,7 @@ class NcclCommunicator : public Communicator {
   std::unique_ptr<MpiCommunicator> boot_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t order_ = nullptr;  // after_stream's marker (recorded and waited for at once)
+  cudaEvent_t order_ = nullptr;     // after_stream's marker (recorded and waited for at once)
   std::vector<cudaEvent_t> marks_;  // mark()'s events, reused after clear_marks()
   size_t marks_used_ = 0;
   int device_ = 0;

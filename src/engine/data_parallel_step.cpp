@@ -146,8 +146,8 @@ class DpStep final : public DataParallelStep {
     reduced_ = false;
     // Overlap: the last micro-batch's backward reduces buckets as its layers complete. Not on
     // the host-staged path, whose copies would wait for the GPU at every layer.
-    const bool eager = overlap_ && !mirror_ && !device_cp_ && micro_total_ > 0 &&
-                       micro_seen_ + 1 == micro_total_;
+    const bool eager =
+        overlap_ && !mirror_ && !device_cp_ && micro_total_ > 0 && micro_seen_ + 1 == micro_total_;
     micro_seen_++;
     // The first forward after an update reads each layer once its all-gather is done.
     const bool gated = pending_;
@@ -507,8 +507,8 @@ class DpStep final : public DataParallelStep {
   // LayerWeightsNeeded of the gated forward: layer l's weights are complete after mark l.
   void weights_needed(int64_t layer) {
     if (!pending_) return;
-    ZAYA_CHECK(layer >= -1 && layer < layers_, "data parallel: the forward asked for layer {} of {}",
-               layer, layers_);
+    ZAYA_CHECK(layer >= -1 && layer < layers_,
+               "data parallel: the forward asked for layer {} of {}", layer, layers_);
     comm_.stream_wait(inner_->stream(), gate_mark_[size_t(layer + 1)]);
     inner_->layer_weights_changed(layer);
     if (layer + 1 == layers_) {

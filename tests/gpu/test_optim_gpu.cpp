@@ -5,16 +5,15 @@
 // norm, the bf16 copies, and a state export/import that continues bit-exactly.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
 
-#include <cmath>
-#include <cstring>
-
-#include "engine/cuda/optim_cuda.h"
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "engine/cuda/optim_cuda.h"
 #include "gpu_test_util.h"
 #include "optim/grad_utils.h"
 
@@ -242,8 +241,8 @@ TEST(OptimizerCuda, OwnedStateKeepsOnlyTheOwnedSubset) {
   std::set<std::string> want;
   for (size_t i = 0; i < a.dev.size(); i++)
     if (owned[i])
-      for (const char* pre : {"optim.adamw.exp_avg.", "optim.adamw.exp_avg_sq.",
-                              "optim.muon.momentum."})
+      for (const char* pre :
+           {"optim.adamw.exp_avg.", "optim.adamw.exp_avg_sq.", "optim.muon.momentum."})
         want.insert(pre + a.dev[i].name);
   size_t kept = 0;
   for (auto& [n, t] : full.state_tensors()) {
@@ -329,10 +328,10 @@ TEST(OptimizerCuda, OwnedSlicesUpdateTheirPartBitForBit) {
       EXPECT_EQ(0, std::memcmp(ma.data() + lo, mb.data() + lo, n * 4))
           << sp[i].name << " on rank " << r;
       if (a.dev[i].copy) {
-        const auto ca = test_util::download(reinterpret_cast<const uint16_t*>(a.dev[i].copy),
-                                            ma.size(), a.st);
-        const auto cb = test_util::download(
-            reinterpret_cast<const uint16_t*>(bs[r]->dev[i].copy), ma.size(), bs[r]->st);
+        const auto ca =
+            test_util::download(reinterpret_cast<const uint16_t*>(a.dev[i].copy), ma.size(), a.st);
+        const auto cb = test_util::download(reinterpret_cast<const uint16_t*>(bs[r]->dev[i].copy),
+                                            ma.size(), bs[r]->st);
         EXPECT_EQ(0, std::memcmp(ca.data() + lo, cb.data() + lo, n * 2))
             << sp[i].name << " (bf16) on rank " << r;
       }

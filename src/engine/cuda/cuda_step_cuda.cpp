@@ -234,9 +234,9 @@ class CudaStep final : public TrainStep {
   // first.
   std::unique_ptr<cuda::CudaModel> model_;
   std::unique_ptr<cuda::CudaOptimizer> optim_;
-  LayerGradsReady ready_;  // set by a data-parallel step around the last micro-batch
+  LayerGradsReady ready_;      // set by a data-parallel step around the last micro-batch
   LayerWeightsNeeded needed_;  // set by a data-parallel step around the first one
-  ContextParallel cp_;     // comm null: whole rows
+  ContextParallel cp_;         // comm null: whole rows
 };
 
 }  // namespace

@@ -18,9 +18,10 @@
 // Deliberately not here: gradient accumulation and the forward/backward (CudaModel), the
 // learning-rate schedule (the caller passes lr), the balancing-bias update (optim/balancing.h, on
 // the host), the ZeRO-1 collectives and ownership plan (dist/, engine/data_parallel_step.h; this
-// class only keeps the state of the owned subset it is given, whole tensors or dim-0 slices). Gradient clipping is folded into
-// step(): the caller computes the global norm with grad_sq_norm() and passes the clip factor as
-// grad_scale, which every kernel applies as it reads a gradient (no extra pass over the grads).
+// class only keeps the state of the owned subset it is given, whole tensors or dim-0 slices).
+// Gradient clipping is folded into step(): the caller computes the global norm with grad_sq_norm()
+// and passes the clip factor as grad_scale, which every kernel applies as it reads a gradient (no
+// extra pass over the grads).
 #pragma once
 #include <cuda_runtime.h>
 

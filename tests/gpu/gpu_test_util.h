@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "model/config.h"
 
 namespace zaya::test_util {
 
@@ -35,6 +36,21 @@ namespace zaya::test_util {
 inline bool have_gpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+// The tiny preset cut to `layers` layers of hidden 64, in shapes the CUDA kernels take (head dim
+// 32: the attention kernels support 32, 64 and 128), three experts.
+inline ZayaConfig small_gpu_config(int64_t layers) {
+  ZayaConfig c = ZayaConfig::preset("tiny");
+  c.hidden_size = 64;
+  c.num_hidden_layers = layers;
+  c.head_dim = 32;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.moe_intermediate_size = 64;
+  c.num_experts = 3;
+  c.router_hidden_size = 16;
+  return c;
 }
 
 }  // namespace zaya::test_util

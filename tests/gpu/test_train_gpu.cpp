@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "../train/train_test_util.h"
-#include "gpu_test_util.h"
 #include "ckpt/model_io.h"
+#include "gpu_test_util.h"
 #include "model/zaya.h"
 #include "train/trainer.h"
 
@@ -25,16 +25,7 @@ using test_util::read_metrics;
 
 std::string setup_dir() {
   const std::string d = test_util::fresh_test_dir("zaya_train_gpu_");
-  // The attention kernels support head_dim 32, 64 and 128: keep the tiny preset's 32.
-  ZayaConfig c = ZayaConfig::preset("tiny");
-  c.hidden_size = 64;
-  c.num_hidden_layers = 2;
-  c.head_dim = 32;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.moe_intermediate_size = 64;
-  c.num_experts = 3;
-  c.router_hidden_size = 16;
+  const ZayaConfig c = test_util::small_gpu_config(2);
   test_util::write_blend_inputs(d, c, 60, 40, 23);
   return d;
 }

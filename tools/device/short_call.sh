@@ -12,7 +12,7 @@
 #    (one rank): the data-parallel machinery's share of the step.
 # Results in $OUT: ab_stdout.txt, ab/summary.txt, ab/logs.tgz, dp_overhead.txt, mpi_build.log.
 # For a call with less device time left (~5 minutes):
-#     GPU_FILTER='OptimizerCuda.*:CudaModel*:TrainCuda*' CP_BENCH=0 CP_SEQS=32768 \
+#     GPU_FILTER='OptimizerCuda.*:DataParallelCuda.*:CudaModel*:TrainCuda*' CP_BENCH=0 CP_SEQS=32768 \
 #       bash tools/device/short_call.sh
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"

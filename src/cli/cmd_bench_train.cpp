@@ -50,7 +50,8 @@ int bench_train_cli(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--no-overlap", a.no_overlap,
                "with --dp: reduce every bucket after the backward instead of starting each as "
-               "soon as its layers are done");
+               "soon as its layers are done, and wait for the whole weight all-gather after the "
+               "update instead of layer by layer in the next forward (nccl)");
   app.add_flag("--no-profile", a.no_profile, "skip the profiled step (op-class times)");
   app.add_option("--json", a.json, "write results as JSON to this file");
   app.add_option("--hardware", a.hardware,

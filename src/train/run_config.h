@@ -93,7 +93,7 @@ struct ParallelSection {
   int64_t cp = 1;                // context-parallel ranks per sequence (phases may override)
   std::string backend = "auto";  // "auto" (nccl on cuda, mpi on cpu), "nccl" or "mpi"
   double bucket_mb = 25.0;       // MiB of fp32 gradients per rank per reduce-scatter bucket
-  bool overlap = true;           // start buckets during the backward (data_parallel_step.h)
+  bool overlap = true;  // buckets during the backward, the gather during the next forward (NCCL)
 };
 
 // [fault_tolerance]: what a rank does about hung collectives and bad numerics

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "dist/comm_backends.h"
 #include "dist/heartbeat.h"
+#include "dist/stream_marks.h"
 #include "dist/watchdog.h"
 #ifdef ZAYA_HAVE_MPI
 #include "dist/comm_mpi.h"
@@ -73,7 +74,6 @@ class NcclCommunicator : public Communicator {
     if (stream_) cudaStreamSynchronize(stream_);
     if (comm_) ncclCommDestroy(comm_);
     if (order_) cudaEventDestroy(order_);
-    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -180,32 +180,18 @@ class NcclCommunicator : public Communicator {
   void copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) ZAYA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   }
-  int mark() override {
-    if (marks_used_ == marks_.size()) {
-      cudaEvent_t e = nullptr;
-      ZAYA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      marks_.push_back(e);
-    }
-    ZAYA_CUDA_CHECK(cudaEventRecord(marks_[marks_used_], stream_));
-    return int(marks_used_++);
-  }
+  int mark() override { return marks_.mark(stream_); }
   void stream_wait(void* stream, int mark) override {
-    ZAYA_CHECK(mark >= 0 && size_t(mark) < marks_used_,
-               "nccl communicator: mark {} was not recorded ({} since the last clear)", mark,
-               marks_used_);
-    // The wait captures the event's recording as of now; re-recording it later changes nothing.
-    ZAYA_CUDA_CHECK(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), marks_[size_t(mark)], 0));
+    marks_.wait(static_cast<cudaStream_t>(stream), mark);
   }
-  void clear_marks() override { marks_used_ = 0; }
+  void clear_marks() override { marks_.clear(); }
 
  private:
   std::unique_ptr<MpiCommunicator> boot_;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t order_ = nullptr;     // after_stream's marker (recorded and waited for at once)
-  std::vector<cudaEvent_t> marks_;  // mark()'s events, reused after clear_marks()
-  size_t marks_used_ = 0;
+  cudaEvent_t order_ = nullptr;  // after_stream's marker (recorded and waited for at once)
+  CudaStreamMarks marks_;        // mark()'s events, reused after clear_marks()
   int device_ = 0;
   int abort_id_ = -1;
 };

@@ -23,6 +23,7 @@
 #include "core/cuda_check.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "dist/stream_marks.h"
 #include "engine/data_parallel_step.h"
 #include "gpu_test_util.h"
 #include "model/zaya.h"
@@ -95,7 +96,6 @@ class PeerDevice final : public PeerBase {
   }
   ~PeerDevice() override {
     cudaStreamSynchronize(st_);
-    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     cudaEventDestroy(order_);
     cudaFree(pattern_);
     cudaStreamDestroy(st_);
@@ -150,22 +150,12 @@ class PeerDevice final : public PeerBase {
   void copy(void* d, const void* s, size_t b) override {
     if (b) ZAYA_CUDA_CHECK(cudaMemcpyAsync(d, s, b, cudaMemcpyDefault, st_));
   }
-  int mark() override {
-    if (used_ == marks_.size()) {
-      cudaEvent_t e = nullptr;
-      ZAYA_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      marks_.push_back(e);
-    }
-    ZAYA_CUDA_CHECK(cudaEventRecord(marks_[used_], st_));
-    return int(used_++);
-  }
+  int mark() override { return marks_.mark(st_); }
   void stream_wait(void* stream, int m) override {
-    ZAYA_CHECK(m >= 0 && size_t(m) < used_, "PeerDevice: mark {} not recorded", m);
-    ZAYA_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), marks_[size_t(m)], 0));
+    marks_.wait(static_cast<cudaStream_t>(stream), m);
   }
-  // The data-parallel step clears the marks once per weight gather: a new step.
   void clear_marks() override {
-    used_ = 0;
+    marks_.clear();
     phase_++;
     delayed_ = false;
   }
@@ -174,8 +164,7 @@ class PeerDevice final : public PeerBase {
   int64_t n_ = 0;
   cudaStream_t st_ = nullptr;
   cudaEvent_t order_ = nullptr;
-  std::vector<cudaEvent_t> marks_;
-  size_t used_ = 0;
+  CudaStreamMarks marks_;
   float* pattern_ = nullptr;
   int phase_ = 0;
   bool delayed_ = false;

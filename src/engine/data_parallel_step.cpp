@@ -71,6 +71,11 @@ class DpStep final : public DataParallelStep {
     for (int r = 0; r < plan_.world; r++)
       pieces_.push_back(segment_pieces(plan_, items_, offsets, r));
     mask_ = plan_.mask(rank_);
+    // The tensors whose compute copies this rank's update writes in full:
+    // the gated forward refreshes only the others from the gathered masters.
+    current_.assign(items_.size(), false);
+    for (size_t i = 0; i < items_.size(); i++)
+      current_[i] = plan_.part(items_, i, rank_).second == items_[i].numel;
     const FlatBuffer g = inner_->grads();
     flat_floats_ = g.numel;
     const bool step_on_device = g.device == Device::CUDA;
@@ -79,13 +84,12 @@ class DpStep final : public DataParallelStep {
                comm_.backend());
     device_work_ = step_on_device && comm_.buffer_on_device();
     mirror_ = step_on_device && !comm_.buffer_on_device();
+    // One buffer for both collectives, each in place: a bucket's reduce-scatter leaves this
+    // rank's sums in its own chunk, and its all-gather starts from the masters copied there.
     const size_t packed_bytes = size_t(plan_.world) * size_t(plan_.seg) * sizeof(float);
-    const size_t seg_bytes = size_t(plan_.seg) * sizeof(float);
     packed_ = static_cast<float*>(comm_.alloc(packed_bytes));
-    seg_ = static_cast<float*>(comm_.alloc(seg_bytes));
     std::vector<float> zeros(size_t(plan_.world) * size_t(plan_.seg), 0.0f);
     comm_.copy_to_buffer(packed_, zeros.data(), packed_bytes);  // padding stays finite
-    comm_.copy_to_buffer(seg_, zeros.data(), seg_bytes);
     if (mirror_) {
       host_g_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
       host_m_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
@@ -99,7 +103,6 @@ class DpStep final : public DataParallelStep {
   ~DpStep() override {
     if (pending_) comm_.synchronize();  // nothing may still write into the buffers freed here
     comm_.free(packed_);
-    comm_.free(seg_);
     free_pinned_host(host_g_);
     free_pinned_host(host_m_);
   }
@@ -112,7 +115,7 @@ class DpStep final : public DataParallelStep {
     DataParallelMemory m;
     m.masters = m.grads = flat_floats_ * int64_t(sizeof(float));
     m.optimizer_state = plan_.state_floats[size_t(rank_)] * int64_t(sizeof(float));
-    m.comm_buffers = int64_t(plan_.world + 1) * plan_.seg * int64_t(sizeof(float));
+    m.comm_buffers = int64_t(plan_.world) * plan_.seg * int64_t(sizeof(float));
     m.staging = mirror_ ? 2 * m.masters : 0;
     return m;
   }
@@ -401,12 +404,15 @@ class DpStep final : public DataParallelStep {
     });
   }
 
-  // Packs bucket k of every rank from `work` (the flat gradients) and starts its reduce-scatter.
+  // Bucket k in the packed buffer, and this rank's chunk of it.
+  float* bucket(int64_t k) const { return packed_ + int64_t(plan_.world) * k * plan_.bucket_elems; }
+  float* own_chunk(int64_t k) const { return bucket(k) + int64_t(rank_) * plan_.chunk(k); }
+
+  // Packs bucket k of every rank from `work` (the flat gradients) and starts its reduce-scatter
+  // (in place: the sums of this rank's runs land in its own chunk).
   void issue_bucket(int64_t k, const float* work) {
     for (const Run& r : runs_[size_t(k)]) move(packed_ + r.packed, work + r.flat, r.len);
-    comm_.reduce_scatter(packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
-                         seg_ + k * plan_.bucket_elems, size_t(plan_.chunk(k)), DType::F32,
-                         RedOp::Sum);
+    comm_.reduce_scatter(bucket(k), own_chunk(k), size_t(plan_.chunk(k)), DType::F32, RedOp::Sum);
     reduce_scatters_++;
   }
 
@@ -440,12 +446,13 @@ class DpStep final : public DataParallelStep {
     // The buckets the backward did not start (all of them without overlap).
     while (issued_ < order_.size()) issue_bucket(order_[issued_++], work);
     comm_.synchronize();
-    for (const SegmentPiece& p : pieces_[size_t(rank_)]) {
-      move(work + p.flat_offset, seg_ + p.seg_offset, p.len);
-      if (mirror_)
-        copy_step_bytes(g.data + p.flat_offset, work + p.flat_offset,
-                        size_t(p.len) * sizeof(float));
-    }
+    for (const auto& runs : runs_)
+      for (const Run& r : runs) {
+        if (r.rank != rank_) continue;
+        move(work + r.flat, packed_ + r.packed, r.len);
+        if (mirror_)
+          copy_step_bytes(g.data + r.flat, work + r.flat, size_t(r.len) * sizeof(float));
+      }
     if (device_work_) comm_.synchronize();  // before the step's stream reads them
     if (mirror_) finish_step_copies();
     reduced_ = true;
@@ -464,8 +471,6 @@ class DpStep final : public DataParallelStep {
     } else if (device_work_) {
       comm_.after_stream(inner_->stream());  // packing reads what the update wrote
     }
-    for (const SegmentPiece& p : pieces_[size_t(rank_)])
-      move(seg_ + p.seg_offset, work + p.flat_offset, p.len);
     issue_gathers(work);
     if (gather_overlap_ && !device_cp_) {
       pending_ = true;
@@ -481,8 +486,9 @@ class DpStep final : public DataParallelStep {
     times_.all_gather = now_ms() - t0;
   }
 
-  // Every bucket's all-gather, each followed by the copies of the other ranks' parts into the
-  // masters, in the order the forward reads them (a bucket's layer is the lowest of its tensors,
+  // Every bucket's all-gather (in place: this rank's runs of the masters copied into its chunk
+  // first), each followed by the copies of the other ranks' parts into the masters, in the order
+  // the forward reads them (a bucket's layer is the lowest of its tensors,
   // so the buckets of layers <= l hold every run of layer l), with a mark after each layer's.
   // MPI: all done on return. NCCL: all on the communicator's stream; with the overlap the next
   // forward's weights_needed(l) makes the step's stream wait for mark l and refreshes that
@@ -494,9 +500,9 @@ class DpStep final : public DataParallelStep {
     for (int64_t l = -1; l < layers_; l++) {
       while (j > 0 && (bucket_layer_[size_t(order_[j - 1])] <= l || l + 1 == layers_)) {
         const int64_t k = order_[--j];
-        comm_.all_gather(seg_ + k * plan_.bucket_elems,
-                         packed_ + int64_t(plan_.world) * k * plan_.bucket_elems,
-                         size_t(plan_.chunk(k)), DType::F32);
+        for (const Run& r : runs_[size_t(k)])
+          if (r.rank == rank_) move(packed_ + r.packed, work + r.flat, r.len);
+        comm_.all_gather(own_chunk(k), bucket(k), size_t(plan_.chunk(k)), DType::F32);
         for (const Run& r : runs_[size_t(k)])
           if (r.rank != rank_) move(work + r.flat, packed_ + r.packed, r.len);
       }
@@ -510,7 +516,7 @@ class DpStep final : public DataParallelStep {
     ZAYA_CHECK(layer >= -1 && layer < layers_,
                "data parallel: the forward asked for layer {} of {}", layer, layers_);
     comm_.stream_wait(inner_->stream(), gate_mark_[size_t(layer + 1)]);
-    inner_->layer_weights_changed(layer);
+    inner_->layer_weights_changed(layer, current_);
     if (layer + 1 == layers_) {
       // Every wait is enqueued: the host waits for the gather here, in the collective section,
       // so a peer that never joins ends in the watchdog rather than in the forward's last sync.
@@ -538,7 +544,7 @@ class DpStep final : public DataParallelStep {
   Communicator& host_;
   int rank_ = 0;
   std::vector<std::vector<SegmentPiece>> pieces_;
-  ParamMask mask_;
+  ParamMask mask_, current_;
   int64_t flat_floats_ = 0;
   bool overlap_ = true;
   bool device_work_ = false, mirror_ = false, reduced_ = false;
@@ -557,7 +563,7 @@ class DpStep final : public DataParallelStep {
   bool device_cp_ = false;  // a context-parallel group over NCCL: no overlap (set_context_parallel)
   int64_t layers_ = 0;
   std::vector<int> gate_mark_;  // per layer + 1: the communicator's mark after its buckets
-  float *packed_ = nullptr, *seg_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;
+  float *packed_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;
   int64_t reduce_scatters_ = 0;
   DataParallelTimes times_;
 };

@@ -172,9 +172,11 @@ class TrainStep {
     return false;
   }
   // weights_changed() for the tensors of one layer (layer_of_param), enqueued on the step's
-  // stream: the compute copies of those masters.
-  virtual void layer_weights_changed(int64_t layer) {
+  // stream: the compute copies of those masters. `current` (layout order; empty: none) marks the
+  // tensors whose copies are already up to date (this rank's optimizer updated all of them).
+  virtual void layer_weights_changed(int64_t layer, const ParamMask& current) {
     (void)layer;
+    (void)current;
     weights_changed();
   }
   // Called by the loop after zero_grads(): the gradients of this step are complete after

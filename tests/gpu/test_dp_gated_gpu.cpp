@@ -104,13 +104,13 @@ class PeerDevice final : public PeerBase {
   void synchronize() override { ZAYA_CUDA_CHECK(cudaStreamSynchronize(st_)); }
   void all_reduce(const void* s, void* r, size_t n, DType t, RedOp op) override {
     ZAYA_CHECK(t == DType::F32 && op == RedOp::Sum, "PeerDevice: all_reduce of f32 sums only");
-    copy(r, s, n * sizeof(float));
+    if (r != s) copy(r, s, n * sizeof(float));  // in place: r == s
     cuda::scale_f32(static_cast<float*>(r), 2.0f, int64_t(n), st_);
   }
   // Block 0 of the peer's send equals this rank's (same gradients): twice this rank's block 0.
   void reduce_scatter(const void* s, void* r, size_t n, DType t, RedOp op) override {
     ZAYA_CHECK(t == DType::F32 && op == RedOp::Sum, "PeerDevice: reduce_scatter of f32 sums only");
-    copy(r, s, n * sizeof(float));
+    if (r != s) copy(r, s, n * sizeof(float));  // in place (rank 0): r == s
     cuda::scale_f32(static_cast<float*>(r), 2.0f, int64_t(n), st_);
   }
   // Block 0: this rank's part; block 1: the peer's, a pattern scaled by the step. The first of a
@@ -123,7 +123,7 @@ class PeerDevice final : public PeerBase {
       delayed_ = true;
     }
     float* rf = static_cast<float*>(r);
-    copy(rf, s, n * sizeof(float));
+    if (rf != s) copy(rf, s, n * sizeof(float));  // rank 0 in place: s == r
     copy(rf + n, pattern_, n * sizeof(float));
     cuda::scale_f32(rf + n, 1.0f + 0.1f * float(phase_), int64_t(n), st_);
   }

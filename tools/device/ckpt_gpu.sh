@@ -8,8 +8,9 @@
 #    transformers (tools/device/export_check.py) and by zaya: cross-entropy on 300 tokens and the
 #    greedy continuations side by side;
 # 3. `zaya ckpt reshard` of that checkpoint to 2 ranks, verified.
-# CKPT_EXPORT=0 runs step 1 only; CKPT_TIMEOUT (default 240 s) bounds each benchmark run.
-for snap in device host; do
+# CKPT_EXPORT=0 runs step 1 only; CKPT_TIMEOUT (default 240 s) bounds each benchmark run and
+# CKPT_SNAPSHOTS (default "device host") picks the snapshot kinds.
+for snap in ${CKPT_SNAPSHOTS:-device host}; do
   log="$LOGS/bench_ckpt_$snap.log"
   timeout -k 5 "${CKPT_TIMEOUT:-240}" "$Z" bench ckpt --device cuda --preset zaya1-base --layers 8 --saves 3 \
     --snapshot "$snap" --dir /tmp/zaya-bench-ckpt --json "$LOGS/bench_ckpt_$snap.json" >"$log" 2>&1

@@ -6,8 +6,11 @@
 # note() and LOGS; OUT (default ./dp_out) receives dp_summary.txt and, standalone, the logs.
 # 1. 30 steps of the tiny preset on the GPU (two phases, global batch 12), `mpirun -np 1` against
 #    `-np 2` with parallel.backend = "mpi", both ranks on GPU 0 (host-staged ZeRO-1): per-step
-#    losses within LOSS_BOUND (default 1e-6, the CPU bound of tests/cli/train_dp_mpi.sh; the
-#    measured value is printed either way), and two -np 2 runs bit-identical;
+#    losses within the reduction-order noise of the bf16 step, measured beside it as the largest
+#    loss difference between two one-process runs that differ only in how the same 12 sequences
+#    are summed (micro_batch 1 against 2): np2 within REF_FACTOR (default 4) times that, or within
+#    LOSS_BOUND (default 1e-6, the CPU bound of tests/cli/train_dp_mpi.sh); and two -np 2 runs
+#    bit-identical;
 # 2. the tiny preset in `zaya bench train` with and without --dp nccl (one rank): the losses bit
 #    for bit (the NCCL data-parallel step against the plain step);
 # 3. `zaya bench train --preset zaya1-base --layers 8 --batch 4 --seq 4096` without --dp and with
@@ -69,29 +72,37 @@ seq_len = 32
 batch_size = 12
 EOT
   local n np t0
-  for n in np1:1 np2:2 np2b:2; do
+  local extra
+  for n in np1:1 np1mb2:1 np2:2 np2b:2; do
     np="${n#*:}"
     n="${n%%:*}"
+    extra=()
+    [ "$n" = np1mb2 ] && extra=(--train.micro_batch=2)
     t0=$SECONDS
     timeout 300 "${mpi[@]}" -np "$np" "$Z_" train --config "$T/run.toml" --out "$T/$n" --quiet \
-      > "$logs/dp_$n.log" 2>&1 || { tail -20 "$logs/dp_$n.log"; bad "training $n (dp_$n.log)"; }
+      "${extra[@]}" > "$logs/dp_$n.log" 2>&1 || { tail -20 "$logs/dp_$n.log"; bad "training $n (dp_$n.log)"; }
     say "train $n (mpirun -np $np, backend mpi, GPU 0): $((SECONDS - t0)) s"
   done
-  python3 - "$T" "$bound" <<'PY' 2>&1 | tee -a "$summary"
+  python3 - "$T" "$bound" "${REF_FACTOR:-4}" <<'PY' 2>&1 | tee -a "$summary"
 import json, sys
-T, bound = sys.argv[1], float(sys.argv[2])
+T, bound, factor = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 def m(n):
     try:
         return [json.loads(l) for l in open(f"{T}/{n}/metrics.jsonl")]
     except OSError:
         return []
-a, b, c = m("np1"), m("np2"), m("np2b")
-ok = len(a) == 30 and len(b) == 30 and len(c) == 30
+a, b, c, r = m("np1"), m("np2"), m("np2b"), m("np1mb2")
+ok = len(a) == 30 and len(b) == 30 and len(c) == 30 and len(r) == 30
 if not ok:
-    print(f"FAIL: metrics lines: np1 {len(a)}, np2 {len(b)}, np2b {len(c)} (expected 30)")
+    print(f"FAIL: metrics lines: np1 {len(a)}, np2 {len(b)}, np2b {len(c)}, np1mb2 {len(r)} "
+          "(expected 30)")
     sys.exit(1)
+dr = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, r))
+print(f"one process, micro_batch 2 vs 1 (GPU, the same sequences summed in another order): "
+      f"max |loss difference| over 30 steps = {dr:.3e}")
+bound = max(bound, factor * dr)
 dl = max(abs(x["loss"] - y["loss"]) for x, y in zip(a, b))
-print(f"np2 vs np1 (GPU): max |loss difference| over 30 steps = {dl:.3e} (bound {bound:g})")
+print(f"np2 vs np1 (GPU): max |loss difference| over 30 steps = {dl:.3e} (bound {bound:.3e})")
 if any(x["tokens"] != y["tokens"] for x, y in zip(a, b)):
     print("FAIL: np2 and np1 counted different tokens"); ok = False
 if dl > bound:
@@ -126,7 +137,8 @@ PY
   bench base_plain -- "${base[@]}"
   bench base_nccl -- "${base[@]}" --dp nccl
   bench base_nccl_after -- "${base[@]}" --dp nccl --no-overlap
-  bench base_mpi "${mpi[@]}" -np 1 -- "${base[@]}" --dp mpi
+  # Host-staged, seconds a step at this size: the first two measured steps only.
+  bench base_mpi "${mpi[@]}" -np 1 -- "${base[@]/#10/2}" --dp mpi
   python3 - "$T" <<'PY' 2>&1 | tee -a "$summary"
 import json, sys
 T = sys.argv[1]
@@ -141,7 +153,7 @@ for plain, dp in [("tiny_plain", "tiny_nccl"), ("base_plain", "base_nccl"),
     p, d = j(plain), j(dp)
     if p is None or d is None:
         print(f"FAIL: no JSON from {plain} or {dp}"); ok = False; continue
-    same = p["losses"] == d["losses"]
+    same = len(d["losses"]) > 0 and p["losses"][:len(d["losses"])] == d["losses"]
     print(f"{dp} vs {plain}: losses {'bit-identical' if same else 'DIFFERENT'}")
     if not same:
         print(f"  plain {p['losses']}\n  dp    {d['losses']}")

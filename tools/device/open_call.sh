@@ -1,16 +1,21 @@
 #!/bin/bash
-# One device call (under 10 minutes) for the checks the checkpoint, supervisor and context-
-# parallel issues still need on a GPU, from the repository root (carry .debs):
-#     bash tools/device/open_call.sh
-# 1. zaya with MPI, CUDA and NCCL built on the device (build-mpi/, sm_90a);
-# 2. tools/device/ckpt_gpu.sh's benchmark (CKPT_EXPORT=0): the loop's stall per save and the
-#    writer's bandwidth, the snapshot in GPU and in page-locked host memory;
-# 3. tools/device/cp_gpu.sh at 32K (CP_BENCH=0 CP_SEQS=32768): cp = 2 against cp = 1 on the bench
-#    model, and the tiny preset trained with cp = 2 against one process;
-# 4. the start-up of `zaya train` on the 8-layer ZAYA1-base (seq 1024, a checkpoint every step),
-#    every stderr line stamped with the seconds since launch: where the time before step 1 goes.
-# Each part gets what is left of a 570 s budget (DEADLINE_S). Results in $OUT: summary.txt,
-# logs.tgz, build.log.
+# One device call (under 10 minutes) for the GPU checks the distributed issues still need, from
+# the repository root (carry .debs):
+#     PARTS="dp tests ckpt cp probe" bash tools/device/open_call.sh
+# zaya with MPI, CUDA and NCCL is built on the device first (build-mpi/, sm_90a); then, in the
+# order given by PARTS (default all of them):
+#   dp     tools/device/dp_check.sh: two ranks on one GPU over MPI against one, NCCL with one rank
+#          against the plain step, the data-parallel machinery's share of the step;
+#   tests  the GPU tests matching GPU_FILTER (default the optimizer, data-parallel, CUDA model
+#          and CUDA training suites), built in the background while the parts before it run;
+#   ckpt   tools/device/ckpt_gpu.sh's benchmark (CKPT_EXPORT=0; CKPT_SNAPSHOTS, default
+#          "device host"): the loop's stall per save and the writer's bandwidth;
+#   cp     tools/device/cp_gpu.sh with CP_BENCH=0 and CP_SEQS (default 32768; " " for none):
+#          cp = 2 against cp = 1 on the bench model, and the tiny preset trained with cp = 2;
+#   probe  the start-up of `zaya train` on the 8-layer ZAYA1-base (seq 1024, a checkpoint every
+#          step), every stderr line stamped with the seconds since launch.
+# Each part gets at most what is left of a DEADLINE_S (default 570) budget. Results in $OUT:
+# summary.txt, dp_summary.txt, logs.tgz, build.log.
 set -u
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root" || exit 1
@@ -19,36 +24,56 @@ mkdir -p "$OUT"
 start=$SECONDS
 deadline=$((start + ${DEADLINE_S:-570}))
 left() { local l=$((deadline - SECONDS)); [ "$l" -gt "$1" ] && l=$1; echo $((l > 5 ? l : 5)); }
+parts="${PARTS:-dp tests ckpt cp probe}"
 # shellcheck source=tools/device/deps.sh
 source tools/device/deps.sh >/dev/null 2>&1
+tests=OFF
+[[ " $parts " == *" tests "* ]] && tests=ON
 { cmake -S . -B build-mpi -G Ninja -DCMAKE_BUILD_TYPE=Release -DZAYA_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=ON -DZAYA_TESTS=OFF &&
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DZAYA_MPI=ON -DZAYA_TESTS=$tests &&
     ninja -C build-mpi -j14 zaya; } >"$OUT/build.log" 2>&1
 build_rc=$?
+if [ "$tests" = ON ]; then
+  (ninja -C build-mpi -j8 zaya_gpu_tests >/tmp/gpu_tests_build.log 2>&1
+   echo "exit $?" >>/tmp/gpu_tests_build.log; touch /tmp/gpu_tests_built) &
+fi
 export Z=build-mpi/zaya ZM=build-mpi/zaya
 LOGS="$(mktemp -d)/logs"
 export LOGS
 mkdir -p "$LOGS"
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
-note "# open_call at $(date -u +%FT%TZ): build exit $build_rc after $((SECONDS - start)) s; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
+note "# open_call at $(date -u +%FT%TZ) ($(git log -1 --format=%h 2>/dev/null)): build exit $build_rc after $((SECONDS - start)) s; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); parts: $parts"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 
-# 2. Checkpoint benchmark.
-t0=$SECONDS
-(CKPT_EXPORT=0 CKPT_TIMEOUT=110; source tools/device/ckpt_gpu.sh) 2>&1 | tail -3 >"$LOGS/ckpt_stdout.txt"
-note "ckpt bench: $((SECONDS - t0)) s"
-
-# 3. Context parallelism at 32K.
-t0=$SECONDS
-CP_BENCH=0 CP_SEQS=32768 OUT="$OUT" timeout -k 5 "$(left 300)" bash tools/device/cp_gpu.sh \
-  >"$LOGS/cp_stdout.txt" 2>&1
-note "cp_gpu: exit $? after $((SECONDS - t0)) s"
-
-# 4. Start-up of an 8-layer ZAYA1-base training run.
-T="$(mktemp -d)"
-"$Z" data prepare --input README.md docs/TRAINING.md --output-prefix "$T/ds" --tokenizer bytes \
-  >"$LOGS/probe_prep.log" 2>&1
-cat >"$T/base.toml" <<EOT
+part_dp() {
+  OUT="$OUT" LOGS="$LOGS/dp" timeout -k 5 "$(left 300)" bash tools/device/dp_check.sh \
+    >"$LOGS/dp_stdout.txt" 2>&1
+  note "dp_check: exit $?"
+}
+part_tests() {
+  local w=0
+  while [ ! -f /tmp/gpu_tests_built ] && [ $w -lt "$(left 300)" ]; do sleep 2; w=$((w + 2)); done
+  note "gpu tests build: $(tail -1 /tmp/gpu_tests_build.log) (waited $w s)"
+  cp /tmp/gpu_tests_build.log "$LOGS/" 2>/dev/null
+  local filter="${GPU_FILTER:-OptimizerCuda.*:DataParallelCuda.*:CudaModel*:TrainCuda*}"
+  timeout -k 5 "$(left 200)" build-mpi/zaya_gpu_tests --gtest_filter="$filter" \
+    >"$LOGS/gpu_tests.log" 2>&1
+  note "gpu tests ($filter): exit $? | $(grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]' "$LOGS/gpu_tests.log" | tr '\n' ' ' | cut -c1-600)"
+}
+part_ckpt() {
+  (CKPT_EXPORT=0 CKPT_TIMEOUT="$(left 110)"; source tools/device/ckpt_gpu.sh) >"$LOGS/ckpt_stdout.txt" 2>&1
+}
+part_cp() {
+  CP_BENCH=0 CP_SEQS="${CP_SEQS:-32768}" OUT="$OUT" timeout -k 5 "$(left 300)" \
+    bash tools/device/cp_gpu.sh >"$LOGS/cp_stdout.txt" 2>&1
+  note "cp_gpu: exit $?"
+}
+part_probe() {
+  local T
+  T="$(mktemp -d)"
+  "$Z" data prepare --input README.md docs/TRAINING.md --output-prefix "$T/ds" --tokenizer bytes \
+    >"$LOGS/probe_prep.log" 2>&1
+  cat >"$T/base.toml" <<EOT
 [model]
 config = "zaya1-base"
 layers = 8
@@ -70,13 +95,19 @@ log_every = 1
 [parallel]
 backend = "nccl"
 EOT
-t0=$SECONDS
-launch=$EPOCHREALTIME
-timeout -k 5 "$(left 200)" mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE "$Z" train \
-  --config "$T/base.toml" --out "$T/run" 2>&1 |
-  while IFS= read -r line; do echo "$EPOCHREALTIME $line"; done |
-  awk -v t0="$launch" '{ t = $1; $1 = ""; printf "%7.2f%s\n", t - t0, $0 }' >"$LOGS/probe_train.log"
-note "train start-up probe ($((SECONDS - t0)) s): $(grep -E 'resolved config|checkpoints:|^ *[0-9.]+ step|checkpoint ' "$LOGS/probe_train.log" | cut -c1-100 | head -8 | tr '\n' '|')"
-rm -rf "$T"
+  local launch=$EPOCHREALTIME
+  timeout -k 5 "$(left 200)" mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE "$Z" train \
+    --config "$T/base.toml" --out "$T/run" 2>&1 |
+    while IFS= read -r line; do echo "$EPOCHREALTIME $line"; done |
+    awk -v t0="$launch" '{ t = $1; $1 = ""; printf "%7.2f%s\n", t - t0, $0 }' >"$LOGS/probe_train.log"
+  note "train start-up probe: $(grep -E 'resolved config|checkpoints:|step +[0-9]|checkpoint /' "$LOGS/probe_train.log" | cut -c1-90 | head -8 | tr '\n' '|')"
+  rm -rf "$T"
+}
+for p in $parts; do
+  t0=$SECONDS
+  if [ $((deadline - SECONDS)) -lt 20 ]; then note "$p: not run (no time left)"; continue; fi
+  "part_$p"
+  note "$p: $((SECONDS - t0)) s"
+done
 tar -czf "$OUT/logs.tgz" -C "$(dirname "$LOGS")" logs 2>/dev/null
 exit 0

@@ -62,7 +62,9 @@ class CudaStep final : public TrainStep {
     needed_ = std::move(fn);
     return true;
   }
-  void layer_weights_changed(int64_t layer) override { model_->refresh_copies(layer); }
+  void layer_weights_changed(int64_t layer, const ParamMask& current) override {
+    model_->refresh_copies(layer, current.empty() ? nullptr : &current);
+  }
   void set_context_parallel(Communicator* cp) override {
     cp_.comm = cp && cp->size() > 1 ? cp : nullptr;
   }

@@ -1356,11 +1356,17 @@ void CudaModel::refresh_copies() {
     if (p.copy) f32_to_bf16(p.copy, p.master, p.numel, im.st);
 }
 
-void CudaModel::refresh_copies(int64_t layer) {
+void CudaModel::refresh_copies(int64_t layer, const std::vector<bool>* current) {
   Impl& im = *impl_;
   ZAYA_CUDA_CHECK(cudaSetDevice(im.opt.device));
-  for (const DeviceParam& p : im.params)
-    if (p.copy && layer_of_param(p.name) == layer) f32_to_bf16(p.copy, p.master, p.numel, im.st);
+  ZAYA_CHECK(!current || current->size() == im.params.size(),
+             "CudaModel::refresh_copies: a mask of {} tensors for {}", current ? current->size() : 0,
+             im.params.size());
+  for (size_t i = 0; i < im.params.size(); i++) {
+    const DeviceParam& p = im.params[i];
+    if (p.copy && layer_of_param(p.name) == layer && !(current && (*current)[i]))
+      f32_to_bf16(p.copy, p.master, p.numel, im.st);
+  }
 }
 
 void CudaModel::zero_grads() {

@@ -75,8 +75,9 @@ class CudaModel {
   // Refreshes every bf16 copy from its master (after an optimizer that did not write them).
   void refresh_copies();
   // The same for the tensors of one layer (layer_of_param: -1 the embedding, input affine and
-  // final norm), enqueued on the stream.
-  void refresh_copies(int64_t layer);
+  // final norm), enqueued on the stream; `current` (per parameter, params() order) marks those
+  // whose copies are already up to date (the optimizer wrote them), which are skipped.
+  void refresh_copies(int64_t layer, const std::vector<bool>* current = nullptr);
   void zero_grads();
 
   // Forward + backward of one micro-batch; ids/targets are host [B,S] (targets < 0 ignored).

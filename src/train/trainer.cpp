@@ -221,6 +221,11 @@ struct State {
 TrainResult train(const TrainOptions& opts) {
   const RunConfig& rc = opts.config;
   const auto t_start = std::chrono::steady_clock::now();
+  // Start-up of a large model takes a while (weights initialised on the host, device buffers,
+  // the checkpoint staging ring): rank 0 says what it did and when, in seconds since launch.
+  auto since_start = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  };
   Job job;
   job.launch = detect_launch();
   // Fault tolerance before anything collective: the injected faults of this rank, and the
@@ -366,8 +371,14 @@ TrainResult train(const TrainOptions& opts) {
       // Continued pretraining: every rank reads the same checkpoint (no broadcast needed).
       model = load_model_f32(rc.model.init);
     } else {
+      if (job.lead() && !opts.quiet)
+        ZAYA_INFO("start-up: initialising {:.2f}M parameters on the host ({:.1f} s)",
+                  double(mcfg.params_total(true)) / 1e6, since_start());
       model = ZayaModel::init(mcfg, uint64_t(rc.train.seed));
     }
+    if (job.lead() && !opts.quiet)
+      ZAYA_INFO("start-up: weights ready, setting up the {} step ({:.1f} s)", rc.train.device,
+                since_start());
     if (job.lead() && !rc.model.init.empty() && !resume_from.empty())
       ZAYA_INFO("model.init = {} is ignored: the run resumes from {}, which holds the weights",
                 rc.model.init, resume_from);
@@ -390,6 +401,8 @@ TrainResult train(const TrainOptions& opts) {
     if (!resume_from.empty())
       step->load_state_from(*ck.state, ck.trainer.optimizer_steps, ck.trainer.balancing_steps);
     ck.state.reset();
+    if (job.lead() && !opts.quiet)
+      ZAYA_INFO("start-up: {} ready ({:.1f} s)", step->name(), since_start());
   });
 
   // Checkpoints: every rank writes its own files, in the background after the snapshot.
@@ -411,8 +424,8 @@ TrainResult train(const TrainOptions& opts) {
                                           job.parallel() ? job.host.get() : nullptr, tag);
     ckpt->reserve(save_bytes);
     if (job.lead() && !opts.quiet)
-      ZAYA_INFO("checkpoints: {} of staging in {} memory per save (rank 0)", fmt_mib(double(ring)),
-                where);
+      ZAYA_INFO("checkpoints: {} of staging in {} memory per save (rank 0) ({:.1f} s)",
+                fmt_mib(double(ring)), where, since_start());
   });
 
   const ScheduleSettings sched = rc.resolved_schedule();

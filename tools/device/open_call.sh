@@ -1,7 +1,7 @@
 #!/bin/bash
 # One device call (under 10 minutes) for the GPU checks the distributed issues still need, from
 # the repository root (carry .debs):
-#     PARTS="dp tests ckpt cp probe" bash tools/device/open_call.sh
+#     PARTS="dp tests ckpt export cp probe" bash tools/device/open_call.sh
 # zaya with MPI, CUDA and NCCL is built on the device first (build-mpi/, sm_90a); then, in the
 # order given by PARTS (default all of them):
 #   dp     tools/device/dp_check.sh: two ranks on one GPU over MPI against one, NCCL with one rank
@@ -10,6 +10,8 @@
 #          and CUDA training suites), built in the background while the parts before it run;
 #   ckpt   tools/device/ckpt_gpu.sh's benchmark (CKPT_EXPORT=0; CKPT_SNAPSHOTS, default
 #          "device host"): the loop's stall per save and the writer's bandwidth;
+#   export tools/device/ckpt_gpu.sh's export and reshard checks (no benchmark) of a 30-step tiny
+#          GPU run: `zaya ckpt export-hf` loaded by transformers against zaya;
 #   cp     tools/device/cp_gpu.sh with CP_BENCH=0 and CP_SEQS (default 32768; " " for none):
 #          cp = 2 against cp = 1 on the bench model, and the tiny preset trained with cp = 2;
 #   probe  the start-up of `zaya train` on the 8-layer ZAYA1-base (seq 1024, a checkpoint every
@@ -24,7 +26,7 @@ mkdir -p "$OUT"
 start=$SECONDS
 deadline=$((start + ${DEADLINE_S:-570}))
 left() { local l=$((deadline - SECONDS)); [ "$l" -gt "$1" ] && l=$1; echo $((l > 5 ? l : 5)); }
-parts="${PARTS:-dp tests ckpt cp probe}"
+parts="${PARTS:-dp tests ckpt export cp probe}"
 # shellcheck source=tools/device/deps.sh
 source tools/device/deps.sh >/dev/null 2>&1
 tests=OFF
@@ -63,6 +65,14 @@ part_tests() {
 part_ckpt() {
   (CKPT_EXPORT=0 CKPT_TIMEOUT="$(left 110)"; source tools/device/ckpt_gpu.sh) >"$LOGS/ckpt_stdout.txt" 2>&1
 }
+part_export() {
+  # ckpt_gpu.sh's export check needs ab-run-new: 30 tiny steps trained on the GPU.
+  rm -rf "$root/ab-run-new"
+  timeout -k 5 "$(left 120)" "$Z" train --device cuda --steps 30 --out "$root/ab-run-new" \
+    >"$LOGS/export_train.log" 2>&1
+  note "tiny GPU run for the export: exit $?"
+  (CKPT_SNAPSHOTS=" "; source tools/device/ckpt_gpu.sh) >"$LOGS/export_stdout.txt" 2>&1
+}
 part_cp() {
   CP_BENCH=0 CP_SEQS="${CP_SEQS:-32768}" OUT="$OUT" timeout -k 5 "$(left 300)" \
     bash tools/device/cp_gpu.sh >"$LOGS/cp_stdout.txt" 2>&1
@@ -96,6 +106,16 @@ log_every = 1
 backend = "nccl"
 EOT
   local launch=$EPOCHREALTIME
+  # Still no step after 100 s: where every zaya thread is (gdb when there is one) and what it uses.
+  ( sleep 100
+    grep -q "step " "$LOGS/probe_train.log" 2>/dev/null && exit 0
+    for pid in $(pgrep -x zaya); do
+      { echo "== $pid: $(ps -o etimes=,pcpu=,rss= -p "$pid")"
+        grep -E "^(VmRSS|Threads)" "/proc/$pid/status"
+        for t in /proc/"$pid"/task/*; do echo "$(cat "$t/comm") $(cat "$t/wchan" 2>/dev/null)"; done
+        command -v gdb >/dev/null && timeout 60 gdb -p "$pid" -batch -ex "thread apply all bt 12"
+      } >>"$LOGS/probe_stacks.txt" 2>&1
+    done ) &
   timeout -k 5 "$(left 200)" mpirun --oversubscribe -np 1 -x NCCL_NVLS_ENABLE "$Z" train \
     --config "$T/base.toml" --out "$T/run" 2>&1 |
     while IFS= read -r line; do echo "$EPOCHREALTIME $line"; done |

@@ -108,7 +108,7 @@ EOT
   local launch=$EPOCHREALTIME
   # Still no step after 100 s: where every zaya thread is (gdb when there is one) and what it uses.
   ( sleep 100
-    grep -q "step " "$LOGS/probe_train.log" 2>/dev/null && exit 0
+    grep -qE "step +[0-9]+/" "$LOGS/probe_train.log" 2>/dev/null && exit 0
     for pid in $(pgrep -x zaya); do
       { echo "== $pid: $(ps -o etimes=,pcpu=,rss= -p "$pid")"
         grep -E "^(VmRSS|Threads)" "/proc/$pid/status"
@@ -120,7 +120,7 @@ EOT
     --config "$T/base.toml" --out "$T/run" 2>&1 |
     while IFS= read -r line; do echo "$EPOCHREALTIME $line"; done |
     awk -v t0="$launch" '{ t = $1; $1 = ""; printf "%7.2f%s\n", t - t0, $0 }' >"$LOGS/probe_train.log"
-  note "train start-up probe: $(grep -E 'resolved config|checkpoints:|step +[0-9]|checkpoint /' "$LOGS/probe_train.log" | cut -c1-90 | head -8 | tr '\n' '|')"
+  note "train start-up probe: $(grep -E 'start-up|resolved config|checkpoints:|step +[0-9]|checkpoint /' "$LOGS/probe_train.log" | cut -c1-90 | head -12 | tr '\n' '|')"
   rm -rf "$T"
 }
 for p in $parts; do

@@ -17,6 +17,10 @@ class Rng {
   double uniform_double();
   // Standard normal (Box-Muller).
   float normal();
+  // p[i] = normal() * scale for i in [0, n): the values n calls of normal() would give, in order
+  // (element i from offsets offset() + 4i .. + 4i + 3), computed by the worker threads with one
+  // Philox block per element instead of four; the stream then stands 4n further on.
+  void fill_normal(float* p, int64_t n, float scale);
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
   void set_offset(uint64_t o) { offset_ = o; }

@@ -16,7 +16,7 @@ namespace {
 Tensor randn(const Shape& shape, Rng& rng, float std) {
   Tensor t = Tensor::empty(shape, DType::F32);
   float* p = t.f32();
-  for (int64_t i = 0; i < t.numel(); i++) p[i] = rng.normal() * std;
+  rng.fill_normal(p, t.numel(), std);  // rng.normal() * std per element, on the worker threads
   return t;
 }
 Tensor filled(const Shape& shape, float v) {

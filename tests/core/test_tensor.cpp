@@ -148,3 +148,38 @@ TEST(Rng, CounterBasedStreamsAreReproducible) {
   EXPECT_NEAR(s / N, 0.0, 0.01);
   EXPECT_NEAR(s2 / N, 1.0, 0.02);
 }
+
+// fill_normal (the model's initialisation) must give exactly what drawing normal() n times gives,
+// whatever the thread count and even from an offset that is not a Philox block boundary.
+TEST(Rng, FillNormalEqualsSequentialDrawsOnAnyThreadCount) {
+  const int prev = num_threads();
+  for (uint64_t start : {uint64_t(0), uint64_t(3), uint64_t(1u << 20) + 2}) {
+    const int64_t n = 50001;  // several worker chunks and an odd tail
+    Rng seq(7, start);
+    std::vector<float> want(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; i++) {
+      // Box-Muller from two 53-bit uniforms of the sequential stream (normal()'s definition).
+      auto uniform53 = [&] {
+        const uint64_t a = seq.next_u32() >> 5, b = seq.next_u32() >> 6;
+        return double(a * 67108864 + b) / 9007199254740992.0;
+      };
+      double u1 = uniform53();
+      const double u2 = uniform53();
+      if (u1 < 1e-300) u1 = 1e-300;
+      want[size_t(i)] =
+          float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2)) * 0.02f;
+    }
+    for (int threads : {1, 2, 5}) {
+      set_num_threads(threads);
+      Rng par(7, start);
+      std::vector<float> got(static_cast<size_t>(n), -1.0f);
+      par.fill_normal(got.data(), n, 0.02f);
+      for (int64_t i = 0; i < n; i++)
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(i)]), std::bit_cast<uint32_t>(want[size_t(i)]))
+            << "element " << i << ", start " << start << ", " << threads << " threads";
+      EXPECT_EQ(par.offset(), seq.offset());
+      EXPECT_EQ(par.next_u32(), Rng(7, seq.offset()).next_u32());
+    }
+  }
+  set_num_threads(prev);
+}

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <sched.h>
 #include <thread>
 #include <vector>
 
@@ -102,12 +103,23 @@ class Pool {
   std::exception_ptr error_;
 };
 
+}  // namespace
+
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return int(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+namespace {
+
 int default_threads() {
   if (const char* s = std::getenv("ZAYA_THREADS")) {
     int n = std::atoi(s);
     if (n > 0) return n;
   }
-  return std::max(1u, std::thread::hardware_concurrency());
+  return usable_cpus();
 }
 
 Pool& pool() {

@@ -1,6 +1,7 @@
 // A process-wide pool of worker threads for the CPU reference ops. parallel_for splits [0, n) into
 // contiguous chunks, one per worker, so results never depend on scheduling (each index is computed
-// by exactly one thread and reductions stay within a thread). ZAYA_THREADS overrides the count.
+// by exactly one thread and reductions stay within a thread). One worker per usable CPU;
+// ZAYA_THREADS overrides the count.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +10,9 @@
 namespace zaya {
 
 int num_threads();
+// The CPUs this process may run on (its affinity mask: a launcher that binds a rank to one core
+// leaves it one), at least 1. The pool's default size, unless ZAYA_THREADS says otherwise.
+int usable_cpus();
 void set_num_threads(int n);
 // Calls fn(begin, end) over disjoint ranges covering [0, n). Runs inline when n < min_chunk*2.
 void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,

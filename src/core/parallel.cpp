@@ -1,12 +1,13 @@
 #include "core/parallel.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
-#include <sched.h>
 #include <thread>
 #include <vector>
 

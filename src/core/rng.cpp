@@ -18,11 +18,29 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_
   return c;
 }
 
+namespace {
+
+// The Philox block holding offset o of the stream `seed` (offset o is its word o & 3).
+std::array<uint32_t, 4> block_at(uint64_t seed, uint64_t o) {
+  return philox4x32({uint32_t(o >> 2), uint32_t(o >> 34), 0, 0},
+                    {uint32_t(seed), uint32_t(seed >> 32)});
+}
+
+// A uniform double in [0, 1) with 53 bits from two consecutive words of the stream.
+double uniform53(uint32_t hi, uint32_t lo) {
+  return double(uint64_t(hi >> 5) * 67108864 + (lo >> 6)) * (1.0 / 9007199254740992.0);
+}
+
+float box_muller(double u1, double u2) {
+  if (u1 < 1e-300) u1 = 1e-300;
+  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+}
+
+}  // namespace
+
 uint32_t Rng::next_u32() {
-  uint64_t o = offset_++;
-  auto r = philox4x32({uint32_t(o >> 2), uint32_t(o >> 34), 0, 0},
-                      {uint32_t(seed_), uint32_t(seed_ >> 32)});
-  return r[o & 3];
+  const uint64_t o = offset_++;
+  return block_at(seed_, o)[o & 3];
 }
 
 float Rng::uniform() {
@@ -30,30 +48,17 @@ float Rng::uniform() {
 }
 
 double Rng::uniform_double() {
-  uint64_t a = next_u32() >> 5, b = next_u32() >> 6;
-  return double(a * 67108864 + b) * (1.0 / 9007199254740992.0);
+  const uint32_t a = next_u32(), b = next_u32();
+  return uniform53(a, b);
 }
-
-namespace {
-
-float box_muller(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
-  // uniform_double() twice, as normal() draws them.
-  double u1 = double(uint64_t(w0 >> 5) * 67108864 + (w1 >> 6)) * (1.0 / 9007199254740992.0);
-  const double u2 = double(uint64_t(w2 >> 5) * 67108864 + (w3 >> 6)) * (1.0 / 9007199254740992.0);
-  if (u1 < 1e-300) u1 = 1e-300;
-  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
-}
-
-}  // namespace
 
 float Rng::normal() {
-  const uint32_t a = next_u32(), b = next_u32(), c = next_u32(), d = next_u32();
-  return box_muller(a, b, c, d);
+  const double u1 = uniform_double(), u2 = uniform_double();
+  return box_muller(u1, u2);
 }
 
 void Rng::fill_normal(float* p, int64_t n, float scale) {
   const uint64_t base = offset_;
-  const std::array<uint32_t, 2> key = {uint32_t(seed_), uint32_t(seed_ >> 32)};
   parallel_for(
       n,
       [&](int64_t begin, int64_t end) {
@@ -62,14 +67,14 @@ void Rng::fill_normal(float* p, int64_t n, float scale) {
         auto word = [&](uint64_t o) {
           if ((o >> 2) != have) {
             have = o >> 2;
-            block = philox4x32({uint32_t(o >> 2), uint32_t(o >> 34), 0, 0}, key);
+            block = block_at(seed_, o);
           }
           return block[o & 3];
         };
         for (int64_t i = begin; i < end; i++) {
           const uint64_t o = base + 4 * uint64_t(i);
           const uint32_t w0 = word(o), w1 = word(o + 1), w2 = word(o + 2), w3 = word(o + 3);
-          p[i] = box_muller(w0, w1, w2, w3) * scale;
+          p[i] = box_muller(uniform53(w0, w1), uniform53(w2, w3)) * scale;
         }
       },
       1 << 14);

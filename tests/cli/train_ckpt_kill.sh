@@ -1,6 +1,8 @@
 #!/bin/bash
 # kill -9 of a random rank at a random moment of a data-parallel run that saves a checkpoint every
-# step asynchronously (mpirun -np 2, CPU ranks), KILL_TRIALS times (default 20; seed KILL_SEED):
+# step asynchronously (mpirun -np 2, CPU ranks), KILL_TRIALS times (default 20; seed KILL_SEED).
+# The moment is drawn between the first save starting and the last save's commit, as timed on an
+# uninterrupted run, so the kills hit the saves rather than the start-up:
 #  - every committed checkpoint the killed run left verifies (`--resume auto` skips none);
 #  - `--resume auto` continues from the newest one (or starts fresh when the kill came before the
 #    first commit) and ends with the uninterrupted run's final weights and losses, bit for bit;
@@ -25,11 +27,29 @@ train() {  # train NAME ARGS... (foreground, -np 2)
     --quiet "$@"
 }
 
-t0=$SECONDS
-train ref > "$T/ref.log" 2>&1 || { tail -20 "$T/ref.log"; fail "the uninterrupted run"; }
-ref_s=$((SECONDS - t0))
-[ "$ref_s" -ge 1 ] || ref_s=1
-echo "uninterrupted run: ${ref_s} s"
+now() { date +%s.%N; }
+ckpt_started() {  # ckpt_started DIR: a save of DIR's run has begun (staging or committed)
+  compgen -G "$1/checkpoints/step-*" > /dev/null || compgen -G "$1/checkpoints/.tmp-step-*" > /dev/null
+}
+# The uninterrupted run, timed from its first save starting to its last save's commit: the kills
+# below land at random moments of that window, so they hit the asynchronous saves rather than the
+# start-up or the teardown.
+t0=$(now)
+train ref > "$T/ref.log" 2>&1 &
+rpid=$!
+t_first="" t_last=""
+while kill -0 "$rpid" 2>/dev/null; do
+  [ -z "$t_first" ] && ckpt_started "$T/ref" && t_first=$(now)
+  [ -z "$t_last" ] && [ -d "$T/ref/checkpoints/step-00000010" ] && t_last=$(now)
+  sleep 0.01
+done
+wait "$rpid" || { tail -20 "$T/ref.log"; fail "the uninterrupted run"; }
+t_end=$(now)
+[ -n "$t_first" ] || fail "the uninterrupted run never started a checkpoint"
+[ -n "$t_last" ] || t_last=$t_end
+window=$(awk -v a="$t_first" -v b="$t_last" 'BEGIN { printf "%.3f", b - a }')
+printf 'uninterrupted run: %.2f s, from its first save starting to its last commit %s s\n' \
+  "$(awk -v a="$t0" -v b="$t_end" 'BEGIN { print b - a }')" "$window"
 
 resumed=0 fresh=0 midsave=0 finished=0
 for ((i = 1; i <= trials; i++)); do
@@ -37,8 +57,13 @@ for ((i = 1; i <= trials; i++)); do
   timeout 300 mpirun -np 2 --oversubscribe "$zaya" train --config "$T/run.toml" --out "$out" \
     --quiet > "$T/k$i.log" 2>&1 &
   tpid=$!
-  # A random moment of the run: from 30% of its length (start-up is about a third) to its end.
-  sleep "$(awk -v r="$RANDOM" -v s="$ref_s" 'BEGIN { printf "%.2f", s * (0.3 + 0.7 * (r % 100) / 100) }')"
+  # Wait for the first save to start, then a random moment of the uninterrupted run's window.
+  w=0
+  while ! ckpt_started "$out" && kill -0 "$tpid" 2>/dev/null && [ $w -lt 6000 ]; do
+    sleep 0.01
+    w=$((w + 1))
+  done
+  sleep "$(awk -v r="$RANDOM" -v s="$window" 'BEGIN { printf "%.3f", s * (r % 1000) / 1000 }')"
   mp=$(pgrep -P "$tpid" | head -1)
   ranks=($( [ -n "$mp" ] && pgrep -P "$mp"))
   if [ ${#ranks[@]} -gt 0 ]; then
@@ -67,5 +92,8 @@ PY
 done
 echo "kill trials: $trials (rc 0 before the kill: $finished); resumed from a checkpoint: $resumed," \
   "fresh: $fresh; a save in flight when killed: $midsave; every resumed run bit-identical"
-[ "$resumed" -gt 0 ] || fail "no trial resumed from a checkpoint"
+# Kills land after the first save has begun, so most trials must resume from a checkpoint (a kill
+# during the first save itself, before its commit, restarts fresh).
+[ "$resumed" -ge $((trials / 2)) ] || fail "only $resumed of $trials trials resumed from a checkpoint"
+[ $((trials - finished)) -ge $((trials / 2)) ] || fail "only $((trials - finished)) of $trials kills landed before the run ended"
 echo "train_ckpt_kill: ok"

@@ -14,6 +14,8 @@
 #          GPU run: `zaya ckpt export-hf` loaded by transformers against zaya;
 #   cp     tools/device/cp_gpu.sh with CP_BENCH=0 and CP_SEQS (default 32768; " " for none):
 #          cp = 2 against cp = 1 on the bench model, and the tiny preset trained with cp = 2;
+#   ft     tools/device/ft_gpu.sh's parts FT_PARTS (default 4: the 8-layer ZAYA1-base supervised
+#          with a kill and a hang; 1 2 3 are the tiny CUDA campaigns and the NCCL watchdog);
 #   probe  the start-up of `zaya train` on the 8-layer ZAYA1-base (seq 1024, a checkpoint every
 #          step), every stderr line stamped with the seconds since launch.
 # Each part gets at most what is left of a DEADLINE_S (default 570) budget. Results in $OUT:
@@ -78,6 +80,11 @@ part_cp() {
   CP_BENCH=0 CP_SEQS="${CP_SEQS:-32768}" OUT="$OUT" timeout -k 5 "$(left 300)" \
     bash tools/device/cp_gpu.sh >"$LOGS/cp_stdout.txt" 2>&1
   note "cp_gpu: exit $?"
+}
+part_ft() {
+  FT_PARTS="${FT_PARTS:-4}" OUT="$OUT" LOGS="$LOGS/ft" timeout -k 5 "$(left 480)" \
+    bash tools/device/ft_gpu.sh >"$LOGS/ft_stdout.txt" 2>&1
+  note "ft_gpu (parts ${FT_PARTS:-4}): exit $? | $(tr '\n' '|' <"$OUT/ft_summary.txt" | cut -c1-900)"
 }
 part_probe() {
   local T

@@ -367,10 +367,11 @@ int run_train_bench(const TrainBenchOptions& a_in) {
   } else {
     fmt::print(
         "device memory       {:.2f} GiB in use on this GPU; rank 0 owns {} tensors: optimizer "
-        "state {:.2f} GiB, communication buffers {:.2f} GiB, host staging {:.2f} GiB\n",
+        "state {:.2f} GiB, bucket padding {:.2f} GiB (masters and gradients each), host staging "
+        "{:.2f} GiB\n",
         double(in_use) / double(1 << 30), dp_owned,
-        double(dp_mem.optimizer_state) / double(1 << 30),
-        double(dp_mem.comm_buffers) / double(1 << 30), double(dp_mem.staging) / double(1 << 30));
+        double(dp_mem.optimizer_state) / double(1 << 30), double(dp_mem.padding) / double(1 << 30),
+        double(dp_mem.staging) / double(1 << 30));
   }
   if (have_prof) {
     const double sum = prof.gemm + prof.attention + prof.moe_dispatch + prof.norms + prof.loss +
@@ -445,7 +446,7 @@ int run_train_bench(const TrainBenchOptions& a_in) {
                             {"all_gather_ms_median", ag_ms},
                             {"overhead_fraction", (rs_ms + ag_ms) / step_ms},
                             {"optimizer_state_bytes", dp_mem.optimizer_state},
-                            {"comm_buffer_bytes", dp_mem.comm_buffers}};
+                            {"padding_bytes", dp_mem.padding}};
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& t : times)
       steps.push_back({{"fwd_bwd_ms", t.fwd_bwd},

@@ -9,7 +9,7 @@
 //  - operations are issued in order on the communicator's stream (MPI: they complete on return);
 //    synchronize() waits for all issued work;
 //  - in-place reduce_scatter means recv == send + rank*recvcount, in-place all_gather means
-//    send == recv + rank*sendcount, in-place all_reduce/broadcast means send == recv;
+//    send == recv + rank*sendcount, in-place all_reduce/reduce/broadcast means send == recv;
 //  - all_to_all has no in-place form (NCCL has none).
 // Not here: non-blocking handles, communicator-specific streams exposed to callers, and
 // reductions other than sum/prod/max/min.
@@ -49,6 +49,8 @@ class Communicator {
                               RedOp op) = 0;
   virtual void all_gather(const void* send, void* recv, size_t sendcount, DType t) = 0;
   virtual void broadcast(const void* send, void* recv, size_t count, DType t, int root) = 0;
+  // The reduction of every rank's send into root's recv (recv is not written on the others).
+  virtual void reduce(const void* send, void* recv, size_t count, DType t, RedOp op, int root) = 0;
   virtual void all_to_all(const void* send, void* recv, size_t count, DType t) = 0;
   // Point to point. sendrecv issues both at once, so a ring exchange cannot deadlock.
   virtual void send(const void* buf, size_t count, DType t, int peer) = 0;
@@ -89,6 +91,10 @@ class Communicator {
     (void)mark;
   }
   virtual void clear_marks() {}
+  // Operations issued between group_begin() and group_end() may run at once (NCCL's group:
+  // e.g. several reductions to different roots); MPI: nothing (each completes on return).
+  virtual void group_begin() {}
+  virtual void group_end() {}
 
   // Typed conveniences for the common host types.
   template <typename T>

@@ -196,6 +196,20 @@ void MpiCommunicator::broadcast(const void* send, void* recv, size_t count, DTyp
   }
 }
 
+void MpiCommunicator::reduce(const void* send, void* recv, size_t count, DType t, RedOp op,
+                             int root) {
+  const auto in_collective = ft::section(ft::kCollective, "reduce");
+  const size_t es = dtype_size(t);
+  const bool inplace = rank_ == root && send == recv;
+  for (size_t off = 0; off < count; off += kChunk) {
+    const int n = int(std::min(kChunk, count - off));
+    const char* s = static_cast<const char*>(send) + off * es;
+    char* r = static_cast<char*>(recv) + off * es;
+    ZAYA_MPI_CHECK(MPI_Reduce(inplace ? MPI_IN_PLACE : s, rank_ == root ? r : nullptr, n,
+                              mpi_datatype(t), mpi_op(op, t), root, comm_));
+  }
+}
+
 void MpiCommunicator::all_to_all(const void* send, void* recv, size_t count, DType t) {
   const auto in_collective = ft::section(ft::kCollective, "all_to_all");
   ZAYA_CHECK(send != recv, "all_to_all has no in-place form");

@@ -37,6 +37,7 @@ class MpiCommunicator : public Communicator {
   void reduce_scatter(const void* send, void* recv, size_t recvcount, DType t, RedOp op) override;
   void all_gather(const void* send, void* recv, size_t sendcount, DType t) override;
   void broadcast(const void* send, void* recv, size_t count, DType t, int root) override;
+  void reduce(const void* send, void* recv, size_t count, DType t, RedOp op, int root) override;
   void all_to_all(const void* send, void* recv, size_t count, DType t) override;
   void send(const void* buf, size_t count, DType t, int peer) override;
   void recv(void* buf, size_t count, DType t, int peer) override;

@@ -109,6 +109,15 @@ class NcclCommunicator : public Communicator {
     const auto in_collective = ft::section(ft::kCollective, "broadcast");
     ZAYA_NCCL_CHECK(ncclBroadcast(send, recv, count, nccl_type(t), root, comm_, stream_));
   }
+  void group_begin() override { ZAYA_NCCL_CHECK(ncclGroupStart()); }
+  void group_end() override {
+    const auto in_collective = ft::section(ft::kCollective, "group");
+    ZAYA_NCCL_CHECK(ncclGroupEnd());
+  }
+  void reduce(const void* send, void* recv, size_t count, DType t, RedOp op, int root) override {
+    const auto in_collective = ft::section(ft::kCollective, "reduce");
+    ZAYA_NCCL_CHECK(ncclReduce(send, recv, count, nccl_type(t), nccl_op(op), root, comm_, stream_));
+  }
   void all_to_all(const void* send, void* recv, size_t count, DType t) override {
     const auto in_collective = ft::section(ft::kCollective, "all_to_all");
     ZAYA_CHECK(send != recv, "all_to_all has no in-place form");

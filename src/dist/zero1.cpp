@@ -1,4 +1,4 @@
-// ZeRO-1 ownership (zero1.h): LPT-greedy assignment and the bucketed packed layout.
+// ZeRO-1 ownership (zero1.h): LPT-greedy assignment and the in-place bucketed layout.
 #include "dist/zero1.h"
 
 #include <algorithm>
@@ -59,6 +59,133 @@ std::string Zero1Plan::describe(const std::vector<Zero1Item>& items) const {
   return out;
 }
 
+int64_t Zero1Bucket::elements(int world) const {
+  if (rooted.empty()) return int64_t(world) * chunk;
+  int64_t first = rooted.front().first, end = first;
+  for (const auto& [off, n] : rooted) {
+    if (n == 0) continue;
+    first = std::min(first, off);
+    end = std::max(end, off + n);
+  }
+  return end - first;
+}
+
+int64_t Zero1Plan::padding(const std::vector<Zero1Item>& items) const {
+  int64_t used = 0;
+  for (const Zero1Item& it : items) used += it.numel;
+  return flat_numel - used;
+}
+
+namespace {
+
+int64_t align_up(int64_t n, int64_t a) {
+  return (n + a - 1) / a * a;
+}
+
+// The layout of a plan whose ownership is set (zero1.h): buckets of whole owned groups (an item
+// and its followers) taken in backward order from every rank in lockstep, one bucket per split
+// tensor, then the items no rank owns.
+void lay_out(Zero1Plan& p, const std::vector<Zero1Item>& items) {
+  const size_t n = items.size();
+  p.offset.assign(n, -1);
+  p.bucket_list.clear();
+  // Groups: [first, last] item ranges, in item order.
+  std::vector<std::pair<size_t, size_t>> groups;
+  for (size_t i = 0; i < n; i++) {
+    if (items[i].follows_previous && !groups.empty())
+      groups.back().second = i;
+    else
+      groups.emplace_back(i, i);
+  }
+  auto group_elems = [&](const std::pair<size_t, size_t>& g) {
+    int64_t e = 0;
+    for (size_t i = g.first; i <= g.second; i++) e += items[i].numel;
+    return e;
+  };
+  // Per rank, its whole groups in the order the backward completes them (last item first).
+  std::vector<std::vector<size_t>> mine(size_t(p.world));
+  std::vector<size_t> split, unowned;
+  for (size_t gi = groups.size(); gi-- > 0;) {
+    const int o = p.owner[groups[gi].first];
+    if (o >= 0)
+      mine[size_t(o)].push_back(gi);
+    else if (o == Zero1Plan::kSplit)
+      split.push_back(groups[gi].first);  // never grouped (plan_zero1)
+    else
+      unowned.push_back(gi);
+  }
+  int64_t at = 0;
+  std::vector<size_t> cursor(size_t(p.world), 0);
+  auto left = [&] {
+    for (int r = 0; r < p.world; r++)
+      if (cursor[size_t(r)] < mine[size_t(r)].size()) return true;
+    return false;
+  };
+  while (left()) {
+    Zero1Bucket b;
+    b.start = at;
+    // Each rank's next groups, up to bucket_elems (at least one).
+    std::vector<std::vector<std::pair<size_t, int64_t>>> take(size_t(p.world));  // group, local
+    int64_t chunk = 0;
+    for (int r = 0; r < p.world; r++) {
+      int64_t used = 0;
+      auto& c = cursor[size_t(r)];
+      const auto& list = mine[size_t(r)];
+      while (c < list.size()) {
+        const int64_t e = align_up(group_elems(groups[list[c]]), kZero1AlignFloats);
+        if (used > 0 && used + e > p.bucket_elems) break;
+        take[size_t(r)].emplace_back(list[c], used);
+        used += e;
+        c++;
+      }
+      chunk = std::max(chunk, used);
+    }
+    b.chunk = chunk;
+    for (int r = 0; r < p.world; r++)
+      for (const auto& [gi, local] : take[size_t(r)]) {
+        int64_t off = b.start + int64_t(r) * chunk + local;
+        for (size_t i = groups[gi].first; i <= groups[gi].second; i++) {
+          p.offset[i] = off;
+          off += items[i].numel;
+          b.items.push_back(i);
+        }
+      }
+    std::sort(b.items.begin(), b.items.end());
+    at += int64_t(p.world) * chunk;
+    p.bucket_list.push_back(std::move(b));
+  }
+  for (size_t i : split) {
+    const Zero1Item& it = items[i];
+    const int64_t per = it.numel / it.shape[0];
+    const auto& sl = p.slices[i];
+    bool even = true;
+    for (int r = 0; r < p.world; r++)
+      even = even && sl[size_t(r)].count == sl[0].count && sl[size_t(r)].first == r * sl[0].count;
+    Zero1Bucket b;
+    b.start = at;
+    b.items = {i};
+    p.offset[i] = at;
+    if (even) {
+      b.chunk = sl[0].count * per;
+    } else {
+      for (int r = 0; r < p.world; r++)
+        b.rooted.emplace_back(at + sl[size_t(r)].first * per, sl[size_t(r)].count * per);
+    }
+    at += align_up(it.numel, kZero1AlignFloats);
+    p.bucket_list.push_back(std::move(b));
+  }
+  for (auto gi = unowned.rbegin(); gi != unowned.rend(); ++gi) {
+    for (size_t i = groups[*gi].first; i <= groups[*gi].second; i++) {
+      p.offset[i] = at;
+      at += items[i].numel;
+    }
+    at = align_up(at, kZero1AlignFloats);
+  }
+  p.flat_numel = std::max<int64_t>(at, 1);
+}
+
+}  // namespace
+
 Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t bucket_elems,
                      bool split_slices) {
   ZAYA_CHECK(world >= 1, "ZeRO-1: world size {} must be >= 1", world);
@@ -73,15 +200,32 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
   p.state_floats.assign(size_t(world), 0);
   p.segment_floats.assign(size_t(world), 0);
   p.muon_matrices.assign(size_t(world), 0);
-  auto assign = [&](size_t i, int r) {
-    const Zero1Item& it = items[i];
-    p.owner[i] = r;
-    p.state_floats[size_t(r)] += state_floats(it);
-    p.segment_floats[size_t(r)] += it.numel;
-    if (it.kind == OwnedKind::Muon) {
-      p.ns_flops[size_t(r)] += newton_schulz_flops(it.shape, it.muon_ns_steps);
-      p.muon_matrices[size_t(r)] += it.shape.size() == 3 ? it.shape[0] : 1;
+  // An item and its followers (Zero1Item::follows_previous) are owned together: `last[i]` is
+  // the last item of the group item i starts.
+  std::vector<size_t> last(items.size());
+  for (size_t i = items.size(); i-- > 0;)
+    last[i] = i + 1 < items.size() && items[i + 1].follows_previous ? last[i + 1] : i;
+  for (size_t i = 1; i < items.size(); i++)
+    ZAYA_CHECK(!items[i].follows_previous ||
+                   (items[i].kind == OwnedKind::NoGrad) == (items[i - 1].kind == OwnedKind::NoGrad),
+               "ZeRO-1: '{}' follows '{}' but only one of them has a gradient", items[i].name,
+               items[i - 1].name);
+  auto assign = [&](size_t first, int r) {
+    for (size_t i = first; i <= last[first]; i++) {
+      const Zero1Item& it = items[i];
+      p.owner[i] = r;
+      p.state_floats[size_t(r)] += state_floats(it);
+      p.segment_floats[size_t(r)] += it.numel;
+      if (it.kind == OwnedKind::Muon) {
+        p.ns_flops[size_t(r)] += newton_schulz_flops(it.shape, it.muon_ns_steps);
+        p.muon_matrices[size_t(r)] += it.shape.size() == 3 ? it.shape[0] : 1;
+      }
     }
+  };
+  auto group_sum = [&](size_t first, const std::function<double(const Zero1Item&)>& f) {
+    double v = 0;
+    for (size_t i = first; i <= last[first]; i++) v += f(items[i]);
+    return v;
   };
   // Big AdamW tensors (state above an eighth of a rank's share) are sliced too: one whole
   // embedding can otherwise exceed the share by itself.
@@ -91,8 +235,9 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
   std::vector<size_t> muon, rest, split, split_adamw;
   for (size_t i = 0; i < items.size(); i++) {
     const Zero1Item& it = items[i];
-    if (it.kind == OwnedKind::NoGrad) continue;
-    const bool sliceable = split_slices && world > 1 && it.shape.size() >= 1 && it.shape[0] > 1;
+    if (it.kind == OwnedKind::NoGrad || it.follows_previous) continue;
+    const bool sliceable =
+        split_slices && world > 1 && it.shape.size() >= 1 && it.shape[0] > 1 && last[i] == i;
     if (sliceable && it.kind == OwnedKind::Muon && it.shape.size() == 3)
       split.push_back(i);
     else if (sliceable && it.kind == OwnedKind::AdamW && state_floats(it) > big)
@@ -111,7 +256,8 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
     return p.state_floats[size_t(a)] < p.state_floats[size_t(b)];
   };
   // Cuts item i along dim 0 into min(D, N) contiguous slices whose sizes differ by at most one;
-  // slice j (in dim-0 order; the first D%k one larger) goes to the j-th rank of `by`'s order.
+  // slice j (in dim-0 order; the first D%k one larger) goes to the j-th rank of `by`'s order, or
+  // to rank j when every rank gets an equal slice (the layout's scatter bucket).
   auto slice = [&](size_t i, const std::function<bool(int, int)>& by) {
     const Zero1Item& it = items[i];
     const int64_t D = it.shape[0], k = std::min<int64_t>(D, world), per = it.numel / D;
@@ -120,7 +266,7 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
         muon ? newton_schulz_flops({it.shape[1], it.shape[2]}, it.muon_ns_steps) : 0.0;
     std::vector<int> order(static_cast<size_t>(world));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), by);
+    if (D % world != 0) std::stable_sort(order.begin(), order.end(), by);
     p.owner[i] = Zero1Plan::kSplit;
     p.slices[i].assign(size_t(world), Dim0Slice{});
     int64_t first = 0;
@@ -145,7 +291,9 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
   for (size_t i : split) slice(i, lighter);
   // Muon: largest Newton–Schulz cost first, to the rank with the least so far.
   std::vector<double> cost(items.size(), 0);
-  for (size_t i : muon) cost[i] = newton_schulz_flops(items[i].shape, items[i].muon_ns_steps);
+  for (size_t i : muon)
+    cost[i] = group_sum(
+        i, [](const Zero1Item& it) { return newton_schulz_flops(it.shape, it.muon_ns_steps); });
   std::stable_sort(muon.begin(), muon.end(), [&](size_t a, size_t b) { return cost[a] > cost[b]; });
   for (size_t i : muon) {
     int best = 0;
@@ -156,8 +304,8 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
   // The rest: largest state first, to the rank with the least state so far (Muon's included);
   // tensors without state (trained by nothing) balance the gradient elements instead.
   auto weight = [&](size_t i) {
-    const int64_t s = state_floats(items[i]);
-    return s > 0 ? s : items[i].numel;
+    const double s = group_sum(i, [](const Zero1Item& it) { return double(state_floats(it)); });
+    return s > 0 ? s : group_sum(i, [](const Zero1Item& it) { return double(it.numel); });
   };
   std::stable_sort(split_adamw.begin(), split_adamw.end(),
                    [&](size_t a, size_t b) { return weight(a) > weight(b); });
@@ -165,7 +313,8 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
   std::stable_sort(rest.begin(), rest.end(),
                    [&](size_t a, size_t b) { return weight(a) > weight(b); });
   for (size_t i : rest) {
-    const bool stateful = state_floats(items[i]) > 0;
+    const bool stateful =
+        group_sum(i, [](const Zero1Item& it) { return double(state_floats(it)); }) > 0;
     int best = 0;
     for (int r = 1; r < world; r++) {
       const auto& load = stateful ? p.state_floats : p.segment_floats;
@@ -173,24 +322,8 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
     }
     assign(i, best);
   }
-  p.seg = std::max<int64_t>(1, *std::max_element(p.segment_floats.begin(), p.segment_floats.end()));
+  lay_out(p, items);
   return p;
-}
-
-std::vector<SegmentPiece> segment_pieces(const Zero1Plan& plan, const std::vector<Zero1Item>& items,
-                                         const std::vector<int64_t>& flat_offsets, int rank) {
-  ZAYA_CHECK(flat_offsets.size() == items.size() && plan.owner.size() == items.size(),
-             "ZeRO-1: {} offsets and {} owners for {} tensors", flat_offsets.size(),
-             plan.owner.size(), items.size());
-  std::vector<SegmentPiece> out;
-  int64_t j = 0;
-  for (size_t i = 0; i < items.size(); i++) {
-    const auto [off, len] = plan.part(items, i, rank);
-    if (len == 0) continue;
-    out.push_back({flat_offsets[i] + off, j, len});
-    j += len;
-  }
-  return out;
 }
 
 std::vector<int> weight_writers(const Zero1Plan& plan) {
@@ -240,18 +373,6 @@ std::vector<OwnedStatePiece> owned_state_pieces(const Zero1Plan& plan,
       out.push_back({std::move(nm), i, offset, shape, whole});
   }
   return out;
-}
-
-void for_each_packed_run(const Zero1Plan& plan, int rank, const SegmentPiece& p,
-                         const std::function<void(int64_t, int64_t, int64_t)>& fn) {
-  int64_t done = 0;
-  while (done < p.len) {
-    const int64_t j = p.seg_offset + done;
-    const int64_t bucket_end = (j / plan.bucket_elems + 1) * plan.bucket_elems;
-    const int64_t n = std::min(p.len - done, bucket_end - j);
-    fn(plan.packed_offset(rank, j), p.flat_offset + done, n);
-    done += n;
-  }
 }
 
 }  // namespace zaya

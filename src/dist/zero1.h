@@ -13,12 +13,17 @@
 // rank come out close to total / N. Tensors without a gradient (the balancing biases) are owned
 // by no rank: every rank updates them identically from all-reduced routing counts.
 //
-// Layout: rank r's segment is its owned tensors' elements in layout order, padded to the longest
-// segment `seg`; the packed buffer is `buckets` buckets, bucket k holding chunk k (bucket_elems
-// elements, the last one shorter) of every rank's segment in rank order, so each bucket is one
-// reduce_scatter (recvcount = chunk) and one all_gather with the communicator's block layout.
-// Sharded checkpoints follow the plan: who writes each weight and which boxes of which optimizer
-// state each rank stores (weight_writers, owned_state_pieces).
+// Layout: the plan places every tensor in the step's flat buffers (gradients and masters share
+// it) so that the collectives run in place on them, with no packing copies. Bucket k is
+// [start, start + world·chunk): rank r's chunk at start + r·chunk holds whole tensors that r owns
+// (each one contiguous, 64-float aligned; the packed qkv matrix's parts adjacent), padded to the
+// bucket's largest chunk, so a bucket is one reduce_scatter (recvcount = chunk) and one
+// all_gather with the communicator's block layout. A split tensor is a bucket of its own: with
+// equal slices on every rank, in rank order, a scatter bucket like the others; with unequal ones
+// (dim 0 not a multiple of the world) a rooted bucket, one reduce and one broadcast per slice, to
+// and from its owner (grouped, so NCCL runs them at once). Buckets take each rank's tensors in the
+// order the backward completes them (last layer first), so they fill as the backward goes on.
+// Tensors without a gradient follow the buckets. At one rank nothing is padded but alignment.
 // Deliberately not here: moving bytes (engine/data_parallel_step.cpp); splitting a Muon matrix
 // itself, or slicing along any dimension but the first.
 #pragma once
@@ -38,7 +43,13 @@ struct Zero1Item {
   int64_t numel = 0;
   OwnedKind kind = OwnedKind::AdamW;
   int muon_ns_steps = 5;
+  // Must sit right after the previous item in the flat buffers, owned with it (the k and v parts
+  // of the packed qkv matrix the CUDA step multiplies as one).
+  bool follows_previous = false;
 };
+
+// Alignment of every tensor start (but a follower's) in the packed layout, in floats (256 bytes).
+constexpr int64_t kZero1AlignFloats = 64;
 
 // Newton–Schulz FLOPs of one Muon update of a [.., rows, cols] tensor (E matrices for 3-D): per
 // iteration A = XXᵀ, B = bA + cA², X = aX + BX on the m×n orientation with m = min(rows, cols).
@@ -52,6 +63,17 @@ struct Dim0Slice {
   int64_t first = 0, count = 0;
 };
 
+// One bucket of the layout (see above).
+struct Zero1Bucket {
+  int64_t start = 0;  // flat offset
+  int64_t chunk = 0;  // scatter bucket: elements per rank (world·chunk in all)
+  // Rooted bucket (a split tensor with unequal slices): per rank {flat offset, elements} of its
+  // slice (0 elements: none); empty for a scatter bucket.
+  std::vector<std::pair<int64_t, int64_t>> rooted;
+  std::vector<size_t> items;          // the items with elements in it
+  int64_t elements(int world) const;  // the extent in the flat buffers
+};
+
 struct Zero1Plan {
   static constexpr int kSplit = -2;
   int world = 1;
@@ -61,15 +83,13 @@ struct Zero1Plan {
   std::vector<int64_t> state_floats;    // per rank: optimizer-state floats
   std::vector<int64_t> segment_floats;  // per rank: gradient elements it owns
   std::vector<int64_t> muon_matrices;   // per rank: matrices it orthogonalises per step
-  int64_t seg = 1;                      // the padded segment length (max over ranks, >= 1)
   int64_t bucket_elems = 1;
-  int64_t buckets() const { return (seg + bucket_elems - 1) / bucket_elems; }
-  int64_t chunk(int64_t k) const { return std::min(bucket_elems, seg - k * bucket_elems); }
-  // Where element j of a rank's segment sits in the packed buffer of world·seg elements.
-  int64_t packed_offset(int rank, int64_t j) const {
-    const int64_t k = j / bucket_elems;
-    return int64_t(world) * k * bucket_elems + int64_t(rank) * chunk(k) + (j - k * bucket_elems);
-  }
+  // The layout: per item its offset in the step's flat buffers, the buffers' length, the buckets.
+  std::vector<int64_t> offset;
+  int64_t flat_numel = 1;
+  std::vector<Zero1Bucket> bucket_list;
+  int64_t buckets() const { return int64_t(bucket_list.size()); }
+  int64_t padding(const std::vector<Zero1Item>& items) const;  // flat elements holding no tensor
   std::vector<bool> mask(int rank) const;  // owned[i] for this rank (all or part of item i)
   // Rank r's part of item i in elements of the tensor: {offset, length}; {0, 0} when none.
   std::pair<int64_t, int64_t> part(const std::vector<Zero1Item>& items, size_t i, int r) const;
@@ -77,8 +97,9 @@ struct Zero1Plan {
 };
 
 // LPT-greedy ownership of `items` over `world` ranks (deterministic: ties go to the lower index
-// and the lower rank). bucket_elems >= 1. split_slices: expert tensors and big AdamW tensors by
-// dim-0 slices (see above).
+// and the lower rank; an item and its followers as one), and the layout. bucket_elems >= 1: a
+// bucket's chunk grows by whole tensors up to it (a tensor larger than it is a chunk by itself).
+// split_slices: expert tensors and big AdamW tensors by dim-0 slices (see above).
 Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t bucket_elems,
                      bool split_slices = false);
 
@@ -104,18 +125,5 @@ struct OwnedStatePiece {
 // state (every rank holds it alike; rank 0 stores it) is not the plan's and is not among them.
 std::vector<OwnedStatePiece> owned_state_pieces(const Zero1Plan& plan,
                                                 const std::vector<Zero1Item>& items, int rank);
-
-// A contiguous run of one owned tensor (or expert slice) inside a rank's segment.
-struct SegmentPiece {
-  int64_t flat_offset = 0;  // in the step's flat buffers
-  int64_t seg_offset = 0;   // in the rank's segment
-  int64_t len = 0;
-};
-// Rank r's owned tensors in layout order; flat_offsets[i] is item i's offset in the flat buffers.
-std::vector<SegmentPiece> segment_pieces(const Zero1Plan& plan, const std::vector<Zero1Item>& items,
-                                         const std::vector<int64_t>& flat_offsets, int rank);
-// Calls fn(packed_offset, flat_offset, len) for the parts of `p` of rank r, split at bucket ends.
-void for_each_packed_run(const Zero1Plan& plan, int rank, const SegmentPiece& p,
-                         const std::function<void(int64_t, int64_t, int64_t)>& fn);
 
 }  // namespace zaya

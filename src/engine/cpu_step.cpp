@@ -26,20 +26,25 @@ int64_t round_up(int64_t n, int64_t m) {
 class CpuStep final : public TrainStep {
  public:
   CpuStep(ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing,
-          const ParamMask& owned_state, const std::vector<std::pair<int64_t, int64_t>>& slices)
-      : model_(model), owned_state_(owned_state), slices_(slices) {
+          const TrainStepOptions& options)
+      : model_(model), owned_state_(options.owned_state), slices_(options.owned_slices) {
     auto slots = model.tensor_slots();
+    std::vector<std::pair<std::string, int64_t>> sizes;
+    for (auto& [name, t] : slots) sizes.emplace_back(name, t->numel());
+    check_flat_layout(sizes, options.flat_offsets, options.flat_numel);
     int64_t total = 0;
-    for (auto& [name, t] : slots) {
+    for (size_t i = 0; i < slots.size(); i++) {
+      auto& [name, t] = slots[i];
       ParamSlot s;
       s.name = name;
       s.shape = t->shape();
       s.numel = t->numel();
-      s.offset = total;
+      s.offset = options.flat_offsets.empty() ? total : options.flat_offsets[i];
       s.has_grad = !is_balancing_bias(name);
       layout_.push_back(s);
       total += round_up(s.numel, kAlignFloats);
     }
+    if (!options.flat_offsets.empty()) total = options.flat_numel;
     master_ = Tensor::zeros({std::max<int64_t>(total, 1)});
     grad_ = Tensor::zeros({std::max<int64_t>(total, 1)});
     for (size_t i = 0; i < slots.size(); i++) {
@@ -69,7 +74,7 @@ class CpuStep final : public TrainStep {
   bool reports_mfu() const override { return false; }
   const std::vector<ParamSlot>& layout() const override { return layout_; }
 
-  void zero_grads() override { grads_.zero(); }
+  void zero_grads() override { grad_.fill(0.0f); }  // the gaps too (collectives write them)
 
   StepStats forward_backward(const int32_t* ids, const int32_t* targets, int64_t B, int64_t S,
                              float loss_scale) override {
@@ -187,10 +192,10 @@ class CpuStep final : public TrainStep {
 
 }  // namespace
 
-std::unique_ptr<TrainStep> make_cpu_step(
-    ZayaModel& model, const OptimizerSettings& optim, const BalancingSettings& balancing,
-    const ParamMask& owned_state, const std::vector<std::pair<int64_t, int64_t>>& owned_slices) {
-  return std::make_unique<CpuStep>(model, optim, balancing, owned_state, owned_slices);
+std::unique_ptr<TrainStep> make_cpu_step(ZayaModel& model, const OptimizerSettings& optim,
+                                         const BalancingSettings& balancing,
+                                         const TrainStepOptions& options) {
+  return std::make_unique<CpuStep>(model, optim, balancing, options);
 }
 
 }  // namespace zaya

@@ -22,6 +22,7 @@ std::vector<Zero1Item> zero1_items(ZayaModel& model, const OptimizerSettings& op
     it.shape = t->shape();
     it.numel = t->numel();
     it.muon_ns_steps = optim.muon.ns_steps;
+    it.follows_previous = continues_packed_qkv(name);
     if (is_balancing_bias(name)) {
       it.kind = OwnedKind::NoGrad;
     } else {
@@ -58,7 +59,6 @@ class DpStep final : public DataParallelStep {
     const auto& lay = inner_->layout();
     ZAYA_CHECK(lay.size() == items_.size(), "data parallel: the step has {} tensors, not {}",
                lay.size(), items_.size());
-    std::vector<int64_t> offsets;
     for (size_t i = 0; i < lay.size(); i++) {
       ZAYA_CHECK(lay[i].name == items_[i].name && lay[i].numel == items_[i].numel,
                  "data parallel: tensor {} of the step is '{}' ({} elements), expected '{}' ({})",
@@ -66,10 +66,11 @@ class DpStep final : public DataParallelStep {
       ZAYA_CHECK(lay[i].has_grad == (items_[i].kind != OwnedKind::NoGrad),
                  "data parallel: '{}' has_grad disagrees with its optimizer assignment",
                  lay[i].name);
-      offsets.push_back(lay[i].offset);
+      // The collectives run in place on the step's buffers: they must be in the plan's layout.
+      ZAYA_CHECK(lay[i].offset == plan_.offset[i],
+                 "data parallel: the step put '{}' at flat offset {}, the plan at {}", lay[i].name,
+                 lay[i].offset, plan_.offset[i]);
     }
-    for (int r = 0; r < plan_.world; r++)
-      pieces_.push_back(segment_pieces(plan_, items_, offsets, r));
     mask_ = plan_.mask(rank_);
     // The tensors whose compute copies this rank's update writes in full:
     // the gated forward refreshes only the others from the gathered masters.
@@ -78,31 +79,27 @@ class DpStep final : public DataParallelStep {
       current_[i] = plan_.part(items_, i, rank_).second == items_[i].numel;
     const FlatBuffer g = inner_->grads();
     flat_floats_ = g.numel;
+    ZAYA_CHECK(flat_floats_ == plan_.flat_numel,
+               "data parallel: the step's flat buffers hold {} elements, the plan's {}",
+               flat_floats_, plan_.flat_numel);
     const bool step_on_device = g.device == Device::CUDA;
     ZAYA_CHECK(step_on_device || !comm_.buffer_on_device(),
                "data parallel: the {} communicator works on GPU buffers but the step is on the CPU",
                comm_.backend());
     device_work_ = step_on_device && comm_.buffer_on_device();
     mirror_ = step_on_device && !comm_.buffer_on_device();
-    // One buffer for both collectives, each in place: a bucket's reduce-scatter leaves this
-    // rank's sums in its own chunk, and its all-gather starts from the masters copied there.
-    const size_t packed_bytes = size_t(plan_.world) * size_t(plan_.seg) * sizeof(float);
-    packed_ = static_cast<float*>(comm_.alloc(packed_bytes));
-    std::vector<float> zeros(size_t(plan_.world) * size_t(plan_.seg), 0.0f);
-    comm_.copy_to_buffer(packed_, zeros.data(), packed_bytes);  // padding stays finite
     if (mirror_) {
       host_g_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
       host_m_ = static_cast<float*>(alloc_pinned_host(size_t(flat_floats_) * sizeof(float)));
     }
-    plan_buckets(lay);
+    plan_buckets();
     for (const ParamSlot& sl : lay) layers_ = std::max(layers_, layer_of_param(sl.name) + 1);
     // The all-gather overlaps the next forward where the collectives run on the GPU beside the
     // step and the step tells when it needs each layer.
     gather_overlap_ = device_work_ && overlap_ && inner_->set_weights_needed({});
   }
   ~DpStep() override {
-    if (pending_) comm_.synchronize();  // nothing may still write into the buffers freed here
-    comm_.free(packed_);
+    if (pending_) comm_.synchronize();  // nothing may still write into the step's buffers
     free_pinned_host(host_g_);
     free_pinned_host(host_m_);
   }
@@ -115,7 +112,7 @@ class DpStep final : public DataParallelStep {
     DataParallelMemory m;
     m.masters = m.grads = flat_floats_ * int64_t(sizeof(float));
     m.optimizer_state = plan_.state_floats[size_t(rank_)] * int64_t(sizeof(float));
-    m.comm_buffers = int64_t(plan_.world) * plan_.seg * int64_t(sizeof(float));
+    m.padding = plan_.padding(items_) * int64_t(sizeof(float));
     m.staging = mirror_ ? 2 * m.masters : 0;
     return m;
   }
@@ -364,39 +361,17 @@ class DpStep final : public DataParallelStep {
   }
 
  private:
-  // Copies within the working memory: host memcpy, or (the NCCL path) device copies enqueued on
-  // the communicator's stream, in order with its collectives.
-  void move(float* dst, const float* src, int64_t n) const {
-    if (device_work_)
-      comm_.copy(dst, src, size_t(n) * sizeof(float));
-    else if (n)
-      std::memcpy(dst, src, size_t(n) * sizeof(float));
-  }
-
-  // Per bucket: its packed runs (every rank's, bucket-local) and the layer whose backward
-  // completes it (the lowest layer among its tensors; -1 when it holds the embedding, the input
-  // affine or the final norm, which the backward finishes last). Buckets are issued in the order
-  // the backward completes them, the same on every rank (the plan and the names are).
-  void plan_buckets(const std::vector<ParamSlot>& lay) {
-    std::vector<std::pair<int64_t, int64_t>> starts;  // (flat offset, layer) of every tensor
-    for (const ParamSlot& sl : lay) starts.emplace_back(sl.offset, layer_of_param(sl.name));
-    std::sort(starts.begin(), starts.end());
-    auto layer_at = [&](int64_t fo) {
-      auto it = std::upper_bound(starts.begin(), starts.end(),
-                                 std::make_pair(fo, std::numeric_limits<int64_t>::max()));
-      ZAYA_CHECK(it != starts.begin(), "data parallel: flat offset {} precedes every tensor", fo);
-      return std::prev(it)->second;
-    };
+  // Per bucket the layer whose backward completes it (the lowest layer among its tensors; -1
+  // when it holds the embedding, the input affine or the final norm, which the backward finishes
+  // last). Buckets are issued in the order the backward completes them, the same on every rank
+  // (the plan and the names are).
+  void plan_buckets() {
     const int64_t nb = plan_.buckets();
-    runs_.assign(size_t(nb), {});
     bucket_layer_.assign(size_t(nb), std::numeric_limits<int64_t>::max());
-    for (int r = 0; r < plan_.world; r++)
-      for (const SegmentPiece& p : pieces_[size_t(r)])
-        for_each_packed_run(plan_, r, p, [&](int64_t po, int64_t fo, int64_t n) {
-          const int64_t k = po / (int64_t(plan_.world) * plan_.bucket_elems);
-          runs_[size_t(k)].push_back({po, fo, n, r});
-          bucket_layer_[size_t(k)] = std::min(bucket_layer_[size_t(k)], layer_at(fo));
-        });
+    for (int64_t k = 0; k < nb; k++)
+      for (size_t i : plan_.bucket_list[size_t(k)].items)
+        bucket_layer_[size_t(k)] =
+            std::min(bucket_layer_[size_t(k)], layer_of_param(items_[i].name));
     order_.resize(size_t(nb));
     for (int64_t k = 0; k < nb; k++) order_[size_t(k)] = k;
     std::stable_sort(order_.begin(), order_.end(), [&](int64_t a, int64_t b) {
@@ -404,15 +379,29 @@ class DpStep final : public DataParallelStep {
     });
   }
 
-  // Bucket k in the packed buffer, and this rank's chunk of it.
-  float* bucket(int64_t k) const { return packed_ + int64_t(plan_.world) * k * plan_.bucket_elems; }
-  float* own_chunk(int64_t k) const { return bucket(k) + int64_t(rank_) * plan_.chunk(k); }
+  // This rank's range of bucket k in the flat buffers: {offset, elements} (0 elements: none).
+  std::pair<int64_t, int64_t> own_range(int64_t k) const {
+    const Zero1Bucket& b = plan_.bucket_list[size_t(k)];
+    if (!b.rooted.empty()) return b.rooted[size_t(rank_)];
+    return {b.start + int64_t(rank_) * b.chunk, b.chunk};
+  }
 
-  // Packs bucket k of every rank from `work` (the flat gradients) and starts its reduce-scatter
-  // (in place: the sums of this rank's runs land in its own chunk).
-  void issue_bucket(int64_t k, const float* work) {
-    for (const Run& r : runs_[size_t(k)]) move(packed_ + r.packed, work + r.flat, r.len);
-    comm_.reduce_scatter(bucket(k), own_chunk(k), size_t(plan_.chunk(k)), DType::F32, RedOp::Sum);
+  // Starts bucket k's reduction in place on `work` (the flat gradients): a reduce-scatter that
+  // leaves this rank's sums in its own chunk, or (rooted) one reduce per slice to its owner.
+  void issue_bucket(int64_t k, float* work) {
+    const Zero1Bucket& b = plan_.bucket_list[size_t(k)];
+    if (b.rooted.empty()) {
+      float* base = work + b.start;
+      comm_.reduce_scatter(base, base + int64_t(rank_) * b.chunk, size_t(b.chunk), DType::F32,
+                           RedOp::Sum);
+    } else {
+      comm_.group_begin();
+      for (int r = 0; r < plan_.world; r++) {
+        const auto [off, n] = b.rooted[size_t(r)];
+        if (n > 0) comm_.reduce(work + off, work + off, size_t(n), DType::F32, RedOp::Sum, r);
+      }
+      comm_.group_end();
+    }
     reduce_scatters_++;
   }
 
@@ -421,7 +410,7 @@ class DpStep final : public DataParallelStep {
   void layer_ready(int64_t layer) {
     if (issued_ == order_.size() || bucket_layer_[size_t(order_[issued_])] < layer) return;
     const double t0 = now_ms();
-    const float* work = inner_->grads().data;
+    float* work = inner_->grads().data;
     if (device_work_) comm_.after_stream(inner_->stream());
     while (issued_ < order_.size() && bucket_layer_[size_t(order_[issued_])] >= layer) {
       issue_bucket(order_[issued_++], work);
@@ -441,20 +430,18 @@ class DpStep final : public DataParallelStep {
       copy_step_bytes(host_g_, g.data, size_t(g.numel) * sizeof(float));
       work = host_g_;
     } else if (device_work_) {
-      comm_.after_stream(inner_->stream());  // packing reads what the backward wrote
+      comm_.after_stream(inner_->stream());  // the collectives read what the backward wrote
     }
     // The buckets the backward did not start (all of them without overlap).
     while (issued_ < order_.size()) issue_bucket(order_[issued_++], work);
-    comm_.synchronize();
-    for (const auto& runs : runs_)
-      for (const Run& r : runs) {
-        if (r.rank != rank_) continue;
-        move(work + r.flat, packed_ + r.packed, r.len);
-        if (mirror_)
-          copy_step_bytes(g.data + r.flat, work + r.flat, size_t(r.len) * sizeof(float));
+    comm_.synchronize();  // before the step's stream reads the sums
+    if (mirror_) {
+      for (int64_t k = 0; k < plan_.buckets(); k++) {
+        const auto [off, n] = own_range(k);
+        if (n > 0) copy_step_bytes(g.data + off, work + off, size_t(n) * sizeof(float));
       }
-    if (device_work_) comm_.synchronize();  // before the step's stream reads them
-    if (mirror_) finish_step_copies();
+      finish_step_copies();
+    }
     reduced_ = true;
     times_.reduce_scatter = now_ms() - t0 + hook_ms_;
     times_.buckets_in_backward = in_backward_;
@@ -466,10 +453,13 @@ class DpStep final : public DataParallelStep {
     float* work = m.data;
     if (mirror_) {
       inner_->sync();  // the update ran on the step's own stream
-      copy_step_bytes(host_m_, m.data, size_t(m.numel) * sizeof(float));
+      for (int64_t k = 0; k < plan_.buckets(); k++) {
+        const auto [off, n] = own_range(k);
+        if (n > 0) copy_step_bytes(host_m_ + off, m.data + off, size_t(n) * sizeof(float));
+      }
       work = host_m_;
     } else if (device_work_) {
-      comm_.after_stream(inner_->stream());  // packing reads what the update wrote
+      comm_.after_stream(inner_->stream());  // the collectives read what the update wrote
     }
     issue_gathers(work);
     if (gather_overlap_ && !device_cp_) {
@@ -479,17 +469,19 @@ class DpStep final : public DataParallelStep {
     }
     if (device_work_) comm_.synchronize();  // before the step's stream reads the masters
     if (mirror_) {
-      copy_step_bytes(m.data, host_m_, size_t(m.numel) * sizeof(float));
+      for (const Zero1Bucket& b : plan_.bucket_list)
+        copy_step_bytes(m.data + b.start, host_m_ + b.start,
+                        size_t(b.elements(plan_.world)) * sizeof(float));
       finish_step_copies();
     }
     inner_->weights_changed();
     times_.all_gather = now_ms() - t0;
   }
 
-  // Every bucket's all-gather (in place: this rank's runs of the masters copied into its chunk
-  // first), each followed by the copies of the other ranks' parts into the masters, in the order
-  // the forward reads them (a bucket's layer is the lowest of its tensors,
-  // so the buckets of layers <= l hold every run of layer l), with a mark after each layer's.
+  // Every bucket's all-gather in place on `work` (the masters; this rank's chunk holds its
+  // update), or (rooted) one broadcast per slice from its owner, in the order the forward reads
+  // them (a bucket's layer is the lowest of its tensors, so the buckets of layers <= l hold every
+  // tensor of layer l), with a mark after each layer's.
   // MPI: all done on return. NCCL: all on the communicator's stream; with the overlap the next
   // forward's weights_needed(l) makes the step's stream wait for mark l and refreshes that
   // layer's bf16 copies, else gather_weights waits for the whole.
@@ -499,12 +491,18 @@ class DpStep final : public DataParallelStep {
     size_t j = order_.size();  // order_ runs from the last layer down: walk it backwards
     for (int64_t l = -1; l < layers_; l++) {
       while (j > 0 && (bucket_layer_[size_t(order_[j - 1])] <= l || l + 1 == layers_)) {
-        const int64_t k = order_[--j];
-        for (const Run& r : runs_[size_t(k)])
-          if (r.rank == rank_) move(packed_ + r.packed, work + r.flat, r.len);
-        comm_.all_gather(own_chunk(k), bucket(k), size_t(plan_.chunk(k)), DType::F32);
-        for (const Run& r : runs_[size_t(k)])
-          if (r.rank != rank_) move(work + r.flat, packed_ + r.packed, r.len);
+        const Zero1Bucket& b = plan_.bucket_list[size_t(order_[--j])];
+        if (b.rooted.empty()) {
+          float* base = work + b.start;
+          comm_.all_gather(base + int64_t(rank_) * b.chunk, base, size_t(b.chunk), DType::F32);
+        } else {
+          comm_.group_begin();
+          for (int r = 0; r < plan_.world; r++) {
+            const auto [off, n] = b.rooted[size_t(r)];
+            if (n > 0) comm_.broadcast(work + off, work + off, size_t(n), DType::F32, r);
+          }
+          comm_.group_end();
+        }
       }
       gate_mark_[size_t(l + 1)] = comm_.mark();
     }
@@ -543,27 +541,21 @@ class DpStep final : public DataParallelStep {
   Communicator& comm_;
   Communicator& host_;
   int rank_ = 0;
-  std::vector<std::vector<SegmentPiece>> pieces_;
   ParamMask mask_, current_;
   int64_t flat_floats_ = 0;
   bool overlap_ = true;
   bool device_work_ = false, mirror_ = false, reduced_ = false;
-  struct Run {
-    int64_t packed = 0, flat = 0, len = 0;
-    int rank = 0;  // whose segment
-  };
-  std::vector<std::vector<Run>> runs_;  // per bucket
-  std::vector<int64_t> bucket_layer_;   // per bucket: the layer that completes it
-  std::vector<int64_t> order_;          // buckets in the order the backward completes them
-  size_t issued_ = 0;                   // of order_, started this step
-  int64_t in_backward_ = 0;             // started inside the backward (layer >= 0)
+  std::vector<int64_t> bucket_layer_;  // per bucket: the layer that completes it
+  std::vector<int64_t> order_;         // buckets in the order the backward completes them
+  size_t issued_ = 0;                  // of order_, started this step
+  int64_t in_backward_ = 0;            // started inside the backward (layer >= 0)
   int64_t micro_total_ = 0, micro_seen_ = 0;
   double hook_ms_ = 0;
   bool gather_overlap_ = false, pending_ = false;  // the all-gather overlaps the next forward
   bool device_cp_ = false;  // a context-parallel group over NCCL: no overlap (set_context_parallel)
   int64_t layers_ = 0;
   std::vector<int> gate_mark_;  // per layer + 1: the communicator's mark after its buckets
-  float *packed_ = nullptr, *host_g_ = nullptr, *host_m_ = nullptr;
+  float *host_g_ = nullptr, *host_m_ = nullptr;
   int64_t reduce_scatters_ = 0;
   DataParallelTimes times_;
 };
@@ -585,6 +577,8 @@ std::unique_ptr<DataParallelStep> make_data_parallel_step(ZayaModel& model,
   // Expert stacks and big AdamW tensors by dim-0 slices (both steps keep and update a slice).
   Zero1Plan plan = plan_zero1(items, comm.size(), bucket_elems, true);
   options.owned_state = plan.mask(comm.rank());
+  options.flat_offsets = plan.offset;  // the collectives run in place on the step's buffers
+  options.flat_numel = plan.flat_numel;
   options.owned_slices.assign(items.size(), {0, -1});
   for (size_t i = 0; i < items.size(); i++)
     if (plan.owner[i] == Zero1Plan::kSplit) {

@@ -1,12 +1,14 @@
 // DataParallelStep: data parallelism with ZeRO-1 over any TrainStep and a Communicator. Every rank
 // holds a full model replica and runs the same loop on its own micro-batches; the step adds the
 // collectives between the inner step's stages (train_step.h):
-//   1. the fp32 gradients are packed into buckets (dist/zero1.h's layout) and reduce-scattered,
-//      so each rank holds the fully reduced gradients of the tensors it owns. With overlap (the
+//   1. the fp32 gradients are reduce-scattered bucket by bucket, in place: the inner step keeps
+//      its flat buffers in the plan's layout (dist/zero1.h), so a bucket is a range of them and
+//      no bytes are packed or unpacked; each rank then holds the fully reduced gradients of the
+//      tensors it owns. With overlap (the
 //      default) and begin_accumulation(n) called after zero_grads, the last micro-batch's backward
 //      starts each bucket as soon as the layers it holds are done (the inner step's
 //      LayerGradsReady; buckets in the order the backward completes them, the same on every
-//      rank): on NCCL the packing copies and the reduce-scatter run on the communicator's stream,
+//      rank): on NCCL the reduce-scatter runs on the communicator's stream,
 //      ordered after the step's stream by an event, while the backward goes on; on MPI (blocking)
 //      they run between layers. The rest go after the backward (the first grad_sq_norm or
 //      optimizer_step of the step). Either way every bucket is reduced once, so the results are
@@ -30,7 +32,8 @@
 //
 // Buffers: CPU steps reduce their host buffers directly over MPI. GPU steps use NCCL on device
 // buffers, or (an MPI communicator) host-staged MPI through page-locked mirrors of the flat
-// buffers, which also lets several ranks share one GPU.
+// buffers (the whole gradients copied out, this rank's sums back; this rank's masters out, the
+// gathered ones back), which also lets several ranks share one GPU.
 // Checkpoints use owned_state() (each rank's own pieces, written by that rank) and
 // load_state_from() (each rank reads the pieces it owns now). state() is collective and gathers
 // every owner's optimizer state as whole tensors on rank 0 (the other ranks get an empty list), for
@@ -48,14 +51,16 @@
 namespace zaya {
 
 // Per-rank memory of a data-parallel step, in bytes (host or device, where the step keeps it).
+// masters and grads are the flat buffers, padding (each) the part of them between tensors that
+// the layout's buckets need (dist/zero1.h); the collectives need no buffers of their own.
 struct DataParallelMemory {
-  int64_t masters = 0, grads = 0, optimizer_state = 0, comm_buffers = 0, staging = 0;
+  int64_t masters = 0, grads = 0, padding = 0, optimizer_state = 0, staging = 0;
 };
 
 // Wall-clock milliseconds of the last step's data-parallel stages on this rank (each ends
-// synchronised): the gradient reduce-scatter (packing, the collectives, unpacking, and the host
-// staging copies when there are any), the inner optimizer update of the owned tensors, and the
-// weight all-gather (packing, the collectives, unpacking; weights_changed() is issued, not waited
+// synchronised): the gradient reduce-scatter (the collectives, and the host staging copies when
+// there are any), the inner optimizer update of the owned tensors, and the weight all-gather
+// (the collectives and staging copies; weights_changed() is issued, not waited
 // for: on the GPU its refresh of the bf16 copies lands in the next forward's time). reduce_scatter
 // counts the time spent in the backward's bucket starts too; buckets_in_backward is how many
 // buckets the last step started inside its backward (overlap).

@@ -2,6 +2,7 @@
 // without the CUDA backend (the CUDA build defines it in engine/cuda/cuda_step_cuda.cpp).
 #include "engine/train_step.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -32,6 +33,44 @@ int64_t layer_of_param(const std::string& name) {
     if (layer > (int64_t(1) << 40)) return -1;
   }
   return i < name.size() && name[i] == '.' ? layer : -1;
+}
+
+bool continues_packed_qkv(const std::string& n) {
+  auto ends = [&](const char* suf) {
+    const std::string x(suf);
+    return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
+  };
+  return ends("k_proj.weight") || ends("v_proj_current.weight") || ends("v_proj_delayed.weight");
+}
+
+void check_flat_layout(const std::vector<std::pair<std::string, int64_t>>& names_numel,
+                       const std::vector<int64_t>& offsets, int64_t flat_numel) {
+  if (offsets.empty()) return;
+  ZAYA_CHECK(offsets.size() == names_numel.size(),
+             "train step: the flat layout has {} offsets for {} parameters", offsets.size(),
+             names_numel.size());
+  std::vector<std::pair<int64_t, int64_t>> spans;  // [offset, end)
+  for (size_t i = 0; i < offsets.size(); i++) {
+    const auto& [name, numel] = names_numel[i];
+    const int64_t o = offsets[i];
+    ZAYA_CHECK(o >= 0 && o + numel <= flat_numel,
+               "train step: '{}' at flat offset {} ({} elements) lies outside the {} of the "
+               "flat buffers",
+               name, o, numel, flat_numel);
+    if (continues_packed_qkv(name)) {
+      ZAYA_CHECK(i > 0 && offsets[i - 1] + names_numel[i - 1].second == o,
+                 "train step: '{}' at flat offset {} does not follow '{}' directly", name, o,
+                 i > 0 ? names_numel[i - 1].first : std::string("nothing"));
+    } else {
+      ZAYA_CHECK(o % 64 == 0, "train step: '{}' at flat offset {} is not 64-float aligned", name,
+                 o);
+    }
+    spans.emplace_back(o, o + numel);
+  }
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); i++)
+    ZAYA_CHECK(spans[i].first >= spans[i - 1].second,
+               "train step: the flat layout overlaps two tensors at offset {}", spans[i].first);
 }
 
 std::vector<int> TrainStep::weight_writers() const {
@@ -145,7 +184,7 @@ std::unique_ptr<TrainStep> make_train_step(ZayaModel& model, const OptimizerSett
                                            const TrainStepOptions& options) {
   check_train_device(options);
   if (options.device == "cuda") return make_cuda_step(model, optim, balancing, options);
-  return make_cpu_step(model, optim, balancing, options.owned_state, options.owned_slices);
+  return make_cpu_step(model, optim, balancing, options);
 }
 
 }  // namespace zaya

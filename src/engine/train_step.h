@@ -83,6 +83,13 @@ struct TrainStepOptions {
   // tensor, rows of a 2-D one) that the step keeps and updates, its state then being of shape
   // [count, ...] under the tensor's name (count < 0, or an empty list: the whole tensor).
   std::vector<std::pair<int64_t, int64_t>> owned_slices;
+  // Where the flat gradient and master buffers put each parameter (tensor_slots() order), and
+  // their length, so that another layout (ZeRO-1's in-place buckets, dist/zero1.h) is the step's
+  // own; empty: the step's default. Every offset is 64-float aligned except the continuations of
+  // the packed qkv matrix (continues_packed_qkv), which must follow their predecessor directly;
+  // tensors may not overlap. Gaps hold zeros. The step checks and throws zaya::Error otherwise.
+  std::vector<int64_t> flat_offsets;
+  int64_t flat_numel = 0;
 };
 
 class TrainStep {
@@ -215,6 +222,14 @@ void finish_step_copies();
 // The layer index of a parameter named "model.layers.<n>. ...", or -1 for the others (the
 // embedding, the input affine, the final norm): the LayerGradsReady index that completes it.
 int64_t layer_of_param(const std::string& name);
+// Whether a parameter continues the packed qkv matrix that q_proj starts (k_proj,
+// v_proj_current, v_proj_delayed: the CUDA step multiplies the four as one matrix, so they sit
+// back to back in its buffers).
+bool continues_packed_qkv(const std::string& name);
+// Checks TrainStepOptions::flat_offsets / flat_numel against the parameters' names and sizes
+// (see there); a no-op when flat_offsets is empty.
+void check_flat_layout(const std::vector<std::pair<std::string, int64_t>>& names_numel,
+                       const std::vector<int64_t>& offsets, int64_t flat_numel);
 // CUDA devices this process sees (0 in a build without CUDA or on a machine without a GPU).
 int visible_cuda_devices();
 void* alloc_pinned_host(size_t bytes);

@@ -600,18 +600,17 @@ TrainResult train(const TrainOptions& opts) {
                  fmt_mib(double(par.bucket_elems) * 4.0));
       for (int r = 0; r < job.world; r++)
         fmt::print(stderr, "  rank {:>3}: {}\n", r, layout_rows[size_t(r)]);
-      fmt::print(stderr, "ZeRO-1 ownership ({} buckets of a {}-element segment):\n{}",
-                 dstep->plan().buckets(), dstep->plan().seg,
+      fmt::print(stderr, "ZeRO-1 ownership ({} buckets in place over {} flat elements):\n{}",
+                 dstep->plan().buckets(), dstep->plan().flat_numel,
                  dstep->plan().describe(dstep->items()));
       const DataParallelMemory m = dstep->memory();
       const sizing::MemoryPlan pred = sizing::memory_plan(
           model.cfg, int(job.world), mb * max_seq_len(rc), sizing::OptimizerKind::Muon, 4);
       fmt::print(stderr,
-                 "memory per rank (rank 0): fp32 masters {}, fp32 gradients {}, owned optimizer "
-                 "state {}, reduce buffers {}, host staging {}{}\n",
-                 fmt_mib(double(m.masters)), fmt_mib(double(m.grads)),
-                 fmt_mib(double(m.optimizer_state)), fmt_mib(double(m.comm_buffers)),
-                 fmt_mib(double(m.staging)),
+                 "memory per rank (rank 0): fp32 masters {}, fp32 gradients {} (each {} of "
+                 "bucket padding), owned optimizer state {}, host staging {}{}\n",
+                 fmt_mib(double(m.masters)), fmt_mib(double(m.grads)), fmt_mib(double(m.padding)),
+                 fmt_mib(double(m.optimizer_state)), fmt_mib(double(m.staging)),
                  step->device_bytes() > 0
                      ? fmt::format(", device in use {}", fmt_mib(double(step->device_bytes())))
                      : std::string());

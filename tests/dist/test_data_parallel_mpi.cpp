@@ -58,6 +58,7 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
   auto dp = make_data_parallel_step(mdp, os, bs, so, *comm, *comm, bucket);
   auto ref = make_train_step(mref, os, bs, so);
   const auto& lay = ref->layout();
+  const auto& dlay = dp->layout();  // the plan's in-place layout
   const Zero1Plan& plan = dp->plan();
   EXPECT_GT(plan.buckets(), 1);
 
@@ -104,7 +105,7 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
     for (size_t i = 0; i < lay.size(); i++) {
       if (!lay[i].has_grad) continue;
       for (int64_t e = 0; e < lay[i].numel; e++) {
-        g.data[lay[i].offset + e] = grad_value(R, step, i, e);
+        g.data[dlay[i].offset + e] = grad_value(R, step, i, e);
         float s = 0;
         for (int r = 0; r < N; r++) s += grad_value(r, step, i, e);
         gr.data[lay[i].offset + e] = s;
@@ -128,7 +129,7 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
     // Balancing biases identical on every rank (hash gathered from all).
     uint64_t h = 1469598103934665603ull;
     FlatBuffer m = dp->masters();
-    for (auto& s : lay)
+    for (auto& s : dlay)
       if (!s.has_grad) h = fnv1a(m.data + s.offset, size_t(s.numel) * 4, h);
     auto all = comm->host_all_gather(std::to_string(h));
     for (auto& x : all)
@@ -136,8 +137,9 @@ TEST(DataParallelMpi, ZeroOneMatchesOneProcessBitForBit) {
     // Weights bit for bit equal to the one-process update.
     FlatBuffer mr = ref->masters();
     int64_t differ = 0;
-    for (auto& s : lay)
-      differ += std::memcmp(m.data + s.offset, mr.data + s.offset, size_t(s.numel) * 4) != 0;
+    for (size_t i = 0; i < lay.size(); i++)
+      differ += std::memcmp(m.data + dlay[i].offset, mr.data + lay[i].offset,
+                            size_t(lay[i].numel) * 4) != 0;
     EXPECT_EQ(differ, 0) << "rank " << R << ": " << differ << " tensors differ at step " << step;
   }
   // The gathered checkpoint state (rank 0) is the one-process state, bit for bit.
@@ -251,8 +253,9 @@ TEST(DataParallelMpi, OverlappedReductionMatchesDeferredBitForBit) {
 
 // The LPT plan on its own, with and without dim-0 slices: every element of a tensor with a
 // gradient has one owner, none twice (so every matrix is owned exactly once, and a split tensor's
-// slices are whole experts or rows, at most one per rank); the packed layout is a bijection onto
-// world × seg.
+// slices are whole experts or rows, at most one per rank); the in-place layout puts every tensor
+// in the flat buffers once, and its buckets cover every element with a gradient exactly once, in
+// its owner's part.
 TEST(DataParallelMpi, PlanCoversEveryTensorOnce) {
   ZayaModel m = ZayaModel::init(ZayaConfig::preset("tiny"), 1);
   auto items = zero1_items(m, OptimizerSettings{});
@@ -275,37 +278,75 @@ TEST(DataParallelMpi, PlanCoversEveryTensorOnce) {
         EXPECT_EQ(holders, std::min<int64_t>(world, items[i].shape[0])) << items[i].name;
       }
       EXPECT_EQ(matrices, want_matrices) << world;
-      std::vector<int64_t> offsets;
-      int64_t off = 0;
-      for (auto& it : items) {
-        offsets.push_back(off);
-        off += it.numel;
+      // The layout: tensors inside the flat buffers, aligned (the qkv parts back to back with
+      // their predecessor and its owner), none overlapping.
+      ASSERT_EQ(p.offset.size(), items.size());
+      std::vector<int> tensor_at(size_t(p.flat_numel), -1);
+      for (size_t i = 0; i < items.size(); i++) {
+        ASSERT_GE(p.offset[i], 0) << items[i].name;
+        ASSERT_LE(p.offset[i] + items[i].numel, p.flat_numel) << items[i].name;
+        if (items[i].follows_previous) {
+          EXPECT_EQ(p.offset[i], p.offset[i - 1] + items[i - 1].numel) << items[i].name;
+          EXPECT_EQ(p.owner[i], p.owner[i - 1]) << items[i].name;
+        } else {
+          EXPECT_EQ(p.offset[i] % kZero1AlignFloats, 0) << items[i].name;
+        }
+        for (int64_t k = 0; k < items[i].numel; k++) {
+          ASSERT_EQ(tensor_at[size_t(p.offset[i] + k)], -1) << items[i].name << " overlaps";
+          tensor_at[size_t(p.offset[i] + k)] = int(i);
+        }
       }
-      std::vector<int> hit(size_t(world) * size_t(p.seg), 0);
-      for (int r = 0; r < world; r++)
-        for (auto& piece : segment_pieces(p, items, offsets, r))
-          for_each_packed_run(p, r, piece, [&](int64_t po, int64_t, int64_t n) {
-            for (int64_t k = 0; k < n; k++) hit[size_t(po + k)]++;
-          });
-      int64_t covered = 0;
-      for (int x : hit) {
-        EXPECT_LE(x, 1);
-        covered += x;
+      // The buckets: disjoint ranges; in each, rank r's chunk (or rooted slice) holds only
+      // elements that r owns, and together they hold every element with a gradient exactly once.
+      std::vector<int> covered(size_t(p.flat_numel), 0);
+      auto visit = [&](int r, int64_t off, int64_t n, int64_t bucket) {
+        for (int64_t k = off; k < off + n; k++) {
+          covered[size_t(k)]++;
+          const int i = tensor_at[size_t(k)];
+          if (i < 0) continue;  // padding
+          const auto [first, len] = p.part(items, size_t(i), r);
+          const int64_t e = k - p.offset[size_t(i)];
+          ASSERT_TRUE(e >= first && e < first + len)
+              << items[size_t(i)].name << " element " << e << " in rank " << r
+              << "'s part of bucket " << bucket << ", world " << world;
+        }
+      };
+      for (int64_t b = 0; b < p.buckets(); b++) {
+        const Zero1Bucket& bk = p.bucket_list[size_t(b)];
+        if (bk.rooted.empty()) {
+          EXPECT_EQ(bk.start % kZero1AlignFloats, 0);
+          for (int r = 0; r < world; r++) visit(r, bk.start + r * bk.chunk, bk.chunk, b);
+        } else {
+          EXPECT_TRUE(split && world > 1) << "a rooted bucket without split tensors";
+          ASSERT_EQ(bk.rooted.size(), size_t(world));
+          for (int r = 0; r < world; r++)
+            visit(r, bk.rooted[size_t(r)].first, bk.rooted[size_t(r)].second, b);
+        }
       }
-      int64_t want = 0;
-      // Per element of the flat buffer: how many ranks' segments hold it.
-      std::vector<int> owners(size_t(off), 0);
-      for (int r = 0; r < world; r++)
-        for (auto& piece : segment_pieces(p, items, offsets, r))
-          for (int64_t k = 0; k < piece.len; k++) owners[size_t(piece.flat_offset + k)]++;
+      int64_t used = 0;
       for (size_t i = 0; i < items.size(); i++) {
         EXPECT_EQ(p.owner[i] == -1, items[i].kind == OwnedKind::NoGrad) << items[i].name;
-        if (p.owner[i] != -1) want += items[i].numel;
+        used += items[i].numel;
         for (int64_t k = 0; k < items[i].numel; k++)
-          ASSERT_EQ(owners[size_t(offsets[i] + k)], p.owner[i] == -1 ? 0 : 1)
+          ASSERT_EQ(covered[size_t(p.offset[i] + k)], p.owner[i] == -1 ? 0 : 1)
               << items[i].name << " element " << k << ", world " << world;
       }
-      EXPECT_EQ(covered, want) << world;
+      for (int x : covered) ASSERT_LE(x, 1) << "two buckets overlap, world " << world;
+      EXPECT_EQ(p.padding(items), p.flat_numel - used);
+      // One rank: nothing padded but each tensor's alignment.
+      if (world == 1) EXPECT_LT(p.padding(items), int64_t(items.size()) * kZero1AlignFloats);
+      if (split && world == 4) {
+        // Equal expert slices on every rank (E = 4k) are in rank order: scatter buckets.
+        for (size_t i = 0; i < items.size(); i++)
+          if (p.owner[i] == Zero1Plan::kSplit && items[i].shape[0] % world == 0)
+            for (int r = 0; r < world; r++)
+              EXPECT_EQ(p.slices[i][size_t(r)].first, r * items[i].shape[0] / world)
+                  << items[i].name;
+      }
+      if (split && world > 1 && (world == 4 || world == 2))
+        std::printf("plan at world %d: %lld buckets, padding %.1f%% of %lld flat elements\n", world,
+                    (long long)p.buckets(), 100.0 * double(p.padding(items)) / double(p.flat_numel),
+                    (long long)p.flat_numel);
     }
 }
 

@@ -40,7 +40,6 @@ class PeerBase : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 2; }
   std::string host_name() const override { return "local"; }
-  void broadcast(const void*, void*, size_t, DType, int) override { unused("broadcast"); }
   void all_to_all(const void*, void*, size_t, DType) override { unused("all_to_all"); }
   void send(const void*, size_t, DType, int) override { unused("send"); }
   void recv(void*, size_t, DType, int) override { unused("recv"); }
@@ -70,6 +69,8 @@ class PeerHost final : public PeerBase {
     unused("reduce_scatter");
   }
   void all_gather(const void*, void*, size_t, DType) override { unused("all_gather"); }
+  void broadcast(const void*, void*, size_t, DType, int) override { unused("broadcast"); }
+  void reduce(const void*, void*, size_t, DType, RedOp, int) override { unused("reduce"); }
   void host_all_reduce(double* v, size_t n, RedOp op) override {
     if (op == RedOp::Sum)
       for (size_t i = 0; i < n; i++) v[i] *= 2;
@@ -85,14 +86,9 @@ class PeerHost final : public PeerBase {
 class PeerDevice final : public PeerBase {
  public:
   std::string backend() const override { return "nccl-like"; }
-  explicit PeerDevice(int64_t bucket_elems) : n_(bucket_elems) {
+  PeerDevice() {
     ZAYA_CUDA_CHECK(cudaStreamCreateWithFlags(&st_, cudaStreamNonBlocking));
     ZAYA_CUDA_CHECK(cudaEventCreateWithFlags(&order_, cudaEventDisableTiming));
-    std::vector<float> p(static_cast<size_t>(n_));
-    for (int64_t i = 0; i < n_; i++) p[size_t(i)] = 0.02f * std::sin(0.37f * float(i));
-    ZAYA_CUDA_CHECK(cudaMalloc(&pattern_, size_t(n_) * sizeof(float)));
-    ZAYA_CUDA_CHECK(
-        cudaMemcpy(pattern_, p.data(), size_t(n_) * sizeof(float), cudaMemcpyHostToDevice));
   }
   ~PeerDevice() override {
     cudaStreamSynchronize(st_);
@@ -113,19 +109,29 @@ class PeerDevice final : public PeerBase {
     if (r != s) copy(r, s, n * sizeof(float));  // in place (rank 0): r == s
     cuda::scale_f32(static_cast<float*>(r), 2.0f, int64_t(n), st_);
   }
+  // Root 0 (this rank): twice its own; root 1: nothing lands here.
+  void reduce(const void* s, void* r, size_t n, DType t, RedOp op, int root) override {
+    ZAYA_CHECK(t == DType::F32 && op == RedOp::Sum, "PeerDevice: reduce of f32 sums only");
+    if (root != 0) return;
+    if (r != s) copy(r, s, n * sizeof(float));
+    cuda::scale_f32(static_cast<float*>(r), 2.0f, int64_t(n), st_);
+  }
   // Block 0: this rank's part; block 1: the peer's, a pattern scaled by the step. The first of a
   // step waits 50 ms on the stream first.
   void all_gather(const void* s, void* r, size_t n, DType t) override {
-    ZAYA_CHECK(t == DType::F32 && int64_t(n) <= n_, "PeerDevice: all_gather of <= {} f32", n_);
-    if (!delayed_) {
-      ZAYA_CUDA_CHECK(cudaLaunchHostFunc(
-          st_, [](void*) { usleep(50000); }, nullptr));
-      delayed_ = true;
-    }
+    ZAYA_CHECK(t == DType::F32, "PeerDevice: all_gather of f32 only");
     float* rf = static_cast<float*>(r);
     if (rf != s) copy(rf, s, n * sizeof(float));  // rank 0 in place: s == r
-    copy(rf + n, pattern_, n * sizeof(float));
-    cuda::scale_f32(rf + n, 1.0f + 0.1f * float(phase_), int64_t(n), st_);
+    peer_part(rf + n, n);
+  }
+  // Root 1 (the peer): its pattern; root 0: this rank's own, in place.
+  void broadcast(const void* s, void* r, size_t n, DType t, int root) override {
+    ZAYA_CHECK(t == DType::F32, "PeerDevice: broadcast of f32 only");
+    if (root == 0) {
+      if (r != s) copy(r, s, n * sizeof(float));
+      return;
+    }
+    peer_part(static_cast<float*>(r), n);
   }
   void host_all_reduce(double*, size_t, RedOp) override { unused("host_all_reduce"); }
   bool buffer_on_device() const override { return true; }
@@ -151,6 +157,24 @@ class PeerDevice final : public PeerBase {
     if (b) ZAYA_CUDA_CHECK(cudaMemcpyAsync(d, s, b, cudaMemcpyDefault, st_));
   }
   int mark() override { return marks_.mark(st_); }
+  void peer_part(float* dst, size_t n) {
+    if (!delayed_) {
+      ZAYA_CUDA_CHECK(cudaLaunchHostFunc(
+          st_, [](void*) { usleep(50000); }, nullptr));
+      delayed_ = true;
+    }
+    if (int64_t(n) > n_) {  // the pattern, grown to the largest part asked for
+      ZAYA_CUDA_CHECK(cudaStreamSynchronize(st_));
+      std::vector<float> p(n);
+      for (size_t i = 0; i < n; i++) p[i] = 0.02f * std::sin(0.37f * float(i));
+      cudaFree(pattern_);
+      ZAYA_CUDA_CHECK(cudaMalloc(&pattern_, n * sizeof(float)));
+      ZAYA_CUDA_CHECK(cudaMemcpy(pattern_, p.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+      n_ = int64_t(n);
+    }
+    copy(dst, pattern_, n * sizeof(float));
+    cuda::scale_f32(dst, 1.0f + 0.1f * float(phase_), int64_t(n), st_);
+  }
   void stream_wait(void* stream, int m) override {
     marks_.wait(static_cast<cudaStream_t>(stream), m);
   }
@@ -184,7 +208,7 @@ Trained train(bool overlap) {
   o.device = "cuda";
   o.max_tokens = B * S;
   o.max_seq = S;
-  PeerDevice dev(bucket);
+  PeerDevice dev;
   PeerHost host;
   auto step = make_data_parallel_step(model, OptimizerSettings{}, BalancingSettings{}, o, dev, host,
                                       bucket, overlap);

@@ -83,13 +83,8 @@ class CudaStep final : public TrainStep {
   }
   int64_t balancing_steps() const override { return balance_->steps(); }
 
-  FlatBuffer grads() override {
-    auto& p = model_->params();
-    return {p.front().grad, flat_numel_, Device::CUDA};
-  }
-  FlatBuffer masters() override {
-    return {model_->params().front().master, flat_numel_, Device::CUDA};
-  }
+  FlatBuffer grads() override { return {model_->grad_base(), flat_numel_, Device::CUDA}; }
+  FlatBuffer masters() override { return {model_->master_base(), flat_numel_, Device::CUDA}; }
   void weights_changed() override { model_->refresh_copies(); }
   void sync() override { ZAYA_CUDA_CHECK(cudaStreamSynchronize(model_->stream())); }
 
@@ -180,6 +175,8 @@ class CudaStep final : public TrainStep {
     mo.max_seq = opt_.max_seq;
     mo.recompute = opt_.recompute;
     mo.device = opt_.device_index;
+    mo.flat_offsets = opt_.flat_offsets;
+    mo.flat_numel = opt_.flat_numel;
     model_ = std::make_unique<cuda::CudaModel>(host, mo);
     cuda::CudaOptimizerOptions oo;
     oo.ns_bf16 = opt_.ns_bf16;
@@ -189,10 +186,9 @@ class CudaStep final : public TrainStep {
                                                    model_->stream(), oo);
     // The layout: offsets into the one master allocation (the gradients use the same offsets).
     auto& params = model_->params();
-    ZAYA_ASSERT(!params.empty() && params.front().grad);
-    const float* base = params.front().master;
+    const float* base = model_->master_base();
     layout_.clear();
-    flat_numel_ = 0;
+    flat_numel_ = model_->flat_elems();
     for (const auto& p : params) {
       ParamSlot s;
       s.name = p.name;
@@ -200,8 +196,8 @@ class CudaStep final : public TrainStep {
       s.numel = p.numel;
       s.offset = int64_t(p.master - base);
       s.has_grad = p.grad != nullptr;
-      ZAYA_ASSERT(!p.grad || p.grad - params.front().grad == s.offset);
-      flat_numel_ = std::max(flat_numel_, s.offset + s.numel);
+      ZAYA_ASSERT(!p.grad || p.grad - model_->grad_base() == s.offset);
+      ZAYA_ASSERT(s.offset + s.numel <= flat_numel_);
       layout_.push_back(s);
     }
   }

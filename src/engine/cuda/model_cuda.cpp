@@ -68,12 +68,6 @@ bool has_bf16_copy(const std::string& n) {
          ends_with(n, "experts.down_proj");
 }
 
-// The tensors that continue the packed qkv matrix started by q_proj (no padding before them).
-bool continues_qkv(const std::string& n) {
-  return ends_with(n, "k_proj.weight") || ends_with(n, "v_proj_current.weight") ||
-         ends_with(n, "v_proj_delayed.weight");
-}
-
 // Every tensor of the model as a mutable slot, in named_tensors() order (checked by the caller
 // against named_tensors(), so this list cannot silently drift from the model's own visitor).
 std::vector<Tensor*> tensor_slots(ZayaModel& m) {
@@ -395,12 +389,15 @@ void CudaModel::Impl::build_params(const ZayaModel& m) {
   // Offsets: each tensor starts 256-byte aligned, except the continuations of the packed qkv
   // matrix, which follow their predecessor directly.
   std::vector<size_t> moff(named.size()), coff(named.size(), SIZE_MAX);
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  for (const auto& [name, t] : named) sizes.emplace_back(name, t.numel());
+  check_flat_layout(sizes, opt.flat_offsets, opt.flat_numel);
   size_t mo = 0, co = 0;
   for (size_t i = 0; i < named.size(); i++) {
     const auto& [name, t] = named[i];
-    const bool cont = continues_qkv(name);
+    const bool cont = continues_packed_qkv(name);
     if (!cont) mo = align_up(mo, kAlign / sizeof(float));
-    moff[i] = mo;
+    moff[i] = opt.flat_offsets.empty() ? mo : size_t(opt.flat_offsets[i]);
     mo += size_t(t.numel());
     if (has_bf16_copy(name)) {
       if (!cont) co = align_up(co, kAlign / sizeof(bf16));
@@ -408,6 +405,7 @@ void CudaModel::Impl::build_params(const ZayaModel& m) {
       co += size_t(t.numel());
     }
   }
+  if (!opt.flat_offsets.empty()) mo = size_t(opt.flat_numel);
   master_elems = mo;
   copy_elems = co;
   void* p = nullptr;
@@ -418,6 +416,7 @@ void CudaModel::Impl::build_params(const ZayaModel& m) {
   ZAYA_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(co, 1) * sizeof(bf16)));
   copy_buf = static_cast<bf16*>(p);
   ZAYA_CUDA_CHECK(cudaMemset(grad_buf, 0, std::max<size_t>(mo, 1) * sizeof(float)));
+  ZAYA_CUDA_CHECK(cudaMemset(master_buf, 0, std::max<size_t>(mo, 1) * sizeof(float)));  // gaps
 
   params.reserve(named.size());  // pointers into it are handed out below: no reallocation
   std::map<std::string, DeviceParam*> by_name;
@@ -1280,6 +1279,15 @@ const ZayaConfig& CudaModel::cfg() const {
 std::vector<DeviceParam>& CudaModel::params() {
   return impl_->params;
 }
+float* CudaModel::master_base() const {
+  return impl_->master_buf;
+}
+float* CudaModel::grad_base() const {
+  return impl_->grad_buf;
+}
+int64_t CudaModel::flat_elems() const {
+  return int64_t(impl_->master_elems);
+}
 cudaStream_t CudaModel::stream() const {
   return impl_->st;
 }
@@ -1360,8 +1368,8 @@ void CudaModel::refresh_copies(int64_t layer, const std::vector<bool>* current) 
   Impl& im = *impl_;
   ZAYA_CUDA_CHECK(cudaSetDevice(im.opt.device));
   ZAYA_CHECK(!current || current->size() == im.params.size(),
-             "CudaModel::refresh_copies: a mask of {} tensors for {}", current ? current->size() : 0,
-             im.params.size());
+             "CudaModel::refresh_copies: a mask of {} tensors for {}",
+             current ? current->size() : 0, im.params.size());
   for (size_t i = 0; i < im.params.size(); i++) {
     const DeviceParam& p = im.params[i];
     if (p.copy && layer_of_param(p.name) == layer && !(current && (*current)[i]))

@@ -37,6 +37,11 @@ struct CudaModelOptions {
   size_t logits_chunk_bytes = size_t(4) << 30;
   bool profile = false;  // time op classes with CUDA events (adds synchronisation)
   int device = 0;
+  // Where the master and gradient buffers put each parameter (named_tensors() order) and their
+  // length (TrainStepOptions::flat_offsets, checked the same way); empty: 256-byte aligned in
+  // order.
+  std::vector<int64_t> flat_offsets;
+  int64_t flat_numel = 0;
 };
 
 // One parameter on the device. `copy` is the bf16 copy used by GEMMs (null for parameters that
@@ -64,6 +69,11 @@ class CudaModel {
 
   const ZayaConfig& cfg() const;
   std::vector<DeviceParam>& params();
+  // The one master and the one gradient allocation that every parameter lives in, and their
+  // length in floats.
+  float* master_base() const;
+  float* grad_base() const;
+  int64_t flat_elems() const;
   cudaStream_t stream() const;
   GemmContext& gemm();
 

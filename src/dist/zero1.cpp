@@ -78,6 +78,9 @@ int64_t Zero1Plan::padding(const std::vector<Zero1Item>& items) const {
 
 namespace {
 
+// A bucket of whole tensors whose chunks would be more than 1/kRootedPad padding is rooted.
+constexpr int64_t kRootedPad = 8;
+
 int64_t align_up(int64_t n, int64_t a) {
   return (n + a - 1) / a * a;
 }
@@ -126,9 +129,10 @@ void lay_out(Zero1Plan& p, const std::vector<Zero1Item>& items) {
     b.start = at;
     // Each rank's next groups, up to bucket_elems (at least one).
     std::vector<std::vector<std::pair<size_t, int64_t>>> take(size_t(p.world));  // group, local
+    std::vector<int64_t> used_by(size_t(p.world), 0);
     int64_t chunk = 0;
     for (int r = 0; r < p.world; r++) {
-      int64_t used = 0;
+      int64_t& used = used_by[size_t(r)];
       auto& c = cursor[size_t(r)];
       const auto& list = mine[size_t(r)];
       while (c < list.size()) {
@@ -140,18 +144,29 @@ void lay_out(Zero1Plan& p, const std::vector<Zero1Item>& items) {
       }
       chunk = std::max(chunk, used);
     }
-    b.chunk = chunk;
-    for (int r = 0; r < p.world; r++)
+    // Padding every chunk to the largest costs little while the ranks' loads are alike; where
+    // they are not (many ranks, few tensors each) the chunks are packed back to back in rank
+    // order instead, and the bucket is rooted.
+    int64_t total = 0;
+    for (int64_t u : used_by) total += u;
+    const bool rooted = int64_t(p.world) * chunk - total > int64_t(p.world) * chunk / kRootedPad;
+    int64_t chunk_at = b.start;
+    for (int r = 0; r < p.world; r++) {
+      const int64_t base = rooted ? chunk_at : b.start + int64_t(r) * chunk;
+      if (rooted) b.rooted.emplace_back(base, used_by[size_t(r)]);
       for (const auto& [gi, local] : take[size_t(r)]) {
-        int64_t off = b.start + int64_t(r) * chunk + local;
+        int64_t off = base + local;
         for (size_t i = groups[gi].first; i <= groups[gi].second; i++) {
           p.offset[i] = off;
           off += items[i].numel;
           b.items.push_back(i);
         }
       }
+      chunk_at += used_by[size_t(r)];
+    }
+    b.chunk = rooted ? 0 : chunk;
     std::sort(b.items.begin(), b.items.end());
-    at += int64_t(p.world) * chunk;
+    at += rooted ? total : int64_t(p.world) * chunk;
     p.bucket_list.push_back(std::move(b));
   }
   for (size_t i : split) {

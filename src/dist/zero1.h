@@ -21,8 +21,10 @@
 // all_gather with the communicator's block layout. A split tensor is a bucket of its own: with
 // equal slices on every rank, in rank order, a scatter bucket like the others; with unequal ones
 // (dim 0 not a multiple of the world) a rooted bucket, one reduce and one broadcast per slice, to
-// and from its owner (grouped, so NCCL runs them at once). Buckets take each rank's tensors in the
-// order the backward completes them (last layer first), so they fill as the backward goes on.
+// and from its owner (grouped, so NCCL runs them at once). A bucket of whole tensors whose chunks
+// would be more than an eighth padding (many ranks owning few, unequal tensors) is rooted too,
+// its ranks' parts back to back in rank order. Buckets take each rank's tensors in the order the
+// backward completes them (last layer first), so they fill as the backward goes on.
 // Tensors without a gradient follow the buckets. At one rank nothing is padded but alignment.
 // Deliberately not here: moving bytes (engine/data_parallel_step.cpp); splitting a Muon matrix
 // itself, or slicing along any dimension but the first.
@@ -67,8 +69,9 @@ struct Dim0Slice {
 struct Zero1Bucket {
   int64_t start = 0;  // flat offset
   int64_t chunk = 0;  // scatter bucket: elements per rank (world·chunk in all)
-  // Rooted bucket (a split tensor with unequal slices): per rank {flat offset, elements} of its
-  // slice (0 elements: none); empty for a scatter bucket.
+  // Rooted bucket (a split tensor with unequal slices, or whole tensors whose chunks differ too
+  // much): per rank {flat offset, elements} of its part (0 elements: none); empty for a scatter
+  // bucket.
   std::vector<std::pair<int64_t, int64_t>> rooted;
   std::vector<size_t> items;          // the items with elements in it
   int64_t elements(int world) const;  // the extent in the flat buffers

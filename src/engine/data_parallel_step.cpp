@@ -10,31 +10,14 @@
 
 #include "core/error.h"
 #include "optim/param_rules.h"
+#include "sizing/zero1_layout.h"
 
 namespace zaya {
 
 std::vector<Zero1Item> zero1_items(ZayaModel& model, const OptimizerSettings& optim) {
-  const auto rules = optim.effective_rules();
-  std::vector<Zero1Item> items;
-  for (auto& [name, t] : model.tensor_slots()) {
-    Zero1Item it;
-    it.name = name;
-    it.shape = t->shape();
-    it.numel = t->numel();
-    it.muon_ns_steps = optim.muon.ns_steps;
-    it.follows_previous = continues_packed_qkv(name);
-    if (is_balancing_bias(name)) {
-      it.kind = OwnedKind::NoGrad;
-    } else {
-      switch (assign_param(name, t->shape(), rules, optim.weight_decay).optimizer) {
-        case OptimizerKind::Muon: it.kind = OwnedKind::Muon; break;
-        case OptimizerKind::AdamW: it.kind = OwnedKind::AdamW; break;
-        case OptimizerKind::None: it.kind = OwnedKind::None; break;
-      }
-    }
-    items.push_back(std::move(it));
-  }
-  return items;
+  std::vector<std::pair<std::string, Shape>> tensors;
+  for (auto& [name, t] : model.tensor_slots()) tensors.emplace_back(name, t->shape());
+  return zero1_items(tensors, optim);
 }
 
 namespace {

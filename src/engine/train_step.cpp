@@ -35,14 +35,6 @@ int64_t layer_of_param(const std::string& name) {
   return i < name.size() && name[i] == '.' ? layer : -1;
 }
 
-bool continues_packed_qkv(const std::string& n) {
-  auto ends = [&](const char* suf) {
-    const std::string x(suf);
-    return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
-  };
-  return ends("k_proj.weight") || ends("v_proj_current.weight") || ends("v_proj_delayed.weight");
-}
-
 void check_flat_layout(const std::vector<std::pair<std::string, int64_t>>& names_numel,
                        const std::vector<int64_t>& offsets, int64_t flat_numel) {
   if (offsets.empty()) return;

@@ -222,10 +222,6 @@ void finish_step_copies();
 // The layer index of a parameter named "model.layers.<n>. ...", or -1 for the others (the
 // embedding, the input affine, the final norm): the LayerGradsReady index that completes it.
 int64_t layer_of_param(const std::string& name);
-// Whether a parameter continues the packed qkv matrix that q_proj starts (k_proj,
-// v_proj_current, v_proj_delayed: the CUDA step multiplies the four as one matrix, so they sit
-// back to back in its buffers).
-bool continues_packed_qkv(const std::string& name);
 // Checks TrainStepOptions::flat_offsets / flat_numel against the parameters' names and sizes
 // (see there); a no-op when flat_offsets is empty.
 void check_flat_layout(const std::vector<std::pair<std::string, int64_t>>& names_numel,

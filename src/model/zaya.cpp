@@ -72,11 +72,11 @@ void visit(M& m, F&& f) {
 
 }  // namespace
 
-std::map<std::string, Shape> expected_tensor_shapes(const ZayaConfig& c) {
+std::vector<std::pair<std::string, Shape>> tensor_shapes_in_order(const ZayaConfig& c) {
   const int64_t D = c.hidden_size, d = c.head_dim, Hq = c.num_attention_heads,
                 Hkv = c.num_key_value_heads, C = c.conv_channels(), R = c.router_hidden_size,
                 E = c.num_experts, I = c.moe_intermediate_size;
-  std::map<std::string, Shape> s;
+  std::vector<std::pair<std::string, Shape>> s;
   ZayaModel shape_only;
   shape_only.layers.resize(size_t(c.num_hidden_layers));
   visit(shape_only, [&](const std::string& name, Tensor&) {
@@ -117,9 +117,23 @@ std::map<std::string, Shape> expected_tensor_shapes(const ZayaConfig& c) {
       sh = {E, D, I};
     else if (name.find("mlp.gate.") != std::string::npos)
       sh = {R};
-    s[name] = sh;
+    s.emplace_back(name, sh);
   });
   return s;
+}
+
+std::map<std::string, Shape> expected_tensor_shapes(const ZayaConfig& c) {
+  std::map<std::string, Shape> m;
+  for (auto& [name, sh] : tensor_shapes_in_order(c)) m.emplace(std::move(name), std::move(sh));
+  return m;
+}
+
+bool continues_packed_qkv(const std::string& n) {
+  auto ends = [&](const char* suf) {
+    const std::string x(suf);
+    return n.size() >= x.size() && n.compare(n.size() - x.size(), x.size(), x) == 0;
+  };
+  return ends("k_proj.weight") || ends("v_proj_current.weight") || ends("v_proj_delayed.weight");
 }
 
 bool is_matrix_tensor(const std::string& n, const Shape& sh) {

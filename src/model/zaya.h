@@ -85,8 +85,14 @@ class ZayaModel {
                    int64_t N, std::vector<int32_t>* choices) const;
 };
 
-// The shape of every named tensor of a model with config `c`, from the config alone.
+// The shape of every named tensor of a model with config `c`, from the config alone: in
+// named_tensors() order, and by name.
+std::vector<std::pair<std::string, Shape>> tensor_shapes_in_order(const ZayaConfig& c);
 std::map<std::string, Shape> expected_tensor_shapes(const ZayaConfig& c);
+// Whether a tensor continues the packed qkv matrix that q_proj starts (k_proj, v_proj_current,
+// v_proj_delayed: the CUDA step multiplies the four as one matrix, so they sit back to back in
+// its buffers).
+bool continues_packed_qkv(const std::string& name);
 // Whether the tensor `name` of shape `sh` is a weight matrix (kept in its stored dtype when
 // loaded) rather than a vector or convolution filter (widened to fp32).
 bool is_matrix_tensor(const std::string& name, const Shape& sh);

@@ -23,12 +23,13 @@
 namespace zaya::sizing {
 
 struct TrainSetup {
-  int64_t micro_batch = 4;   // sequences per rank per micro-step
-  int64_t seq = 4096;        // tokens per sequence
-  int ranks = 8;             // GPUs (ZeRO-1 shards over all of them)
-  int cp = 1;                // context-parallel GPUs per sequence: ranks / cp data-parallel groups
-  int64_t global_batch = 0;  // sequences per optimizer step; 0: micro_batch * ranks
-  bool recompute = false;    // full per-layer activation recomputation
+  int64_t micro_batch = 4;  // sequences per rank per micro-step
+  int64_t seq = 4096;       // tokens per sequence
+  int ranks = 8;            // GPUs (ZeRO-1 shards over all of them)
+  int cp = 1;               // context-parallel GPUs per sequence: ranks / cp data-parallel groups
+  int64_t bucket_elems = int64_t(25) << 18;  // fp32 elements per rank per ZeRO-1 bucket (25 MiB)
+  int64_t global_batch = 0;                  // sequences per optimizer step; 0: micro_batch * ranks
+  bool recompute = false;                    // full per-layer activation recomputation
   OptimizerKind optimizer = OptimizerKind::Muon;
   int grad_bytes = 4;       // gradient buffer element (fp32 accumulation)
   int grad_comm_bytes = 4;  // reduce-scatter element (fp32 by default; 2 for bf16)

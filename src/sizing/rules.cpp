@@ -8,6 +8,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "optim/param_rules.h"
+#include "sizing/zero1_layout.h"
 
 namespace zaya::sizing {
 
@@ -276,12 +278,22 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
     const double cp_kv = context_parallel_kv_bytes(c, ts.micro_batch, ts.seq, ts.cp, false);
     m.activations += cp_kv;
     m.activations_recompute += context_parallel_kv_bytes(c, ts.micro_batch, ts.seq, ts.cp, true);
+    // The data-parallel step's in-place bucket layout pads the fp32 gradient buffer.
+    OptimizerSettings os;
+    if (o.train.optimizer == OptimizerKind::AdamW) {
+      os.default_rules = false;
+      os.rules = {ParamRule{"re:.*", zaya::OptimizerKind::AdamW, 1.0, std::nullopt}};
+    }
+    const Zero1LayoutSummary lay =
+        zero1_layout(c, o.train.ranks, os, std::max<int64_t>(1, o.train.bucket_elems));
+    const double pad = double(lay.padding_elems) * 4.0;
+    m.grads += pad;
     const double cap = hw.hbm_gib * kGiB, usable = cap * o.memory_headroom;
     const double full = m.total(false), rec = m.total(true);
     r.value = fmt::format(
-        "per GPU: weights {} + grads {} + master {} + {} states {} + activations {} (recompute: {})"
-        " = {} ({} with recompute) of {}",
-        gib(m.weights), gib(m.grads), gib(m.master), optimizer_name(o.train.optimizer),
+        "per GPU: weights {} + grads {} (bucket padding {}) + master {} + {} states {} + "
+        "activations {} (recompute: {}) = {} ({} with recompute) of {}",
+        gib(m.weights), gib(m.grads), gib(pad), gib(m.master), optimizer_name(o.train.optimizer),
         gib(m.optimizer), gib(m.activations), gib(m.activations_recompute), gib(full), gib(rec),
         gib(cap));
     r.threshold = fmt::format(
@@ -302,6 +314,10 @@ std::vector<RuleResult> check_rules(const ZayaConfig& c, const HardwareProfile& 
                  {"optimizer", optimizer_name(o.train.optimizer)},
                  {"weights_bytes", m.weights},
                  {"grads_bytes", m.grads},
+                 {"bucket_padding_bytes", pad},
+                 {"zero1_buckets", lay.buckets},
+                 {"zero1_rooted_buckets", lay.rooted},
+                 {"state_max_over_mean", lay.state_max_over_mean},
                  {"master_bytes", m.master},
                  {"optimizer_bytes", m.optimizer},
                  {"activations_bytes", m.activations},

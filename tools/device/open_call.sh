@@ -6,8 +6,9 @@
 # order given by PARTS (default all of them):
 #   dp     tools/device/dp_check.sh: two ranks on one GPU over MPI against one, NCCL with one rank
 #          against the plain step, the data-parallel machinery's share of the step;
-#   tests  the GPU tests matching GPU_FILTER (default the optimizer, data-parallel, CUDA model
-#          and CUDA training suites), built in the background while the parts before it run;
+#   tests  the GPU tests matching GPU_FILTER (default the optimizer, data-parallel, flat-layout,
+#          CUDA model and CUDA training suites), built in the background while the parts before
+#          it run;
 #   ckpt   tools/device/ckpt_gpu.sh's benchmark (CKPT_EXPORT=0; CKPT_SNAPSHOTS, default
 #          "device host"): the loop's stall per save and the writer's bandwidth;
 #   export tools/device/ckpt_gpu.sh's export and reshard checks (no benchmark) of a 30-step tiny
@@ -60,7 +61,7 @@ part_tests() {
   while [ ! -f /tmp/gpu_tests_built ] && [ $w -lt "$(left 300)" ]; do sleep 2; w=$((w + 2)); done
   note "gpu tests build: $(tail -1 /tmp/gpu_tests_build.log) (waited $w s)"
   cp /tmp/gpu_tests_build.log "$LOGS/" 2>/dev/null
-  local filter="${GPU_FILTER:-OptimizerCuda.*:DataParallelCuda.*:CudaModel*:TrainCuda*}"
+  local filter="${GPU_FILTER:-OptimizerCuda.*:DataParallelCuda.*:FlatLayoutCuda.*:CudaModel*:TrainCuda*}"
   timeout -k 5 "$(left 200)" build-mpi/zaya_gpu_tests --gtest_filter="$filter" \
     >"$LOGS/gpu_tests.log" 2>&1
   note "gpu tests ($filter): exit $? | $(grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]' "$LOGS/gpu_tests.log" | tr '\n' ' ' | cut -c1-600)"

@@ -85,6 +85,15 @@ int64_t align_up(int64_t n, int64_t a) {
   return (n + a - 1) / a * a;
 }
 
+// An item and its followers (Zero1Item::follows_previous) form a group, owned and placed
+// together: last[i] is the last item of the group that item i starts.
+std::vector<size_t> group_last(const std::vector<Zero1Item>& items) {
+  std::vector<size_t> last(items.size());
+  for (size_t i = items.size(); i-- > 0;)
+    last[i] = i + 1 < items.size() && items[i + 1].follows_previous ? last[i + 1] : i;
+  return last;
+}
+
 // The layout of a plan whose ownership is set (zero1.h): buckets of whole owned groups (an item
 // and its followers) taken in backward order from every rank in lockstep, one bucket per split
 // tensor, then the items no rank owns.
@@ -93,13 +102,9 @@ void lay_out(Zero1Plan& p, const std::vector<Zero1Item>& items) {
   p.offset.assign(n, -1);
   p.bucket_list.clear();
   // Groups: [first, last] item ranges, in item order.
+  const std::vector<size_t> last = group_last(items);
   std::vector<std::pair<size_t, size_t>> groups;
-  for (size_t i = 0; i < n; i++) {
-    if (items[i].follows_previous && !groups.empty())
-      groups.back().second = i;
-    else
-      groups.emplace_back(i, i);
-  }
+  for (size_t i = 0; i < n; i = last[i] + 1) groups.emplace_back(i, last[i]);
   auto group_elems = [&](const std::pair<size_t, size_t>& g) {
     int64_t e = 0;
     for (size_t i = g.first; i <= g.second; i++) e += items[i].numel;
@@ -215,11 +220,7 @@ Zero1Plan plan_zero1(const std::vector<Zero1Item>& items, int world, int64_t buc
   p.state_floats.assign(size_t(world), 0);
   p.segment_floats.assign(size_t(world), 0);
   p.muon_matrices.assign(size_t(world), 0);
-  // An item and its followers (Zero1Item::follows_previous) are owned together: `last[i]` is
-  // the last item of the group item i starts.
-  std::vector<size_t> last(items.size());
-  for (size_t i = items.size(); i-- > 0;)
-    last[i] = i + 1 < items.size() && items[i + 1].follows_previous ? last[i + 1] : i;
+  const std::vector<size_t> last = group_last(items);  // groups are owned together
   for (size_t i = 1; i < items.size(); i++)
     ZAYA_CHECK(!items[i].follows_previous ||
                    (items[i].kind == OwnedKind::NoGrad) == (items[i - 1].kind == OwnedKind::NoGrad),

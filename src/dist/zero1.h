@@ -26,6 +26,8 @@
 // its ranks' parts back to back in rank order. Buckets take each rank's tensors in the order the
 // backward completes them (last layer first), so they fill as the backward goes on.
 // Tensors without a gradient follow the buckets. At one rank nothing is padded but alignment.
+// Sharded checkpoints follow the plan: who writes each weight and which boxes of which optimizer
+// state each rank stores (weight_writers, owned_state_pieces).
 // Deliberately not here: moving bytes (engine/data_parallel_step.cpp); splitting a Muon matrix
 // itself, or slicing along any dimension but the first.
 #pragma once

@@ -11,6 +11,7 @@
 #include "dist/zero1.h"
 #include "engine/data_parallel_step.h"
 #include "engine/train_step.h"
+#include "flat_layout_test_util.h"
 #include "model/zaya.h"
 
 namespace zaya {
@@ -34,21 +35,8 @@ TEST(FlatLayout, PlannedLayoutTrainsTheDefaultLayoutsBits) {
   ASSERT_EQ(la.size(), items.size());
   for (size_t i = 0; i < la.size(); i++) EXPECT_EQ(la[i].offset, plan.offset[i]) << la[i].name;
   EXPECT_EQ(a->grads().numel, plan.flat_numel);
-  const int64_t B = 2, S = 12;
-  std::vector<int32_t> ids(size_t(B * S)), tgt(size_t(B * S));
   for (int step = 0; step < 2; step++) {
-    for (int64_t i = 0; i < B * S; i++) {
-      ids[size_t(i)] = int32_t((i * 37 + step * 11) % cfg.vocab_size);
-      tgt[size_t(i)] = int32_t((i * 53 + 7) % cfg.vocab_size);
-    }
-    a->zero_grads();
-    b->zero_grads();
-    const StepStats sa = a->forward_backward(ids.data(), tgt.data(), B, S, 1.0f);
-    const StepStats sb = b->forward_backward(ids.data(), tgt.data(), B, S, 1.0f);
-    EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
-    EXPECT_EQ(a->grad_sq_norm(), b->grad_sq_norm()) << "step " << step;
-    a->optimizer_step(1e-2, 1.0f);
-    b->optimizer_step(1e-2, 1.0f);
+    test_util::train_step_both(*a, *b, cfg.vocab_size, 2, 12, step, 0);
     const FlatBuffer wa = a->masters(), wb = b->masters();
     for (size_t i = 0; i < la.size(); i++)
       EXPECT_EQ(std::memcmp(wa.data + la[i].offset, wb.data + lb[i].offset,

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../engine/flat_layout_test_util.h"
 #include "core/error.h"
 #include "dist/zero1.h"
 #include "engine/data_parallel_step.h"
@@ -41,20 +42,8 @@ TEST(FlatLayoutCuda, PlannedLayoutTrainsTheDefaultLayoutsBits) {
   ASSERT_EQ(la.size(), items.size());
   for (size_t i = 0; i < la.size(); i++) EXPECT_EQ(la[i].offset, plan.offset[i]) << la[i].name;
   EXPECT_EQ(a->grads().numel, plan.flat_numel);
-  std::vector<int32_t> ids(size_t(B * S)), tgt(size_t(B * S));
   for (int step = 0; step < 3; step++) {
-    for (int64_t i = 0; i < B * S; i++) {
-      ids[size_t(i)] = int32_t((i * 37 + step * 11) % c.vocab_size);
-      tgt[size_t(i)] = int32_t((i * 53 + 7 + step) % c.vocab_size);
-    }
-    a->zero_grads();
-    b->zero_grads();
-    const StepStats sa = a->forward_backward(ids.data(), tgt.data(), B, S, 1.0f);
-    const StepStats sb = b->forward_backward(ids.data(), tgt.data(), B, S, 1.0f);
-    EXPECT_EQ(sa.loss, sb.loss) << "step " << step;
-    EXPECT_EQ(a->grad_sq_norm(), b->grad_sq_norm()) << "step " << step;
-    a->optimizer_step(1e-2, 1.0f);
-    b->optimizer_step(1e-2, 1.0f);
+    test_util::train_step_both(*a, *b, c.vocab_size, B, S, step, 1);
     a->weights_changed();
     b->weights_changed();
   }
